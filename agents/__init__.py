@@ -1,0 +1,1 @@
+"""The agents (PPO, GRPO) and the pure functions they share."""

@@ -1,0 +1,74 @@
+"""Policy-gradient losses, one pure function per equation. Imports only torch.
+
+Every function returns per-sample terms; the caller chooses how to average them (PPO takes the mean
+over the minibatch, GRPO's aggregation modes weight steps differently).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float) -> Tensor:
+    """PPO's clipped surrogate loss per sample (Schulman et al. 2017, arXiv 1707.06347, eq. 7), negated.
+
+        L_t = −min( ρ_t · Â_t ,  clip(ρ_t, 1 − ε_low, 1 + ε_high) · Â_t )
+
+    Symbols:
+        ρ_t = π_θ(a_t|s_t) / π_θold(a_t|s_t)   probability ratio            ``ratio``       (B,)
+        Â_t                                     advantage estimate           ``advantages``  (B,)
+        ε_low, ε_high                           clip range below and above   ``clip_low``, ``clip_high``
+                                                1 (equal in PPO; DAPO's clip-higher makes ε_high larger)
+
+    Why the minimum: the clipped term alone would stop the gradient whenever ρ leaves the trust
+    region, also when the policy moved the wrong way. Taking the minimum of the clipped and unclipped
+    objectives makes a pessimistic bound: a change that improves the objective gets no extra credit
+    beyond the clip, while a change that makes it worse is always counted, so the gradient still pulls
+    ρ back. Minimizing L therefore maximizes that lower bound.
+    """
+    if ratio.shape != advantages.shape:
+        raise ValueError(f"clipped_surrogate: ratio {tuple(ratio.shape)} and advantages {tuple(advantages.shape)} differ")
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    return -torch.min(unclipped, clipped)
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_range_vf: float | None) -> Tensor:
+    """Squared error of the critic per sample, optionally with the value prediction clipped (as SB3).
+
+        unclipped:  (V_θ(s_t) − R_t)²
+        clipped:    (V_old(s_t) + clip(V_θ(s_t) − V_old(s_t), −ε_v, ε_v) − R_t)²
+
+    Symbols: V_θ the current critic ``values`` (B,); V_old the critic at collection ``old_values`` (B,);
+    R_t = Â_t + V_old(s_t) the GAE value target ``returns`` (B,); ε_v ``clip_range_vf`` (None: no clip).
+    """
+    if not (values.shape == old_values.shape == returns.shape):
+        raise ValueError("value_loss: values, old_values and returns must share one shape")
+    if clip_range_vf is not None:
+        values = old_values + torch.clamp(values - old_values, -clip_range_vf, clip_range_vf)
+    return (values - returns).pow(2)
+
+
+def k3_kl(log_ratio: Tensor) -> Tensor:
+    """Schulman's unbiased, non-negative k3 estimator of KL(p ‖ q) from samples x ~ p, per sample.
+
+        k3 = (r − 1) − log r,     r = q(x) / p(x),     ``log_ratio`` = log q(x) − log p(x)
+
+    PPO: x ~ π_old, p = π_old, q = π_θ gives the approx_kl diagnostic.
+    GRPO: x ~ π_θ, p = π_θ, q = π_ref gives the KL penalty to the reference policy (DeepSeekMath eq. 4).
+    """
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def clip_fraction(ratio: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
+    """Fractions of samples whose ratio lies below 1 − ε_low and above 1 + ε_high (diagnostics)."""
+    return (ratio < 1.0 - clip_low).float().mean(), (ratio > 1.0 + clip_high).float().mean()
+
+
+def explained_variance(predictions: Tensor, targets: Tensor) -> float:
+    """1 − Var[y − ŷ] / Var[y]: 1 is a perfect critic, 0 no better than a constant; NaN when Var[y] = 0."""
+    variance = targets.var()
+    if variance == 0:
+        return float("nan")
+    return float(1.0 - (targets - predictions).var() / variance)

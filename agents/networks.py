@@ -1,0 +1,118 @@
+"""Actor and critic MLPs for discrete (Categorical) and continuous (diagonal Gaussian) actions.
+
+One module holds both heads so that acting takes a single call for the action, its log-probability and
+the value. Separate actor and critic trunks are the default; ``shared_trunk`` feeds both heads from one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from agents import distributions as D
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """The shape of the actor-critic."""
+
+    obs_dim: int
+    action_dim: int
+    """Number of actions (discrete) or action dimensions (continuous)."""
+    continuous: bool
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    shared_trunk: bool = False
+    ortho_init: bool = True
+    log_std_init: float = 0.0
+
+
+class Act(NamedTuple):
+    actions: Tensor  # (N,) int64 or (N, D)
+    log_probs: Tensor  # (N,)
+    values: Tensor  # (N,)
+
+
+class Evaluation(NamedTuple):
+    log_probs: Tensor  # (B,)
+    entropy: Tensor  # (B,)
+    values: Tensor  # (B,)
+
+
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...], activation: str) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for size in hidden_sizes:
+        layers += [nn.Linear(in_dim, size), ACTIVATIONS[activation]()]
+        in_dim = size
+    return nn.Sequential(*layers)
+
+
+def orthogonal_init(layer: nn.Module, gain: float) -> None:
+    """Orthogonal weights with the given gain and zero biases (PPO implementation detail 2)."""
+    if isinstance(layer, nn.Linear):
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+
+
+class ActorCritic(nn.Module):
+    """π_θ(a|s) and V_φ(s).  Observations are (B, obs_dim) float32."""
+
+    def __init__(self, spec: NetworkSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        width = spec.hidden_sizes[-1] if spec.hidden_sizes else spec.obs_dim
+        self.actor_trunk = mlp(spec.obs_dim, spec.hidden_sizes, spec.activation)
+        self.critic_trunk = None if spec.shared_trunk else mlp(spec.obs_dim, spec.hidden_sizes, spec.activation)
+        self.actor_head = nn.Linear(width, spec.action_dim)
+        self.critic_head = nn.Linear(width, 1)
+        self.log_std = nn.Parameter(torch.full((spec.action_dim,), spec.log_std_init)) if spec.continuous else None
+        if spec.ortho_init:
+            # Gains of the PPO baselines: √2 for hidden layers, 0.01 for the policy head (near-uniform
+            # initial policy), 1 for the value head.
+            for trunk in (self.actor_trunk, self.critic_trunk):
+                if trunk is not None:
+                    trunk.apply(lambda layer: orthogonal_init(layer, math.sqrt(2)))
+            orthogonal_init(self.actor_head, 0.01)
+            orthogonal_init(self.critic_head, 1.0)
+
+    def heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Policy head output (logits or means, (B, action_dim)) and values (B,), in one pass."""
+        hidden = self.actor_trunk(obs)
+        critic_hidden = hidden if self.critic_trunk is None else self.critic_trunk(obs)
+        return self.actor_head(hidden), self.critic_head(critic_hidden).squeeze(-1)
+
+    def policy_head(self, obs: Tensor) -> Tensor:
+        """Logits or means only, for callers without a critic (GRPO, evaluation)."""
+        return self.actor_head(self.actor_trunk(obs))
+
+    def value(self, obs: Tensor) -> Tensor:
+        return self.heads(obs)[1]
+
+    def act(self, obs: Tensor) -> Act:
+        """Sample a ~ π(·|s) with its log-probability and V(s). Call under ``torch.inference_mode()``."""
+        out, values = self.heads(obs)
+        if self.log_std is None:
+            actions = D.categorical_sample(out)
+            return Act(actions, D.categorical_log_prob(out, actions), values)
+        actions = D.gaussian_sample(out, self.log_std)
+        return Act(actions, D.gaussian_log_prob(out, self.log_std, actions), values)
+
+    def evaluate(self, obs: Tensor, actions: Tensor) -> Evaluation:
+        """log π(a|s), the entropy of π(·|s) and V(s) for stored actions, with gradients."""
+        out, values = self.heads(obs)
+        if self.log_std is None:
+            return Evaluation(D.categorical_log_prob(out, actions), D.categorical_entropy(out), values)
+        return Evaluation(
+            D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(self.log_std, obs.shape[0]), values
+        )
+
+    def deterministic_action(self, obs: Tensor) -> Tensor:
+        """The mode of π(·|s): argmax of the logits, or the Gaussian mean."""
+        out = self.policy_head(obs)
+        return out.argmax(-1) if self.log_std is None else out

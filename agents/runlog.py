@@ -1,0 +1,318 @@
+"""A run directory: config, metadata, TensorBoard, progress.csv, checkpoints and summary.json.
+
+Layout (see ``runs/README.md``)::
+
+    RUN_DIR/config.yaml     resolved config          RUN_DIR/progress.csv   one row per iteration
+    RUN_DIR/meta.json       command, git, versions   RUN_DIR/checkpoint.pt  latest good checkpoint
+    RUN_DIR/events.out...   TensorBoard              RUN_DIR/summary.json   final status and eval
+
+Checkpoints are written atomically (temporary file, fsync, rename) and loaded with
+``torch.load(weights_only=True)``: tensors and plain data only, never arbitrary pickled code.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from envs.errors import BadInput
+
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
+PACKAGES = ("torch", "gymnasium", "numpy", "stable-baselines3", "mujoco", "box2d", "tensorboard")
+
+
+# ── run directory ────────────────────────────────────────────────────────────────────────────────
+
+
+def prepare_run_dir(run_dir: Path, resume: bool) -> None:
+    """Refuse to overwrite an existing run; refuse to resume a run that has no checkpoint."""
+    if resume:
+        if not (run_dir / CHECKPOINT).exists():
+            raise BadInput(f"--resume: {run_dir} holds no {CHECKPOINT}. Start a new run without --resume.")
+        return
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise BadInput(
+            f"run directory {run_dir} already exists and is not empty. Pass --resume to continue it, "
+            "or choose another --run-dir."
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+def write_config(run_dir: Path, algo: str, config: Any) -> None:
+    text = yaml.safe_dump({"algo": algo, **config_to_dict(config)}, sort_keys=False)
+    atomic_write_text(run_dir / "config.yaml", text)
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise BadInput(f"{run_dir} has no config.yaml: it is not a run directory")
+    return yaml.safe_load(path.read_text())
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_meta(run_dir: Path, extra: dict[str, Any] | None = None) -> None:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    meta = {
+        "command": sys.argv,
+        "git_commit": _git_commit(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **(extra or {}),
+    }
+    name = "meta.json" if not (run_dir / "meta.json").exists() else f"meta.resume{int(time.time())}.json"
+    atomic_write_text(run_dir / name, json.dumps(meta, indent=2))
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+    atomic_write_text(run_dir / "summary.json", json.dumps(clean, indent=2))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ── checkpoints ──────────────────────────────────────────────────────────────────────────────────
+
+
+def _to_safe(value: Any) -> Any:
+    """numpy arrays become tagged tensors, so weights-only loading accepts them."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(value))}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _to_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_safe(v) for v in value]
+    return value
+
+
+def _from_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"__ndarray__"}:
+            return value["__ndarray__"].numpy()
+        return {k: _from_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_safe(v) for v in value]
+    return value
+
+
+def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
+    """Write ``checkpoint.pt`` atomically: a crash mid-write leaves the previous checkpoint intact."""
+    path = run_dir / CHECKPOINT
+    tmp = run_dir / f".{CHECKPOINT}.tmp"
+    with open(tmp, "wb") as f:
+        torch.save({"format": CHECKPOINT_FORMAT, **_to_safe(payload)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
+    """Load ``checkpoint.pt`` with weights-only unpickling; check it belongs to this kind of run.
+
+    ``expected`` maps keys (e.g. ``algo``, ``env_id``) to the values the checkpoint must hold.
+    """
+    path = run_dir / CHECKPOINT
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001  any unpickling failure means the same thing to the user
+        raise BadInput(
+            f"{path} is corrupted or not a checkpoint of this testbed ({type(error).__name__}: {error}). "
+            "Start a new run, or restore the file from a backup."
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise BadInput(f"{path} has an incompatible checkpoint format; start a new run.")
+    for key, value in expected.items():
+        if payload.get(key) != value:
+            raise BadInput(f"{path} was written for {key}={payload.get(key)!r}, not {value!r}; it cannot be resumed here.")
+    return _from_safe(payload)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(legacy=False)}
+
+
+def load_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+
+
+# ── metrics: TensorBoard and progress.csv ────────────────────────────────────────────────────────
+
+
+class MetricLog:
+    """TensorBoard scalars (CleanRL's tags, env steps on the x-axis) and a CSV row per iteration.
+
+    On resume it appends to the same event directory and CSV, dropping anything logged after the
+    checkpoint's step, so the curves have neither gaps nor duplicates.
+    """
+
+    def __init__(self, run_dir: Path, columns: list[str], resume_step: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.columns = ["global_step", "wall_time_s", *columns]
+        self.writer = SummaryWriter(str(run_dir), purge_step=resume_step)
+        self.csv_path = run_dir / "progress.csv"
+        if resume_step is not None and self.csv_path.exists():
+            with open(self.csv_path, newline="") as f:
+                rows = [row for row in csv.DictReader(f) if int(row["global_step"]) <= resume_step]
+            with open(self.csv_path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
+                writer.writeheader()
+                writer.writerows(rows)
+        else:
+            with open(self.csv_path, "w", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.columns).writeheader()
+        self.csv_file = open(self.csv_path, "a", newline="")
+        self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.columns, extrasaction="ignore")
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            if value is not None and math.isfinite(value):
+                self.writer.add_scalar(tag, value, step)
+
+    def row(self, step: int, wall_time_s: float, values: dict[str, float | None]) -> None:
+        """One progress.csv row; TensorBoard tags (``charts/SPS``) become columns (``charts/SPS``)."""
+        row = {"global_step": step, "wall_time_s": round(wall_time_s, 3)}
+        row.update({k: ("" if v is None or not math.isfinite(v) else v) for k, v in values.items()})
+        self.csv_writer.writerow(row)
+
+    def hparams(self, config: dict[str, Any], metrics: dict[str, float]) -> None:
+        flat = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in config.items()}
+        self.writer.add_hparams(flat, {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
+
+    def flush(self) -> None:
+        self.writer.flush()
+        self.csv_file.flush()
+        os.fsync(self.csv_file.fileno())
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+        self.csv_file.close()
+
+
+# ── progress on the terminal ─────────────────────────────────────────────────────────────────────
+
+
+class Progress:
+    """A tqdm bar on a terminal; plain lines every ``every_s`` seconds elsewhere (CI, files)."""
+
+    def __init__(self, total: int, initial: int, label: str, every_s: float = 10.0) -> None:
+        self.interactive = sys.stderr.isatty()
+        self.total, self.label, self.every_s = total, label, every_s
+        self.last_print = 0.0
+        if self.interactive:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="step", unit_scale=True, desc=label, dynamic_ncols=True)
+
+    def update(self, step: int, sps: float, recent_return: float | None) -> None:
+        ret = "n/a" if recent_return is None else f"{recent_return:.1f}"
+        if self.interactive:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix_str(f"return={ret}", refresh=False)
+        elif time.monotonic() - self.last_print >= self.every_s or step >= self.total:
+            self.last_print = time.monotonic()
+            print(f"[{self.label}] step {step}/{self.total}  {sps:.0f} steps/s  recent return {ret}", flush=True)
+
+    def close(self) -> None:
+        if self.interactive:
+            self.bar.close()
+
+
+# ── signals ──────────────────────────────────────────────────────────────────────────────────────
+
+
+class StopFlag:
+    """Turns SIGINT and SIGTERM into a flag the training loop checks between iterations.
+
+    The loop then checkpoints, writes ``summary.json`` with status ``interrupted``, flushes and exits.
+    A second signal stops at once.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __enter__(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals to the caller
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def raised(self) -> bool:
+        return self.signal is not None
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or a parameter became NaN or inf."""
+
+
+def check_finite(losses: dict[str, float], model: torch.nn.Module) -> None:
+    bad = [k for k, v in losses.items() if not math.isfinite(v)]
+    bad += [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise NonFiniteError(
+            f"non-finite values in {', '.join(bad)}; training stopped and the last good checkpoint is kept. "
+            "Lower the learning rate or enable gradient clipping and normalization."
+        )

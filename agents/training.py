@@ -1,0 +1,186 @@
+"""The plumbing every agent's ``train`` shares: envs, evaluation, episode logging, env state in
+checkpoints, and the end of a run. The algorithms themselves stay in ``ppo.py`` and ``grpo.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import VectorEnv
+
+import envs as envs_pkg
+from agents import runlog
+from agents.rollout import RolloutState, evaluate_policy
+from envs.errors import BadInput
+
+# Evaluation episodes use seeds EVAL_SEED_BASE, EVAL_SEED_BASE + 1, …: the same start states for every
+# run, algorithm and training seed, and never a training seed.
+EVAL_SEED_BASE = 1_000_000
+
+
+@dataclass
+class Envs:
+    """The training vector env, the evaluation vector env (one sub-env per episode) and their shapes."""
+
+    train: VectorEnv
+    eval: VectorEnv
+    continuous: bool
+    obs_dim: int
+    action_dim: int
+    action_shape: tuple[int, ...]
+
+    def close(self) -> None:
+        self.train.close()
+        self.eval.close()
+
+
+def open_envs(
+    env_id: str,
+    n_envs: int,
+    eval_episodes: int,
+    normalize_obs: bool,
+    normalize_reward: bool,
+    gamma: float,
+    vectorization: str,
+) -> Envs:
+    """Build the training and evaluation envs; refuse action spaces the agents cannot handle."""
+    options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, normalize_reward=normalize_reward, gamma=gamma,
+                                  vectorization=vectorization)  # fmt: skip
+    train = envs_pkg.make_vector(env_id, n_envs, options)
+    action_space = train.single_action_space
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or (
+        isinstance(action_space, gym.spaces.Box) and len(action_space.shape) != 1
+    ):
+        train.close()
+        raise BadInput(f"{env_id} has action space {action_space}; the agents support Discrete and 1-D Box actions")
+    # Evaluation: sync so each sub-env takes its own seed; raw rewards; normalization frozen at use.
+    eval_options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, vectorization="sync")
+    evaluation = envs_pkg.make_vector(env_id, eval_episodes, eval_options)
+    envs_pkg.freeze_normalizers(evaluation)
+    continuous = isinstance(action_space, gym.spaces.Box)
+    return Envs(
+        train=train,
+        eval=evaluation,
+        continuous=continuous,
+        obs_dim=int(np.prod(train.single_observation_space.shape)),
+        action_dim=int(action_space.shape[0]) if continuous else int(action_space.n),
+        action_shape=tuple(action_space.shape) if continuous else (),
+    )
+
+
+def evaluate(model: torch.nn.Module, envs: Envs, deterministic: bool = True, device: str = "cpu") -> np.ndarray:
+    """One episode per eval sub-env, with the training env's observation statistics, frozen."""
+    stats = envs_pkg.normalizer_state(envs.train)
+    stats.pop("return_rms", None)
+    envs_pkg.load_normalizer_state(envs.eval, stats)
+    seeds = [EVAL_SEED_BASE + i for i in range(envs.eval.num_envs)]
+    return evaluate_policy(model, envs.eval, seeds, deterministic, device)
+
+
+class EvalSchedule:
+    """Deterministic evaluation every ``interval`` env steps (0: only at the end)."""
+
+    def __init__(self, interval: int, device: str, start_step: int) -> None:
+        self.interval, self.device = interval, device
+        self.next_step = (start_step // interval + 1) * interval if interval else math.inf
+        self.last: tuple[int, np.ndarray] | None = None
+
+    def maybe_run(self, model: torch.nn.Module, envs: Envs, step: int) -> dict[str, float]:
+        if step < self.next_step:
+            return {}
+        while self.next_step <= step:
+            self.next_step += self.interval
+        return self.run(model, envs, step)
+
+    def run(self, model: torch.nn.Module, envs: Envs, step: int) -> dict[str, float]:
+        if self.last is None or self.last[0] != step:
+            self.last = (step, evaluate(model, envs, True, self.device))
+        returns = self.last[1]
+        return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
+
+
+def log_episodes(log: runlog.MetricLog, state: RolloutState, step: int, recent: deque[float]) -> dict[str, float | None]:
+    """Each finished training episode to TensorBoard; their means for progress.csv; drains ``state``."""
+    for ret, length in zip(state.episode_returns, state.episode_lengths, strict=True):
+        log.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
+    recent.extend(state.episode_returns)
+    means: dict[str, float | None] = {
+        "charts/episodic_return": float(np.mean(state.episode_returns)) if state.episode_returns else None,
+        "charts/episodic_length": float(np.mean(state.episode_lengths)) if state.episode_lengths else None,
+    }
+    state.episode_returns.clear()
+    state.episode_lengths.clear()
+    return means
+
+
+def save_envs(env: VectorEnv, state: RolloutState) -> dict[str, Any]:
+    """The env part of a checkpoint: the full env state where supported, always the normalizers."""
+    return {
+        "env_state": envs_pkg.vector_env_state(env),
+        "normalizers": envs_pkg.normalizer_state(env),
+        "rollout": {"next_obs": state.next_obs, "next_is_autoreset": state.next_is_autoreset},
+    }
+
+
+def restore_envs(env: VectorEnv, ckpt: dict[str, Any], seed: int) -> RolloutState:
+    """Put the training env back as the checkpoint left it.
+
+    Exact where the checkpoint holds the full env state; otherwise the normalizer statistics are
+    restored and every sub-env starts a new episode from a seed derived from the step count.
+    """
+    if ckpt["env_state"] is not None:
+        env.reset(seed=seed)
+        envs_pkg.load_vector_env_state(env, ckpt["env_state"])
+        rollout = ckpt["rollout"]
+        return RolloutState(np.asarray(rollout["next_obs"], dtype=np.float32), np.asarray(rollout["next_is_autoreset"]))
+    envs_pkg.load_normalizer_state(env, ckpt["normalizers"])
+    obs, _ = env.reset(seed=seed + ckpt["global_step"])
+    return RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(env.num_envs, dtype=bool))
+
+
+def finish_run(
+    run_dir: Path,
+    log: runlog.MetricLog,
+    algo: str,
+    cfg: Any,
+    model: torch.nn.Module,
+    envs: Envs,
+    evals: EvalSchedule,
+    status: str,
+    error: str | None,
+    global_step: int,
+    wall_time_s: float,
+    sps: float,
+) -> dict[str, Any]:
+    """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs."""
+    final: dict[str, float] = {}
+    if status == "completed":
+        final = evals.run(model, envs, global_step)
+        log.scalars(global_step, final)
+    summary = {
+        "algo": algo,
+        "env_id": cfg.env_id,
+        "seed": cfg.seed,
+        "status": status,
+        "total_steps": global_step,
+        "wall_time_s": round(wall_time_s, 3),
+        "sps": round(sps, 1),
+        "final_eval_return_mean": final.get("eval/return_mean"),
+        "final_eval_return_std": final.get("eval/return_std"),
+        "final_eval_episodes": cfg.eval_episodes if final else 0,
+        "eval_convention": "deterministic policy, one episode per fixed seed 1000000+i, raw env return",
+        "error": error,
+    }
+    if final:
+        log.hparams(runlog.config_to_dict(cfg), {"final_eval_return_mean": final["eval/return_mean"]})
+    log.close()
+    runlog.write_summary(run_dir, summary)
+    envs.close()
+    return summary

@@ -1,0 +1,151 @@
+"""One factory for vector environments of any registered gymnasium id.
+
+Every env it makes:
+- uses the NEXT_STEP autoreset mode, set explicitly and checked. After a step that ends an episode
+  (``terminated | truncated``), the returned observation is the true final observation; the next
+  ``step`` call ignores its action, resets that sub-env and returns the first observation of the new
+  episode with reward 0. Rollouts mark that autoreset step as not a training sample.
+- records episode statistics (``info["episode"]``) of the raw rewards, inside any reward scaling;
+- uses gymnasium's native vectorized implementation where one exists (CartPole), else ``sync`` or
+  ``async`` vectorization;
+- optionally clips actions, normalizes observations and scales rewards with vector-level wrappers, so
+  every sub-env shares one set of running statistics.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.wrappers import vector as vector_wrappers
+
+from envs.errors import BadInput
+
+Vectorization = Literal["auto", "native", "sync", "async"]
+
+# Which extra each family needs, keyed by the entry point's module.
+_EXTRAS = {"box2d": "gymnasium[box2d]", "mujoco": "gymnasium[mujoco]"}
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """How the vector env around a gymnasium id is built."""
+
+    normalize_obs: bool = False
+    """Running mean/std observation normalization, shared by all sub-envs."""
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return (as SB3's VecNormalize)."""
+    gamma: float = 0.99
+    """Discount of the return whose std scales rewards."""
+    clip_obs: float = 10.0
+    """Normalized observations are clipped to [-clip_obs, clip_obs]."""
+    clip_reward: float = 10.0
+    """Scaled rewards are clipped to [-clip_reward, clip_reward]."""
+    vectorization: Vectorization = "auto"
+    """``auto``: native if gymnasium has it, else sync."""
+
+
+def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
+    """Return the spec of a registered id, or raise BadInput naming the closest registered ids."""
+    if env_id in gym.registry:
+        return gym.spec(env_id)
+    closest = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
+    hint = f"Closest registered ids: {', '.join(closest)}." if closest else "No registered id is close."
+    raise BadInput(
+        f"Unknown environment id {env_id!r}. {hint} "
+        "List them all with: python -c 'import gymnasium; gymnasium.pprint_registry()'"
+    )
+
+
+def check_env_installed(env_id: str) -> None:
+    """Build one env to prove its dependencies are installed; raise BadInput saying what to install."""
+    spec = check_env_id(env_id)
+    try:
+        gym.make(env_id).close()
+    except gym.error.DependencyNotInstalled as error:
+        entry = str(spec.entry_point)
+        extra = next((name for key, name in _EXTRAS.items() if key in entry), None)
+        fix = f"pip install '{extra}'" if extra else "install the package named above"
+        raise BadInput(f"{env_id} needs a package that is not installed ({error}). Fix: {fix}") from None
+    except ImportError as error:
+        raise BadInput(f"{env_id} cannot be imported ({error}). Install the package that provides it.") from None
+
+
+def action_space_of(env_id: str) -> gym.Space:
+    """The action space of one env of ``env_id`` (validating the id and its dependencies first)."""
+    check_env_installed(env_id)
+    env = gym.make(env_id)
+    try:
+        return env.action_space
+    finally:
+        env.close()
+
+
+def is_continuous(env: VectorEnv | gym.Env) -> bool:
+    space = env.single_action_space if isinstance(env, VectorEnv) else env.action_space
+    return isinstance(space, gym.spaces.Box)
+
+
+def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), **env_kwargs: Any) -> VectorEnv:
+    """Make ``num_envs`` copies of ``env_id`` as one vector env (NEXT_STEP autoreset), wrapped as above.
+
+    The env is not reset here: the caller resets it with its seeds.
+    """
+    spec = check_env_id(env_id)
+    check_env_installed(env_id)
+    if num_envs < 1:
+        raise BadInput(f"num_envs must be at least 1, got {num_envs}")
+    mode = options.vectorization
+    if mode == "auto":
+        mode = "native" if spec.vector_entry_point is not None and not env_kwargs else "sync"
+    if mode == "native":
+        if spec.vector_entry_point is None:
+            raise BadInput(f"{env_id} has no native vectorized implementation; use vectorization=sync or async")
+        kwargs = dict(env_kwargs)
+        if spec.max_episode_steps is not None:
+            kwargs.setdefault("max_episode_steps", spec.max_episode_steps)
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    elif mode in ("sync", "async"):
+        env = gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode=mode,
+            vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP},
+            **env_kwargs,
+        )
+    else:
+        raise BadInput(f"vectorization must be one of auto, native, sync, async; got {mode!r}")
+    if env.metadata.get("autoreset_mode") != AutoresetMode.NEXT_STEP:
+        raise RuntimeError(f"{env_id}: expected the NEXT_STEP autoreset mode, got {env.metadata.get('autoreset_mode')}")
+
+    obs_space = env.single_observation_space
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        # Discrete, Tuple, Dict and image observations become flat vectors (Discrete one-hot).
+        env = vector_wrappers.FlattenObservation(env)
+    env = vector_wrappers.RecordEpisodeStatistics(env)
+    if is_continuous(env):
+        env = vector_wrappers.ClipAction(env)
+    if options.normalize_obs:
+        env = vector_wrappers.NormalizeObservation(env)
+        bound = options.clip_obs
+        env = vector_wrappers.TransformObservation(env, lambda obs: np.clip(obs, -bound, bound))
+    if options.normalize_reward:
+        env = vector_wrappers.NormalizeReward(env, gamma=options.gamma)
+        env = vector_wrappers.ClipReward(env, -options.clip_reward, options.clip_reward)
+    if env.metadata.get("autoreset_mode") != AutoresetMode.NEXT_STEP:
+        raise RuntimeError("a wrapper changed the autoreset mode")
+    return env
+
+
+def find_wrapper(env: VectorEnv, kind: type) -> Any | None:
+    """The first wrapper of type ``kind`` in the chain, or None."""
+    layer: Any = env
+    while layer is not None:
+        if isinstance(layer, kind):
+            return layer
+        layer = getattr(layer, "env", None)
+    return None

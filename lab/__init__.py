@@ -1,0 +1,1 @@
+"""The ``testbed`` command, benchmark grids, studies and plots."""

@@ -1,0 +1,175 @@
+"""The ``testbed`` command line: ``testbed train`` and ``testbed eval``.
+
+Bad input exits with status 2 and a one-paragraph message, before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+from agents import ppo, runlog
+from agents.config import build_config, parse_overrides, resolve_config
+from envs import action_space_of
+from envs.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Algo:
+    config: type
+    train: Callable[..., dict[str, Any]]
+
+
+ALGOS: dict[str, Algo] = {"ppo": Algo(ppo.PPOConfig, ppo.train)}
+EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
+
+
+def _device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda: torch sees no CUDA device. Use --device cpu (the default) or auto.")
+    return requested
+
+
+def default_run_dir(algo: str, env_id: str, seed: int) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / algo / env_id.replace("/", "_") / f"seed{seed}-{stamp}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.algo not in ALGOS:
+        raise BadInput(f"unknown --algo {args.algo!r}; choose one of {', '.join(ALGOS)}")
+    algo = ALGOS[args.algo]
+    overrides: dict[str, Any] = parse_overrides(args.set)
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.total_steps is not None:
+        overrides["total_steps"] = args.total_steps
+    if args.device is not None:
+        overrides["device"] = _device(args.device)
+
+    if args.resume:
+        if args.run_dir is None:
+            raise BadInput("--resume needs --run-dir DIR: the run to continue")
+        run_dir = Path(args.run_dir)
+        saved = runlog.read_config(run_dir)
+        if saved.pop("algo") != args.algo or saved["env_id"] != args.env:
+            raise BadInput(f"{run_dir} is a {saved.get('env_id')} run of another algo or env; check --algo and --env")
+        changed = sorted(k for k, v in overrides.items() if k != "total_steps" and str(saved.get(k)) != str(v))
+        if changed:
+            raise BadInput(f"a resumed run keeps its settings; only --total-steps may change, not {', '.join(changed)}")
+        cfg = build_config(algo.config, {**saved, **overrides})
+        preset_name = "resumed"
+    else:
+        action_space = action_space_of(args.env)
+        continuous = isinstance(action_space, gym.spaces.Box)
+        cfg, preset_name = resolve_config(algo.config, args.algo, args.env, continuous, overrides)
+        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, cfg.seed)
+    runlog.prepare_run_dir(run_dir, args.resume)
+    runlog.write_config(run_dir, args.algo, cfg)
+    runlog.write_meta(run_dir, {"preset": preset_name, "resumed": args.resume})
+    print(f"{args.algo} on {cfg.env_id}, seed {cfg.seed}, {cfg.total_steps} steps, preset {preset_name}")
+    print(f"run directory: {run_dir}")
+
+    summary = algo.train(cfg, run_dir, resume=args.resume)
+
+    print(json.dumps(summary, indent=2))
+    if summary["status"] == "failed":
+        print(f"error: {summary['error']}", file=sys.stderr)
+    print(f"Logs, checkpoint and summary are in {run_dir}. Open TensorBoard with: tensorboard --logdir {run_dir}")
+    return EXIT_CODES[summary["status"]]
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from agents.networks import ActorCritic, NetworkSpec
+    from agents.training import EVAL_SEED_BASE, evaluate_policy
+    from envs import EnvOptions, freeze_normalizers, load_normalizer_state, make_vector
+
+    torch.set_num_threads(1)
+    run_dir = Path(args.run_dir)
+    values = runlog.read_config(run_dir)
+    algo_name = values.pop("algo")
+    if algo_name not in ALGOS:
+        raise BadInput(f"{run_dir} was written by algo {algo_name!r}, which this command cannot evaluate")
+    if args.episodes < 1:
+        raise BadInput(f"--episodes must be at least 1, got {args.episodes}")
+    cfg = build_config(ALGOS[algo_name].config, values)
+    ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
+    env = make_vector(cfg.env_id, args.episodes, EnvOptions(normalize_obs=cfg.normalize_obs, vectorization="sync"))
+    stats = dict(ckpt["normalizers"])
+    stats.pop("return_rms", None)
+    load_normalizer_state(env, stats)
+    freeze_normalizers(env)
+    continuous = isinstance(env.single_action_space, gym.spaces.Box)
+    spec = NetworkSpec(
+        obs_dim=int(np.prod(env.single_observation_space.shape)),
+        action_dim=int(env.single_action_space.shape[0]) if continuous else int(env.single_action_space.n),
+        continuous=continuous, hidden_sizes=cfg.hidden_sizes, activation=cfg.activation,
+        shared_trunk=cfg.shared_trunk, ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init,
+    )  # fmt: skip
+    model = ActorCritic(spec)
+    model.load_state_dict(ckpt["model"])
+    seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
+    returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
+    env.close()
+    mode = "stochastic" if args.stochastic else "deterministic"
+    print(f"{cfg.env_id} after {ckpt['global_step']} steps, {mode}, {args.episodes} episodes (seeds {seeds[0]}…): "
+          f"return {returns.mean():.2f} ± {returns.std():.2f} (std over episodes)")  # fmt: skip
+    if args.video:
+        from lab.video import record_episode
+
+        path = record_episode(model, cfg.env_id, ckpt["normalizers"], Path(args.video), seeds[0], not args.stochastic)
+        print(f"video of the first episode: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="testbed", description="Compare PPO and GRPO-style agents on control tasks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+
+    train = sub.add_parser("train", help="train one agent on one env", formatter_class=fmt)
+    train.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGOS)}")
+    train.add_argument("--env", required=True, help="any registered gymnasium id, e.g. CartPole-v1")
+    train.add_argument("--seed", type=int, default=None, help="run seed (default: the preset's, 0)")
+    train.add_argument("--total-steps", type=int, default=None, help="env steps (default: the preset's)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key; repeatable. Keys: the fields of the algo's config")  # fmt: skip
+    train.add_argument("--run-dir", default=None, help="output directory (default: runs/ALGO/ENV/seedN-TIME)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
+    train.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="network device (default cpu)")
+    train.set_defaults(func=cmd_train)
+
+    evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint", formatter_class=fmt)
+    evaluate.add_argument("run_dir", help="a run directory holding config.yaml and checkpoint.pt")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes, one per fixed seed")
+    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of the policy's mode")
+    evaluate.add_argument("--video", default=None, metavar="DIR", help="also record the first episode as a GIF in DIR")
+    evaluate.set_defaults(func=cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BadInput as error:
+        print(f"testbed {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
