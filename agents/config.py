@@ -60,11 +60,11 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             return None
         return _coerce(key, value, next(a for a in args if a is not type(None)))
+    if origin is Literal:
+        if str(value) not in args:
+            raise BadInput(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
+        return str(value)
     try:
-        if origin is Literal:
-            if str(value) not in args:
-                raise BadInput(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
-            return str(value)
         if kind is bool:
             if isinstance(value, bool):
                 return value

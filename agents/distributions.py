@@ -26,6 +26,12 @@ def categorical_entropy(logits: Tensor) -> Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
+def categorical_log_prob_entropy(logits: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+    """Both of the above from one log-softmax, for the update's hot path.  → (B,), (B,)."""
+    log_p = logits.log_softmax(-1)
+    return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+
+
 def categorical_sample(logits: Tensor) -> Tensor:
     """a ~ softmax(logits).  (B, K) → (B,) int64."""
     return torch.multinomial(logits.softmax(-1), 1).squeeze(-1)

@@ -15,6 +15,8 @@ from torch import Tensor, nn
 
 from agents import distributions as D
 
+
+
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -58,6 +60,27 @@ def orthogonal_init(layer: nn.Module, gain: float) -> None:
     if isinstance(layer, nn.Linear):
         nn.init.orthogonal_(layer.weight, gain)
         nn.init.zeros_(layer.bias)
+
+
+def flatten_parameters(model: nn.Module) -> nn.Parameter:
+    """Make every parameter (and its gradient) a view into one flat tensor, and return that tensor.
+
+    The optimizer and the gradient-norm clip then handle one tensor instead of one per layer, which
+    removes most of their per-step Python overhead. Backward accumulates into the gradient views in
+    place, so zero the gradient with ``flat.grad.zero_()`` rather than setting it to None. Call after
+    moving the model to its device.
+    """
+    params = list(model.parameters())
+    flat_data = torch.cat([p.detach().reshape(-1) for p in params])  # (P,)
+    flat = nn.Parameter(flat_data)
+    flat.grad = torch.zeros_like(flat_data)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.data = flat.data[offset : offset + n].view_as(p)
+        p.grad = flat.grad[offset : offset + n].view_as(p)
+        offset += n
+    return flat
 
 
 class ActorCritic(nn.Module):
@@ -107,7 +130,7 @@ class ActorCritic(nn.Module):
         """log π(a|s), the entropy of π(·|s) and V(s) for stored actions, with gradients."""
         out, values = self.heads(obs)
         if self.log_std is None:
-            return Evaluation(D.categorical_log_prob(out, actions), D.categorical_entropy(out), values)
+            return Evaluation(*D.categorical_log_prob_entropy(out, actions), values)
         return Evaluation(
             D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(self.log_std, obs.shape[0]), values
         )

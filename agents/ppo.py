@@ -42,7 +42,7 @@ from torch import nn
 from agents import advantages as adv
 from agents import losses, runlog
 from agents.config import check
-from agents.networks import ActorCritic, NetworkSpec
+from agents.networks import ActorCritic, NetworkSpec, flatten_parameters
 from agents.rollout import RolloutState, Segment, SegmentBuffers, collect_segment
 from agents.seeding import seed_everything
 from agents.training import EvalSchedule, finish_run, log_episodes, open_envs, restore_envs, save_envs
@@ -185,7 +185,7 @@ def update(
     old_log_probs = segment.log_probs.flatten().to(cfg.device)
     old_values = segment.values.flatten().to(cfg.device)
     advantages, returns = advantages.flatten().to(cfg.device), returns.flatten().to(cfg.device)
-    params = list(model.parameters())
+    (flat_params,) = optimizer.param_groups[0]["params"]
     totals = torch.zeros(5)  # policy, value, entropy, approx_kl, clipfrac; summed to avoid per-step syncs
     count = 0
     for _ in range(cfg.n_epochs):
@@ -200,11 +200,13 @@ def update(
             policy_loss = losses.clipped_surrogate(ratio, mb_advantages, clip, clip).mean()
             value_loss = losses.value_loss(values, old_values[idx], returns[idx], cfg.clip_range_vf).mean()
             entropy_mean = entropy.mean()
-            loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
+            loss = policy_loss + cfg.vf_coef * value_loss
+            if cfg.ent_coef:  # skipped at 0 to keep the backward graph small
+                loss = loss - cfg.ent_coef * entropy_mean
 
-            optimizer.zero_grad(set_to_none=True)
+            flat_params.grad.zero_()
             loss.backward()
-            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
+            nn.utils.clip_grad_norm_(flat_params, cfg.max_grad_norm)
             optimizer.step()
 
             clip_low, clip_high = losses.clip_fraction(ratio.detach(), clip, clip)
@@ -232,7 +234,8 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
         ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init,
     )  # fmt: skip
     model = ActorCritic(spec).to(cfg.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    flat_params = flatten_parameters(model)  # one tensor for Adam and the gradient clip: less overhead
+    optimizer = torch.optim.Adam([flat_params], lr=cfg.learning_rate, eps=1e-5, fused=True)
     buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)
     global_step, iteration, wall_offset = 0, 0, 0.0
     if resume:

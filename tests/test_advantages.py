@@ -1,0 +1,330 @@
+"""Tier (a) tests of agents/advantages.py: GAE and advantage normalization against hand-computed numbers,
+special cases and Stable-Baselines3's RolloutBuffer.
+
+Index convention (see the module docstring): index t holds the step taken from s_t; ``next_values[t]``
+is V of the true next observation of that step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from agents.advantages import gae, normalize
+
+
+def column(values: list[float]) -> Tensor:
+    """A (T,) list as a (T, N=1) float32 tensor."""
+    return torch.tensor(values, dtype=torch.float32).unsqueeze(1)
+
+
+def flags(values: list[bool]) -> Tensor:
+    """A (T,) list of flags as a (T, N=1) bool tensor."""
+    return torch.tensor(values, dtype=torch.bool).unsqueeze(1)
+
+
+def assert_column(actual: Tensor, expected: list[float]) -> None:
+    assert actual.shape == (len(expected), 1)
+    torch.testing.assert_close(actual, column(expected))
+
+
+# --------------------------------------------------------------------------------------------------
+# Hand-computed cases
+# --------------------------------------------------------------------------------------------------
+
+
+def three_ones(lam: float) -> Tensor:
+    """γ = 0.5, r = [1, 1, 1], V ≡ 0, the episode terminates at the last step only."""
+    return gae(
+        rewards=column([1.0, 1.0, 1.0]),
+        values=column([0.0, 0.0, 0.0]),
+        next_values=column([0.0, 0.0, 0.0]),
+        terminated=flags([False, False, True]),
+        done=flags([False, False, True]),
+        gamma=0.5,
+        lam=lam,
+    )
+
+
+def test_gae_lambda_one_is_discounted_return() -> None:
+    # V ≡ 0, so every δ_t = r_t = 1.
+    # A_2 = δ_2                 = 1
+    # A_1 = δ_1 + 0.5·1·A_2     = 1 + 0.5      = 1.5
+    # A_0 = δ_0 + 0.5·1·A_1     = 1 + 0.75     = 1.75
+    assert_column(three_ones(lam=1.0), [1.75, 1.5, 1.0])
+
+
+def test_gae_lambda_zero_is_one_step_td() -> None:
+    # λ = 0 carries nothing: A_t = δ_t = 1 for every t.
+    assert_column(three_ones(lam=0.0), [1.0, 1.0, 1.0])
+
+
+# Shared data of the two mid-segment tests. γ = 0.5, λ = 1, T = 4:
+#   r = [1, 2, 3, 4],  V(s_t) = [1, 1, 1, 1],  the episode ends after step t = 1,
+#   the segment ends after t = 3 with V(s_4) = 1 as bootstrap.
+REWARDS = [1.0, 2.0, 3.0, 4.0]
+VALUES = [1.0, 1.0, 1.0, 1.0]
+
+
+def test_gae_termination_mid_segment_stops_recursion_and_bootstrap() -> None:
+    # next_values[1] = 6 would be V(final obs) — it must be ignored because step 1 terminated.
+    # δ_3 = 4 + 0.5·1 − 1 = 3.5     A_3 = 3.5
+    # δ_2 = 3 + 0.5·1 − 1 = 2.5     A_2 = 2.5 + 0.5·3.5 = 4.25
+    # δ_1 = 2 + 0       − 1 = 1     A_1 = 1            (done: nothing carried from A_2)
+    # δ_0 = 1 + 0.5·1 − 1 = 0.5     A_0 = 0.5 + 0.5·1  = 1.0
+    # Check against Monte Carlo (λ = 1): G_1 = 2, G_0 = 1 + 0.5·2 = 2 → A_0 = 2 − 1 = 1.
+    advantages = gae(
+        rewards=column(REWARDS),
+        values=column(VALUES),
+        next_values=column([1.0, 6.0, 1.0, 1.0]),
+        terminated=flags([False, True, False, False]),
+        done=flags([False, True, False, False]),
+        gamma=0.5,
+        lam=1.0,
+    )
+    assert_column(advantages, [1.0, 1.0, 4.25, 3.5])
+
+
+def test_gae_truncation_mid_segment_bootstraps_from_final_observation() -> None:
+    # Step 1 is truncated (done, not terminated). V(final obs of step 1) = 6 differs from
+    # V(s_2) = values[2] = 1, the first observation of the next episode.
+    # δ_3 = 3.5, A_3 = 3.5; δ_2 = 2.5, A_2 = 4.25               (as above)
+    # δ_1 = 2 + 0.5·6 − 1 = 4       A_1 = 4                    (done: nothing carried from A_2)
+    # δ_0 = 1 + 0.5·1 − 1 = 0.5     A_0 = 0.5 + 0.5·4 = 2.5
+    # Wrong alternatives: bootstrapping from values[2] gives A_1 = 2 + 0.5 − 1 = 1.5;
+    # carrying A_2 across gives A_1 = 4 + 0.5·4.25 = 6.125; treating it as terminal gives A_1 = 1.
+    advantages = gae(
+        rewards=column(REWARDS),
+        values=column(VALUES),
+        next_values=column([1.0, 6.0, 1.0, 1.0]),
+        terminated=flags([False, False, False, False]),
+        done=flags([False, True, False, False]),
+        gamma=0.5,
+        lam=1.0,
+    )
+    assert_column(advantages, [2.5, 4.0, 4.25, 3.5])
+
+
+def test_gae_bootstraps_at_segment_end_when_not_done() -> None:
+    # T = 1, γ = 0.5: δ_0 = r + γ·V(s_1) − V(s_0) = 1 + 0.5·4 − 2 = 1, whatever λ is.
+    for lam in (0.0, 0.5, 1.0):
+        advantages = gae(
+            column([1.0]), column([2.0]), column([4.0]), flags([False]), flags([False]), gamma=0.5, lam=lam
+        )
+        assert_column(advantages, [1.0])
+
+
+def test_gae_intermediate_lambda() -> None:
+    # γ = 0.5, λ = 0.5, r = [1, 1, 1], V ≡ 0, terminal at the end: γλ = 0.25.
+    # A_2 = 1;  A_1 = 1 + 0.25·1 = 1.25;  A_0 = 1 + 0.25·1.25 = 1.3125
+    assert_column(three_ones(lam=0.5), [1.3125, 1.25, 1.0])
+
+
+# --------------------------------------------------------------------------------------------------
+# Limits λ = 0 and λ = 1 on random data
+# --------------------------------------------------------------------------------------------------
+
+
+def random_segment(
+    seed: int, T: int = 12, N: int = 3
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Random but consistent rewards, values, next_values (T, N) and terminated ⊆ done flags (T, N).
+
+    Consistent: where a step did not end the episode, its next observation is the next step's
+    observation, so next_values[t] = values[t + 1]. Where it ended, next_values[t] is V of the final
+    observation, which differs from values[t + 1] (the next episode's first observation).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(T, N, generator=generator, dtype=torch.float64)
+    values = torch.randn(T, N, generator=generator, dtype=torch.float64)
+    final_values = torch.randn(T, N, generator=generator, dtype=torch.float64)  # V(final obs) (T, N)
+    done = torch.rand(T, N, generator=generator) < 0.3
+    terminated = done & (torch.rand(T, N, generator=generator) < 0.5)
+    shifted = torch.cat([values[1:], final_values[-1:]])  # V(s_{t+1}) within an episode (T, N)
+    next_values = torch.where(done, final_values, shifted)
+    return rewards, values, next_values, terminated, done
+
+
+def test_gae_lambda_zero_equals_td_errors() -> None:
+    rewards, values, next_values, terminated, done = random_segment(seed=1)
+    gamma = 0.9
+    deltas = rewards + gamma * next_values * (~terminated).double() - values  # (T, N)
+    torch.testing.assert_close(gae(rewards, values, next_values, terminated, done, gamma, lam=0.0), deltas)
+
+
+def test_gae_lambda_one_equals_monte_carlo_return_minus_value() -> None:
+    rewards, values, next_values, terminated, done = random_segment(seed=2)
+    assert terminated.any() and (done & ~terminated).any() and not done[-1].all()  # all three cases occur
+    gamma = 0.9
+    T, N = rewards.shape
+    # Discounted return G_t written per env as an explicit sum:
+    # G_t = Σ_{k=t}^{e} γ^{k−t} r_k + γ^{e−t+1} · (1 − terminated_e) · V'(e),
+    # where e is the first k ≥ t with done_k, or T − 1 (bootstrap at the segment end).
+    expected = torch.zeros(T, N, dtype=torch.float64)
+    for n in range(N):
+        for t in range(T):
+            ret, k = 0.0, t
+            while True:
+                ret += gamma ** (k - t) * float(rewards[k, n])
+                if bool(done[k, n]) or k == T - 1:
+                    if not bool(terminated[k, n]):
+                        ret += gamma ** (k - t + 1) * float(next_values[k, n])
+                    break
+                k += 1
+            expected[t, n] = ret - float(values[t, n])
+    torch.testing.assert_close(gae(rewards, values, next_values, terminated, done, gamma, lam=1.0), expected)
+
+
+def test_gae_columns_are_independent() -> None:
+    rewards, values, next_values, terminated, done = random_segment(seed=3, N=4)
+    together = gae(rewards, values, next_values, terminated, done, gamma=0.97, lam=0.9)
+    for n in range(4):
+        alone = gae(
+            rewards[:, n : n + 1],
+            values[:, n : n + 1],
+            next_values[:, n : n + 1],
+            terminated[:, n : n + 1],
+            done[:, n : n + 1],
+            gamma=0.97,
+            lam=0.9,
+        )
+        torch.testing.assert_close(together[:, n : n + 1], alone)
+    # Changing env 0's rewards leaves envs 1..3 untouched.
+    rewards[:, 0] += 100.0
+    changed = gae(rewards, values, next_values, terminated, done, gamma=0.97, lam=0.9)
+    torch.testing.assert_close(changed[:, 1:], together[:, 1:])
+    assert not torch.allclose(changed[:, 0], together[:, 0])
+
+
+@pytest.mark.parametrize("which", ["rewards", "values", "next_values", "terminated", "done"])
+def test_gae_shape_mismatch_raises(which: str) -> None:
+    args = dict(zip(["rewards", "values", "next_values", "terminated", "done"], random_segment(seed=4, T=5, N=2)))
+    args[which] = args[which][:4]  # (4, 2) instead of (5, 2)
+    with pytest.raises(ValueError, match="share one"):
+        gae(**args, gamma=0.99, lam=0.95)
+
+
+# --------------------------------------------------------------------------------------------------
+# Agreement with Stable-Baselines3's RolloutBuffer
+# --------------------------------------------------------------------------------------------------
+
+
+def sb3_advantages(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    episode_starts: np.ndarray,
+    last_values: np.ndarray,
+    dones_last: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> np.ndarray:
+    """Advantages (T, N) from SB3's RolloutBuffer.compute_returns_and_advantage."""
+    gymnasium = pytest.importorskip("gymnasium")
+    buffers = pytest.importorskip("stable_baselines3.common.buffers")
+    T, N = rewards.shape
+    buffer = buffers.RolloutBuffer(
+        T,
+        gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32),
+        gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32),
+        device="cpu",
+        gae_lambda=lam,
+        gamma=gamma,
+        n_envs=N,
+    )
+    for t in range(T):
+        buffer.add(
+            np.zeros((N, 2), np.float32),
+            np.zeros((N, 1), np.float32),
+            rewards[t],
+            episode_starts[t],
+            torch.as_tensor(values[t]),
+            torch.zeros(N),
+        )
+    buffer.compute_returns_and_advantage(last_values=torch.as_tensor(last_values), dones=dones_last)
+    return buffer.advantages
+
+
+def sb3_to_ours(
+    values: np.ndarray, episode_starts: np.ndarray, last_values: np.ndarray, dones_last: np.ndarray
+) -> tuple[Tensor, Tensor]:
+    """SB3's flags → our (next_values, done), both (T, N): done[t] = episode_starts[t+1], last = dones."""
+    done = np.concatenate([episode_starts[1:], dones_last[None]], axis=0).astype(bool)  # (T, N)
+    next_values = np.concatenate([values[1:], last_values[None]], axis=0)  # (T, N)
+    return torch.as_tensor(next_values), torch.as_tensor(done)
+
+
+def test_gae_matches_stable_baselines3_rollout_buffer() -> None:
+    rng = np.random.default_rng(0)
+    T, N, gamma, lam = 16, 4, 0.99, 0.95
+    rewards = rng.normal(size=(T, N)).astype(np.float32)
+    values = rng.normal(size=(T, N)).astype(np.float32)
+    episode_starts = (rng.random((T, N)) < 0.2).astype(np.float32)
+    last_values = rng.normal(size=N).astype(np.float32)
+    dones_last = rng.random(N) < 0.5
+    assert episode_starts[1:].any() and dones_last.any() and not dones_last.all()  # the data exercises both
+
+    expected = sb3_advantages(rewards, values, episode_starts, last_values, dones_last, gamma, lam)
+    next_values, done = sb3_to_ours(values, episode_starts, last_values, dones_last)
+    # SB3 treats every done as termination.
+    ours = gae(torch.as_tensor(rewards), torch.as_tensor(values), next_values, done, done, gamma, lam)
+    assert expected.shape == (T, N)
+    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-5)
+
+
+def test_gae_truncation_equals_sb3_reward_bootstrap_trick() -> None:
+    # SB3 bootstraps a truncated step by adding γ·V(final obs) to its reward and then treating the step as
+    # terminal. Our GAE takes V(final obs) as next_values with terminated = False: the two must agree.
+    rng = np.random.default_rng(1)
+    T, N, gamma, lam = 16, 4, 0.99, 0.95
+    rewards = rng.normal(size=(T, N)).astype(np.float32)
+    values = rng.normal(size=(T, N)).astype(np.float32)
+    final_values = rng.normal(size=(T, N)).astype(np.float32)  # V(final obs) where a step ended (T, N)
+    episode_starts = (rng.random((T, N)) < 0.25).astype(np.float32)
+    last_values = rng.normal(size=N).astype(np.float32)
+    dones_last = np.zeros(N, dtype=bool)  # the segment's last step ends no episode
+    next_values, done = sb3_to_ours(values, episode_starts, last_values, dones_last)
+    truncated = done & torch.as_tensor(rng.random((T, N)) < 0.5)  # (T, N)
+    terminated = done & ~truncated
+    assert truncated.any() and terminated.any()
+
+    next_values = torch.where(done, torch.as_tensor(final_values), next_values)
+    ours = gae(torch.as_tensor(rewards), torch.as_tensor(values), next_values, terminated, done, gamma, lam)
+
+    sb3_rewards = rewards + gamma * final_values * truncated.numpy()
+    expected = sb3_advantages(sb3_rewards, values, episode_starts, last_values, dones_last, gamma, lam)
+    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# normalize
+# --------------------------------------------------------------------------------------------------
+
+
+def test_normalize_hand_values() -> None:
+    # A = [1, 2, 3, 4]: mean 2.5, Bessel variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3, std ≈ 1.290994.
+    # Â = [−1.5, −0.5, 0.5, 1.5] / 1.290994 = [−1.161895, −0.387298, 0.387298, 1.161895]
+    out = normalize(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    std = math.sqrt(5.0 / 3.0)
+    torch.testing.assert_close(out, torch.tensor([-1.5, -0.5, 0.5, 1.5]) / std)
+
+
+def test_normalize_gives_mean_zero_and_bessel_std_one() -> None:
+    advantages = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 7.0 + 3.0
+    out = normalize(advantages)
+    assert abs(out.mean().item()) < 1e-6
+    assert out.std(correction=1).item() == pytest.approx(1.0, abs=1e-6)
+    assert out.std(correction=0).item() < 1.0  # the population std is smaller: Bessel's correction is used
+
+
+def test_normalize_single_element_gives_zero_not_nan() -> None:
+    out = normalize(torch.tensor([5.0]))
+    assert out.tolist() == [0.0]
+
+
+def test_normalize_constant_gives_zeros_not_nan() -> None:
+    out = normalize(torch.full((8,), 3.0))
+    assert torch.equal(out, torch.zeros(8))

@@ -1,0 +1,189 @@
+"""Tier (a) tests of agents/losses.py against hand-computed numbers and special cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+from agents.losses import clip_fraction, clipped_surrogate, explained_variance, k3_kl, value_loss
+
+
+def t(values: list[float]) -> Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# clipped_surrogate
+# --------------------------------------------------------------------------------------------------
+
+
+def test_clipped_surrogate_hand_values() -> None:
+    # ε = 0.2, so clip(ρ) ∈ [0.8, 1.2].   L = −min(ρ·A, clip(ρ)·A)
+    #   ρ = 0.5, A =  1: min(0.5,  0.8·1)  = 0.5   → L = −0.5   (unclipped: worse, so counted)
+    #   ρ = 1.0, A = −1: min(−1,  1.0·−1)  = −1    → L =  1.0
+    #   ρ = 1.5, A =  2: min(3.0, 1.2·2)   = 2.4   → L = −2.4   (clipped: no credit beyond 1.2)
+    loss = clipped_surrogate(t([0.5, 1.0, 1.5]), t([1.0, -1.0, 2.0]), 0.2, 0.2)
+    torch.testing.assert_close(loss, t([-0.5, 1.0, -2.4]))
+
+
+def test_clipped_surrogate_ratio_one_is_minus_advantage() -> None:
+    # The first minibatch of an iteration has ρ = 1: L = −A whatever ε is.
+    advantages = t([3.0, -2.0, 0.0, 0.5])
+    torch.testing.assert_close(clipped_surrogate(torch.ones(4), advantages, 0.1, 0.3), -advantages)
+
+
+def test_clipped_surrogate_asymmetric_clip() -> None:
+    # ε_low = 0.2, ε_high = 0.28 (DAPO's clip-higher): clip(ρ) ∈ [0.8, 1.28].
+    #   ρ = 0.5,  A = −1: min(−0.5, 0.8·−1) = −0.8 → L = 0.8
+    #   ρ = 1.5,  A =  1: min(1.5,  1.28)   = 1.28 → L = −1.28
+    #   ρ = 1.25, A =  1: inside the range  = 1.25 → L = −1.25  (a symmetric ε = 0.2 would give −1.2)
+    ratio, advantages = t([0.5, 1.5, 1.25]), t([-1.0, 1.0, 1.0])
+    torch.testing.assert_close(clipped_surrogate(ratio, advantages, 0.2, 0.28), t([0.8, -1.28, -1.25]))
+    torch.testing.assert_close(clipped_surrogate(ratio, advantages, 0.2, 0.2), t([0.8, -1.2, -1.2]))
+
+
+def test_clipped_surrogate_gradient_is_zero_only_where_clipping_is_pessimistic() -> None:
+    # ε = 0.2. dL/dρ = −A where the unclipped term is the minimum, 0 where the clipped term is.
+    #   ρ = 1.5, A =  2: improved beyond 1.2      → clipped,  L = −2.4, dL/dρ = 0
+    #   ρ = 0.5, A = −1: improved below 0.8       → clipped,  L =  0.8, dL/dρ = 0
+    #   ρ = 1.5, A = −1: moved the wrong way      → unclipped, L = 1.5, dL/dρ = 1   (pulls ρ back down)
+    #   ρ = 0.5, A =  1: moved the wrong way      → unclipped, L = −0.5, dL/dρ = −1 (pulls ρ back up)
+    #   ρ = 1.1, A =  1: inside the trust region  → unclipped, L = −1.1, dL/dρ = −1
+    ratio = t([1.5, 0.5, 1.5, 0.5, 1.1]).requires_grad_(True)
+    loss = clipped_surrogate(ratio, t([2.0, -1.0, -1.0, 1.0, 1.0]), 0.2, 0.2)
+    torch.testing.assert_close(loss.detach(), t([-2.4, 0.8, 1.5, -0.5, -1.1]))
+    (grad,) = torch.autograd.grad(loss.sum(), ratio)
+    torch.testing.assert_close(grad, t([0.0, 0.0, 1.0, -1.0, -1.0]))
+
+
+def test_clipped_surrogate_shape_mismatch_raises() -> None:
+    with pytest.raises(ValueError, match="differ"):
+        clipped_surrogate(torch.ones(3), torch.ones(4), 0.2, 0.2)
+
+
+# --------------------------------------------------------------------------------------------------
+# value_loss
+# --------------------------------------------------------------------------------------------------
+
+VALUES = [1.0, 2.0, 0.0]
+OLD_VALUES = [0.0, 1.5, 0.5]
+RETURNS = [2.0, 0.0, 1.0]
+
+
+def test_value_loss_unclipped_hand_values() -> None:
+    # (V − R)²: (1 − 2)² = 1, (2 − 0)² = 4, (0 − 1)² = 1
+    loss = value_loss(t(VALUES), t(OLD_VALUES), t(RETURNS), None)
+    torch.testing.assert_close(loss, t([1.0, 4.0, 1.0]))
+
+
+def test_value_loss_clipped_hand_values() -> None:
+    # ε_v = 0.2, V_clip = V_old + clip(V − V_old, −0.2, 0.2):
+    #   0.0 + clip( 1.0) = 0.2 → (0.2 − 2)² = 3.24
+    #   1.5 + clip( 0.5) = 1.7 → (1.7 − 0)² = 2.89   (smaller than the unclipped 4: SB3 replaces, no max)
+    #   0.5 + clip(−0.5) = 0.3 → (0.3 − 1)² = 0.49
+    loss = value_loss(t(VALUES), t(OLD_VALUES), t(RETURNS), 0.2)
+    torch.testing.assert_close(loss, t([3.24, 2.89, 0.49]))
+
+
+def test_value_loss_clip_inactive_within_range() -> None:
+    # |V − V_old| = 0.1 < ε_v = 0.5: clipping changes nothing. (1.1 − 2)² = 0.81, (−0.1 − 0)² = 0.01
+    values, old_values, returns = t([1.1, -0.1]), t([1.0, 0.0]), t([2.0, 0.0])
+    torch.testing.assert_close(value_loss(values, old_values, returns, 0.5), t([0.81, 0.01]))
+    torch.testing.assert_close(value_loss(values, old_values, returns, None), t([0.81, 0.01]))
+
+
+def test_value_loss_clipped_gradient_is_zero_outside_range() -> None:
+    values = t(VALUES).requires_grad_(True)
+    (grad,) = torch.autograd.grad(value_loss(values, t(OLD_VALUES), t(RETURNS), 0.2).sum(), values)
+    assert grad.tolist() == [0.0, 0.0, 0.0]  # every sample moved more than 0.2 from V_old
+    (grad,) = torch.autograd.grad(value_loss(values, t(OLD_VALUES), t(RETURNS), None).sum(), values)
+    torch.testing.assert_close(grad, t([-2.0, 4.0, -2.0]))  # 2·(V − R)
+
+
+def test_value_loss_shape_mismatch_raises() -> None:
+    with pytest.raises(ValueError, match="share one shape"):
+        value_loss(torch.zeros(3), torch.zeros(3), torch.zeros(2), None)
+
+
+# --------------------------------------------------------------------------------------------------
+# k3_kl
+# --------------------------------------------------------------------------------------------------
+
+
+def test_k3_kl_zero_at_equal_policies() -> None:
+    assert k3_kl(torch.zeros(5)).tolist() == [0.0] * 5
+
+
+def test_k3_kl_hand_values() -> None:
+    # log r = ln 2:  (2 − 1) − ln 2   = 0.306853
+    # log r = −ln 2: (0.5 − 1) + ln 2 = 0.193147
+    ln2 = math.log(2.0)
+    kl = k3_kl(torch.tensor([ln2, -ln2], dtype=torch.float64))
+    torch.testing.assert_close(kl, torch.tensor([1.0 - ln2, -0.5 + ln2], dtype=torch.float64))
+
+
+def test_k3_kl_is_non_negative() -> None:
+    log_ratio = torch.linspace(-10.0, 5.0, 1001)
+    assert (k3_kl(log_ratio) >= 0).all()
+
+
+def test_k3_kl_mean_estimates_true_kl() -> None:
+    # x ~ p = N(0, 1), q = N(0.5, 1): KL(p ‖ q) = 0.5² / 2 = 0.125.
+    x = torch.randn(200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    log_ratio = -0.5 * (x - 0.5) ** 2 + 0.5 * x**2  # log q(x) − log p(x)
+    assert k3_kl(log_ratio).mean().item() == pytest.approx(0.125, abs=0.005)
+
+
+# --------------------------------------------------------------------------------------------------
+# clip_fraction
+# --------------------------------------------------------------------------------------------------
+
+
+def test_clip_fraction_counts_below_and_above() -> None:
+    ratio = t([0.5, 0.7, 0.9, 1.0, 1.1, 1.3, 2.0, 3.0])
+    # ε = 0.2: below 0.8 → {0.5, 0.7} = 2/8; above 1.2 → {1.3, 2.0, 3.0} = 3/8
+    below, above = clip_fraction(ratio, 0.2, 0.2)
+    assert (below.item(), above.item()) == (0.25, 0.375)
+    # ε_low = 0.4, ε_high = 0.5: below 0.6 → {0.5} = 1/8; above 1.5 → {2.0, 3.0} = 2/8
+    below, above = clip_fraction(ratio, 0.4, 0.5)
+    assert (below.item(), above.item()) == (0.125, 0.25)
+
+
+def test_clip_fraction_zero_at_ratio_one() -> None:
+    below, above = clip_fraction(torch.ones(10), 0.2, 0.2)
+    assert (below.item(), above.item()) == (0.0, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# explained_variance
+# --------------------------------------------------------------------------------------------------
+
+
+def test_explained_variance_perfect_predictor_is_one() -> None:
+    targets = t([1.0, -2.0, 3.0, 0.5])
+    assert explained_variance(targets.clone(), targets) == 1.0
+
+
+def test_explained_variance_constant_mean_predictor_is_zero() -> None:
+    targets = t([1.0, -2.0, 3.0, 0.5])
+    assert explained_variance(torch.full((4,), targets.mean().item()), targets) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_explained_variance_hand_value() -> None:
+    # y = [1, 2, 3, 4], ŷ = [1, 2, 3, 3]: residual [0, 0, 0, 1], Var = 0.75 / 3 = 0.25;
+    # Var[y] = 5 / 3.  EV = 1 − 0.25 / (5/3) = 0.85
+    assert explained_variance(t([1.0, 2.0, 3.0, 3.0]), t([1.0, 2.0, 3.0, 4.0])) == pytest.approx(0.85, abs=1e-6)
+
+
+def test_explained_variance_negative_for_a_bad_predictor() -> None:
+    # ŷ = −y: residual 2y, Var = 4·Var[y], EV = 1 − 4 = −3
+    targets = t([1.0, 2.0, 3.0, 4.0])
+    assert explained_variance(-targets, targets) == pytest.approx(-3.0, abs=1e-6)
+
+
+def test_explained_variance_zero_variance_targets_is_nan() -> None:
+    result = explained_variance(t([0.0, 1.0, 2.0]), torch.full((3,), 5.0))
+    assert isinstance(result, float) and math.isnan(result)

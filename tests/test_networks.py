@@ -1,0 +1,203 @@
+"""Tier (a) tests of agents/networks.py: shapes, parameter counts, initialization, activations and the
+agreement of act() with evaluate()."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from agents import distributions as D
+from agents.networks import ActorCritic, NetworkSpec
+
+OBS_DIM = 4
+B = 5
+
+
+def make(continuous: bool, seed: int = 0, **kwargs: object) -> ActorCritic:
+    """A seeded ActorCritic: 4-d observations, 2 actions (discrete) or 3 action dimensions (continuous)."""
+    torch.manual_seed(seed)
+    return ActorCritic(NetworkSpec(obs_dim=OBS_DIM, action_dim=3 if continuous else 2, continuous=continuous, **kwargs))
+
+
+def observations(seed: int = 1) -> Tensor:
+    return torch.randn(B, OBS_DIM, generator=torch.Generator().manual_seed(seed))  # (B, obs_dim)
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------------------------------
+# Shapes and parameter counts
+# --------------------------------------------------------------------------------------------------
+
+
+def test_discrete_shapes() -> None:
+    model, obs = make(continuous=False), observations()
+    logits, values = model.heads(obs)
+    assert logits.shape == (B, 2) and values.shape == (B,)
+    assert model.policy_head(obs).shape == (B, 2)
+    assert model.value(obs).shape == (B,)
+    with torch.inference_mode():
+        act = model.act(obs)
+    assert act.actions.shape == (B,) and act.actions.dtype == torch.int64
+    assert act.log_probs.shape == (B,) and act.values.shape == (B,)
+    assert ((act.actions >= 0) & (act.actions < 2)).all()
+    # clone(): inference tensors cannot enter autograd; the rollout buffers copy them the same way.
+    evaluation = model.evaluate(obs, act.actions.clone())
+    assert evaluation.log_probs.shape == evaluation.entropy.shape == evaluation.values.shape == (B,)
+    assert model.deterministic_action(obs).shape == (B,)
+    assert model.log_std is None
+
+
+def test_continuous_shapes() -> None:
+    model, obs = make(continuous=True), observations()
+    means, values = model.heads(obs)
+    assert means.shape == (B, 3) and values.shape == (B,)
+    with torch.inference_mode():
+        act = model.act(obs)
+    assert act.actions.shape == (B, 3) and act.actions.dtype == torch.float32
+    assert act.log_probs.shape == (B,) and act.values.shape == (B,)
+    evaluation = model.evaluate(obs, act.actions.clone())
+    assert evaluation.log_probs.shape == evaluation.entropy.shape == evaluation.values.shape == (B,)
+    assert model.deterministic_action(obs).shape == (B, 3)
+
+
+def test_parameter_counts_separate_and_shared_trunk() -> None:
+    # obs 4 → 64 → 64:  trunk = (4·64 + 64) + (64·64 + 64) = 320 + 4160 = 4480
+    # actor head 64·2 + 2 = 130, critic head 64 + 1 = 65
+    # separate: 2·4480 + 130 + 65 = 9155;  shared: 4480 + 130 + 65 = 4675
+    separate, shared = make(continuous=False), make(continuous=False, shared_trunk=True)
+    assert n_params(separate) == 9155
+    assert n_params(shared) == 4675
+    assert shared.critic_trunk is None and separate.critic_trunk is not None
+    # Continuous, 3 action dims: actor head 64·3 + 3 = 195, plus log_std (3,): 2·4480 + 195 + 65 + 3 = 9223
+    assert n_params(make(continuous=True)) == 9223
+
+
+def test_shared_trunk_feeds_both_heads() -> None:
+    model, obs = make(continuous=False, shared_trunk=True), observations()
+    hidden = model.actor_trunk(obs)
+    logits, values = model.heads(obs)
+    torch.testing.assert_close(logits, model.actor_head(hidden))
+    torch.testing.assert_close(values, model.critic_head(hidden).squeeze(-1))
+
+
+def test_hidden_sizes_are_used() -> None:
+    model = make(continuous=False, hidden_sizes=(32, 16, 8))
+    widths = [layer.out_features for layer in model.actor_trunk if isinstance(layer, nn.Linear)]
+    assert widths == [32, 16, 8]
+    assert model.actor_head.in_features == 8 and model.critic_head.in_features == 8
+
+
+# --------------------------------------------------------------------------------------------------
+# Initialization
+# --------------------------------------------------------------------------------------------------
+
+
+def test_ortho_init_gains_and_zero_biases() -> None:
+    model = make(continuous=False)
+    # Policy head (2, 64), gain 0.01: orthonormal rows times 0.01, so W Wᵀ = 1e-4 · I and ‖W‖_F = 0.01·√2.
+    weight = model.actor_head.weight.detach()
+    torch.testing.assert_close(weight @ weight.T, 1e-4 * torch.eye(2), atol=1e-9, rtol=1e-5)
+    assert weight.norm().item() == pytest.approx(0.01 * math.sqrt(2.0), rel=1e-5)
+    # Value head (1, 64), gain 1: a unit row.
+    assert model.critic_head.weight.norm().item() == pytest.approx(1.0, rel=1e-5)
+    # First hidden layer (64, 4), gain √2: orthonormal columns times √2, so Wᵀ W = 2 · I.
+    first = model.actor_trunk[0].weight.detach()
+    torch.testing.assert_close(first.T @ first, 2.0 * torch.eye(OBS_DIM), atol=1e-5, rtol=1e-5)
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear):
+            assert torch.count_nonzero(layer.bias) == 0
+
+
+def test_ortho_init_gives_near_uniform_initial_policy() -> None:
+    # Logits of size ≈ 0.01·‖hidden‖: the initial policy is close to uniform over the 2 actions.
+    model = make(continuous=False)
+    probs = model.policy_head(observations()).softmax(-1)
+    torch.testing.assert_close(probs, torch.full((B, 2), 0.5), atol=0.05, rtol=0.0)
+
+
+def test_without_ortho_init_torch_default_is_kept() -> None:
+    # torch's default Linear init draws from U(−1/√64, 1/√64): a head far larger than 0.01·√2, nonzero biases.
+    model = make(continuous=False, ortho_init=False)
+    assert model.actor_head.weight.norm().item() > 0.1
+    assert torch.count_nonzero(model.actor_head.bias) > 0
+
+
+def test_log_std_init() -> None:
+    model = make(continuous=True, log_std_init=-2.0)
+    assert model.log_std is not None and model.log_std.requires_grad
+    assert model.log_std.tolist() == [-2.0, -2.0, -2.0]
+    # Entropy per row: 3 · (½ + ½ ln 2π − 2) = 3 · (1.418939 − 2) = −1.743182
+    entropy = model.evaluate(observations(), torch.zeros(B, 3)).entropy
+    torch.testing.assert_close(entropy, torch.full((B,), 3 * (0.5 + 0.5 * math.log(2 * math.pi) - 2.0)))
+
+
+@pytest.mark.parametrize("activation, present, absent", [("tanh", nn.Tanh, nn.ReLU), ("relu", nn.ReLU, nn.Tanh)])
+def test_activation_choice(activation: str, present: type[nn.Module], absent: type[nn.Module]) -> None:
+    model = make(continuous=False, activation=activation)
+    for trunk in (model.actor_trunk, model.critic_trunk):
+        kinds = [type(layer) for layer in trunk]
+        assert kinds == [nn.Linear, present, nn.Linear, present]
+        assert absent not in kinds
+
+
+# --------------------------------------------------------------------------------------------------
+# Acting and evaluating
+# --------------------------------------------------------------------------------------------------
+
+
+def test_deterministic_action_is_argmax_of_logits() -> None:
+    model, obs = make(continuous=False, ortho_init=False), observations()
+    logits = model.policy_head(obs)
+    assert torch.equal(model.deterministic_action(obs), logits.argmax(-1))
+
+
+def test_deterministic_action_is_gaussian_mean() -> None:
+    model, obs = make(continuous=True), observations()
+    torch.testing.assert_close(model.deterministic_action(obs), model.heads(obs)[0])
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_act_log_probs_equal_evaluate_log_probs(continuous: bool) -> None:
+    model, obs = make(continuous=continuous, ortho_init=False), observations()
+    with torch.inference_mode():
+        act = model.act(obs)
+    evaluation = model.evaluate(obs, act.actions.clone())  # clone(): out of inference mode, as the buffers do
+    torch.testing.assert_close(evaluation.log_probs.detach(), act.log_probs)
+    torch.testing.assert_close(evaluation.values.detach(), act.values)
+
+
+def test_evaluate_matches_distribution_functions() -> None:
+    model, obs = make(continuous=False, ortho_init=False), observations()
+    actions = torch.tensor([0, 1, 1, 0, 1])
+    logits, values = model.heads(obs)
+    evaluation = model.evaluate(obs, actions)
+    torch.testing.assert_close(evaluation.log_probs, D.categorical_log_prob(logits, actions))
+    torch.testing.assert_close(evaluation.entropy, D.categorical_entropy(logits))
+    torch.testing.assert_close(evaluation.values, values)
+
+
+def test_evaluate_has_gradients() -> None:
+    model, obs = make(continuous=True), observations()
+    evaluation = model.evaluate(obs, torch.zeros(B, 3))
+    (evaluation.log_probs.sum() + evaluation.values.sum()).backward()
+    assert model.log_std is not None and model.log_std.grad is not None
+    assert model.actor_head.weight.grad is not None and model.critic_head.weight.grad is not None
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_same_seed_twice_gives_identical_actions(continuous: bool) -> None:
+    def sample(seed: int) -> Tensor:
+        model = make(continuous=continuous, seed=seed, ortho_init=False)
+        obs = torch.randn(64, OBS_DIM, generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            return model.act(obs).actions
+
+    first, second = sample(seed=3), sample(seed=3)
+    assert torch.equal(first, second)
+    assert not torch.equal(first, sample(seed=4))
