@@ -40,10 +40,16 @@ def _is_mujoco(base: gym.Env) -> bool:
     return hasattr(base, "model") and hasattr(base, "data") and hasattr(base, "frame_skip")
 
 
+def _is_classic(base: gym.Env) -> bool:
+    # Only gymnasium's classic-control envs keep their whole dynamics state in `state`; other envs
+    # (CarRacing's rendered frame, say) use the name for something else.
+    return type(base).__module__.startswith("gymnasium.envs.classic_control") and hasattr(base, "state")
+
+
 def is_restorable(env: gym.Env) -> bool:
     """Whether :func:`snapshot` supports this environment."""
     base = env.unwrapped
-    return _is_mujoco(base) or isinstance(getattr(base, "state", None), (np.ndarray, tuple, list))
+    return _is_mujoco(base) or _is_classic(base)
 
 
 def snapshot(env: gym.Env) -> dict[str, Any]:
@@ -62,7 +68,7 @@ def snapshot(env: gym.Env) -> dict[str, Any]:
         mujoco.mj_getState(base.model, base.data, physics, spec)
         state["kind"] = "mujoco"
         state["physics"] = physics
-    elif isinstance(getattr(base, "state", None), (np.ndarray, tuple, list)):
+    elif _is_classic(base):
         state["kind"] = "classic"
         state["state"] = np.array(base.state, copy=True)
         state["steps_beyond_terminated"] = getattr(base, "steps_beyond_terminated", None)

@@ -410,17 +410,7 @@ def test_vector_env_state_with_an_autoreset_pending(vectorization: str, closing:
 
 @pytest.mark.parametrize(
     "env_id",
-    [
-        "LunarLander-v3",
-        pytest.param(
-            "CarRacing-v3",
-            marks=pytest.mark.xfail(
-                reason="envs/snapshot.py's is_restorable accepts any env with a `state` array; CarRacing's is its "
-                "rendered frame, so the Box2D world would not be restored",
-                strict=True,
-            ),
-        ),
-    ],
+    ["LunarLander-v3", "CarRacing-v3"],
 )
 def test_vector_env_state_is_none_where_not_restorable(env_id: str, closing: list[VectorEnv]) -> None:
     env = make_vector(env_id, 2)

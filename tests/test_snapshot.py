@@ -125,15 +125,11 @@ def test_snapshot_mid_episode_without_time_limit() -> None:
         assert np.array_equal(obs_got, obs_want) and r_got == r_want
 
 
-CAR_RACING_BUG = (
-    "envs/snapshot.py treats any env with a `state` array as classic control; CarRacing's `state` is its "
-    "rendered frame, so its Box2D world is not captured and a restore is silently wrong"
-)
 
 
 @pytest.mark.parametrize(
     "env_id",
-    ["LunarLander-v3", pytest.param("CarRacing-v3", marks=pytest.mark.xfail(reason=CAR_RACING_BUG, strict=True))],
+    ["LunarLander-v3", "CarRacing-v3"],
 )
 def test_envs_without_settable_state_are_not_restorable(env_id: str) -> None:
     env = gym.make(env_id)

@@ -1,0 +1,46 @@
+"""Toy environments with known answers, registered under ``testbed-toy/``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class ConstantReward(gym.Env):
+    """Reward 1 every step, never terminates; only a time limit ends an episode.
+
+    The observation is the constant 0, so V(s) = Σ γ^k = 1 / (1 − γ) for the infinite-horizon MDP. A
+    critic trained with truncation treated as termination would instead learn the finite sum.
+    """
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.zeros(1, np.float32), 1.0, False, False, {}
+
+
+class TwoArms(gym.Env):
+    """One step: action 1 gives reward 1 and terminates, action 0 gives reward 0 and terminates."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.zeros(1, np.float32), float(action), True, False, {}
+
+
+def register() -> None:
+    if "testbed-toy/ConstantReward-v0" not in gym.registry:
+        gym.register("testbed-toy/ConstantReward-v0", entry_point=ConstantReward, max_episode_steps=20)
+        gym.register("testbed-toy/TwoArms-v0", entry_point=TwoArms)
