@@ -83,36 +83,71 @@ def flatten_parameters(model: nn.Module) -> nn.Parameter:
     return flat
 
 
-class ActorCritic(nn.Module):
-    """π_θ(a|s) and V_φ(s).  Observations are (B, obs_dim) float32."""
+class Actor(nn.Module):
+    """π_θ(a|s): an MLP trunk and a head giving logits (discrete) or means (continuous, with a
+    state-independent log σ). GRPO uses it alone; PPO's ActorCritic adds a critic beside it."""
 
     def __init__(self, spec: NetworkSpec) -> None:
         super().__init__()
         self.spec = spec
         width = spec.hidden_sizes[-1] if spec.hidden_sizes else spec.obs_dim
-        self.actor_trunk = mlp(spec.obs_dim, spec.hidden_sizes, spec.activation)
-        self.critic_trunk = None if spec.shared_trunk else mlp(spec.obs_dim, spec.hidden_sizes, spec.activation)
-        self.actor_head = nn.Linear(width, spec.action_dim)
-        self.critic_head = nn.Linear(width, 1)
+        self.trunk = mlp(spec.obs_dim, spec.hidden_sizes, spec.activation)
+        self.head = nn.Linear(width, spec.action_dim)
         self.log_std = nn.Parameter(torch.full((spec.action_dim,), spec.log_std_init)) if spec.continuous else None
         if spec.ortho_init:
-            # Gains of the PPO baselines: √2 for hidden layers, 0.01 for the policy head (near-uniform
-            # initial policy), 1 for the value head.
-            for trunk in (self.actor_trunk, self.critic_trunk):
-                if trunk is not None:
-                    trunk.apply(lambda layer: orthogonal_init(layer, math.sqrt(2)))
-            orthogonal_init(self.actor_head, 0.01)
+            # Gains of the PPO baselines: √2 for hidden layers, 0.01 for the policy head (a near-uniform
+            # initial policy).
+            self.trunk.apply(lambda layer: orthogonal_init(layer, math.sqrt(2)))
+            orthogonal_init(self.head, 0.01)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """Logits or means, (B, action_dim)."""
+        return self.head(self.trunk(obs))
+
+    def sample(self, out: Tensor) -> tuple[Tensor, Tensor]:
+        """a ~ π(·|s) and log π(a|s), from the head output ``out``."""
+        if self.log_std is None:
+            actions = D.categorical_sample(out)
+            return actions, D.categorical_log_prob(out, actions)
+        actions = D.gaussian_sample(out, self.log_std)
+        return actions, D.gaussian_log_prob(out, self.log_std, actions)
+
+    def log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """log π(a|s) of stored actions and the entropy of π(·|s), from the head output ``out``."""
+        if self.log_std is None:
+            return D.categorical_log_prob_entropy(out, actions)
+        return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(self.log_std, out.shape[0])
+
+    def act(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample actions with their log-probabilities. Call under ``torch.inference_mode()``."""
+        return self.sample(self(obs))
+
+    def deterministic_action(self, obs: Tensor) -> Tensor:
+        """The mode of π(·|s): argmax of the logits, or the Gaussian mean."""
+        out = self(obs)
+        return out.argmax(-1) if self.log_std is None else out
+
+
+class ActorCritic(nn.Module):
+    """π_θ(a|s) and V_φ(s), with separate trunks by default.  Observations are (B, obs_dim) float32."""
+
+    def __init__(self, spec: NetworkSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        width = spec.hidden_sizes[-1] if spec.hidden_sizes else spec.obs_dim
+        self.actor = Actor(spec)
+        self.critic_trunk = None if spec.shared_trunk else mlp(spec.obs_dim, spec.hidden_sizes, spec.activation)
+        self.critic_head = nn.Linear(width, 1)
+        if spec.ortho_init:
+            if self.critic_trunk is not None:
+                self.critic_trunk.apply(lambda layer: orthogonal_init(layer, math.sqrt(2)))
             orthogonal_init(self.critic_head, 1.0)
 
     def heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """Policy head output (logits or means, (B, action_dim)) and values (B,), in one pass."""
-        hidden = self.actor_trunk(obs)
+        hidden = self.actor.trunk(obs)
         critic_hidden = hidden if self.critic_trunk is None else self.critic_trunk(obs)
-        return self.actor_head(hidden), self.critic_head(critic_hidden).squeeze(-1)
-
-    def policy_head(self, obs: Tensor) -> Tensor:
-        """Logits or means only, for callers without a critic (GRPO, evaluation)."""
-        return self.actor_head(self.actor_trunk(obs))
+        return self.actor.head(hidden), self.critic_head(critic_hidden).squeeze(-1)
 
     def value(self, obs: Tensor) -> Tensor:
         return self.heads(obs)[1]
@@ -120,22 +155,13 @@ class ActorCritic(nn.Module):
     def act(self, obs: Tensor) -> Act:
         """Sample a ~ π(·|s) with its log-probability and V(s). Call under ``torch.inference_mode()``."""
         out, values = self.heads(obs)
-        if self.log_std is None:
-            actions = D.categorical_sample(out)
-            return Act(actions, D.categorical_log_prob(out, actions), values)
-        actions = D.gaussian_sample(out, self.log_std)
-        return Act(actions, D.gaussian_log_prob(out, self.log_std, actions), values)
+        actions, log_probs = self.actor.sample(out)
+        return Act(actions, log_probs, values)
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> Evaluation:
         """log π(a|s), the entropy of π(·|s) and V(s) for stored actions, with gradients."""
         out, values = self.heads(obs)
-        if self.log_std is None:
-            return Evaluation(*D.categorical_log_prob_entropy(out, actions), values)
-        return Evaluation(
-            D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(self.log_std, obs.shape[0]), values
-        )
+        return Evaluation(*self.actor.log_prob_entropy(out, actions), values)
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
-        """The mode of π(·|s): argmax of the logits, or the Gaussian mean."""
-        out = self.policy_head(obs)
-        return out.argmax(-1) if self.log_std is None else out
+        return self.actor.deterministic_action(obs)

@@ -39,7 +39,7 @@ def test_discrete_shapes() -> None:
     model, obs = make(continuous=False), observations()
     logits, values = model.heads(obs)
     assert logits.shape == (B, 2) and values.shape == (B,)
-    assert model.policy_head(obs).shape == (B, 2)
+    assert model.actor(obs).shape == (B, 2)
     assert model.value(obs).shape == (B,)
     with torch.inference_mode():
         act = model.act(obs)
@@ -50,7 +50,7 @@ def test_discrete_shapes() -> None:
     evaluation = model.evaluate(obs, act.actions.clone())
     assert evaluation.log_probs.shape == evaluation.entropy.shape == evaluation.values.shape == (B,)
     assert model.deterministic_action(obs).shape == (B,)
-    assert model.log_std is None
+    assert model.actor.log_std is None
 
 
 def test_continuous_shapes() -> None:
@@ -80,17 +80,17 @@ def test_parameter_counts_separate_and_shared_trunk() -> None:
 
 def test_shared_trunk_feeds_both_heads() -> None:
     model, obs = make(continuous=False, shared_trunk=True), observations()
-    hidden = model.actor_trunk(obs)
+    hidden = model.actor.trunk(obs)
     logits, values = model.heads(obs)
-    torch.testing.assert_close(logits, model.actor_head(hidden))
+    torch.testing.assert_close(logits, model.actor.head(hidden))
     torch.testing.assert_close(values, model.critic_head(hidden).squeeze(-1))
 
 
 def test_hidden_sizes_are_used() -> None:
     model = make(continuous=False, hidden_sizes=(32, 16, 8))
-    widths = [layer.out_features for layer in model.actor_trunk if isinstance(layer, nn.Linear)]
+    widths = [layer.out_features for layer in model.actor.trunk if isinstance(layer, nn.Linear)]
     assert widths == [32, 16, 8]
-    assert model.actor_head.in_features == 8 and model.critic_head.in_features == 8
+    assert model.actor.head.in_features == 8 and model.critic_head.in_features == 8
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,13 +101,13 @@ def test_hidden_sizes_are_used() -> None:
 def test_ortho_init_gains_and_zero_biases() -> None:
     model = make(continuous=False)
     # Policy head (2, 64), gain 0.01: orthonormal rows times 0.01, so W Wᵀ = 1e-4 · I and ‖W‖_F = 0.01·√2.
-    weight = model.actor_head.weight.detach()
+    weight = model.actor.head.weight.detach()
     torch.testing.assert_close(weight @ weight.T, 1e-4 * torch.eye(2), atol=1e-9, rtol=1e-5)
     assert weight.norm().item() == pytest.approx(0.01 * math.sqrt(2.0), rel=1e-5)
     # Value head (1, 64), gain 1: a unit row.
     assert model.critic_head.weight.norm().item() == pytest.approx(1.0, rel=1e-5)
     # First hidden layer (64, 4), gain √2: orthonormal columns times √2, so Wᵀ W = 2 · I.
-    first = model.actor_trunk[0].weight.detach()
+    first = model.actor.trunk[0].weight.detach()
     torch.testing.assert_close(first.T @ first, 2.0 * torch.eye(OBS_DIM), atol=1e-5, rtol=1e-5)
     for layer in model.modules():
         if isinstance(layer, nn.Linear):
@@ -117,21 +117,21 @@ def test_ortho_init_gains_and_zero_biases() -> None:
 def test_ortho_init_gives_near_uniform_initial_policy() -> None:
     # Logits of size ≈ 0.01·‖hidden‖: the initial policy is close to uniform over the 2 actions.
     model = make(continuous=False)
-    probs = model.policy_head(observations()).softmax(-1)
+    probs = model.actor(observations()).softmax(-1)
     torch.testing.assert_close(probs, torch.full((B, 2), 0.5), atol=0.05, rtol=0.0)
 
 
 def test_without_ortho_init_torch_default_is_kept() -> None:
     # torch's default Linear init draws from U(−1/√64, 1/√64): a head far larger than 0.01·√2, nonzero biases.
     model = make(continuous=False, ortho_init=False)
-    assert model.actor_head.weight.norm().item() > 0.1
-    assert torch.count_nonzero(model.actor_head.bias) > 0
+    assert model.actor.head.weight.norm().item() > 0.1
+    assert torch.count_nonzero(model.actor.head.bias) > 0
 
 
 def test_log_std_init() -> None:
     model = make(continuous=True, log_std_init=-2.0)
-    assert model.log_std is not None and model.log_std.requires_grad
-    assert model.log_std.tolist() == [-2.0, -2.0, -2.0]
+    assert model.actor.log_std is not None and model.actor.log_std.requires_grad
+    assert model.actor.log_std.tolist() == [-2.0, -2.0, -2.0]
     # Entropy per row: 3 · (½ + ½ ln 2π − 2) = 3 · (1.418939 − 2) = −1.743182
     entropy = model.evaluate(observations(), torch.zeros(B, 3)).entropy
     torch.testing.assert_close(entropy, torch.full((B,), 3 * (0.5 + 0.5 * math.log(2 * math.pi) - 2.0)))
@@ -140,7 +140,7 @@ def test_log_std_init() -> None:
 @pytest.mark.parametrize("activation, present, absent", [("tanh", nn.Tanh, nn.ReLU), ("relu", nn.ReLU, nn.Tanh)])
 def test_activation_choice(activation: str, present: type[nn.Module], absent: type[nn.Module]) -> None:
     model = make(continuous=False, activation=activation)
-    for trunk in (model.actor_trunk, model.critic_trunk):
+    for trunk in (model.actor.trunk, model.critic_trunk):
         kinds = [type(layer) for layer in trunk]
         assert kinds == [nn.Linear, present, nn.Linear, present]
         assert absent not in kinds
@@ -153,7 +153,7 @@ def test_activation_choice(activation: str, present: type[nn.Module], absent: ty
 
 def test_deterministic_action_is_argmax_of_logits() -> None:
     model, obs = make(continuous=False, ortho_init=False), observations()
-    logits = model.policy_head(obs)
+    logits = model.actor(obs)
     assert torch.equal(model.deterministic_action(obs), logits.argmax(-1))
 
 
@@ -186,8 +186,8 @@ def test_evaluate_has_gradients() -> None:
     model, obs = make(continuous=True), observations()
     evaluation = model.evaluate(obs, torch.zeros(B, 3))
     (evaluation.log_probs.sum() + evaluation.values.sum()).backward()
-    assert model.log_std is not None and model.log_std.grad is not None
-    assert model.actor_head.weight.grad is not None and model.critic_head.weight.grad is not None
+    assert model.actor.log_std is not None and model.actor.log_std.grad is not None
+    assert model.actor.head.weight.grad is not None and model.critic_head.weight.grad is not None
 
 
 @pytest.mark.parametrize("continuous", [False, True])

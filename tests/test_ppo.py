@@ -127,13 +127,13 @@ def test_cartpole_learns(tmp_path: Path) -> None:
 
 def test_continuous_control_improves(tmp_path: Path) -> None:
     # InvertedPendulum-v5: an untrained policy balances for a few steps; the continuous default learns
-    # to balance for hundreds of steps within 10k steps.
-    cfg = config("InvertedPendulum-v5", continuous=True, total_steps=10_240, n_steps=1024, eval_interval=1024,
+    # to balance for the full 1000 steps within 15k steps (seeds 0-2 all reach 1000).
+    cfg = config("InvertedPendulum-v5", continuous=True, total_steps=15_360, n_steps=1024, eval_interval=1024,
                  eval_episodes=5)  # fmt: skip
     train(cfg, tmp_path / "run")
     evals = [float(r["eval/return_mean"]) for r in read_progress(tmp_path / "run") if r["eval/return_mean"]]
     assert evals[0] < 60
-    assert max(evals[-3:]) >= 200 and max(evals[-3:]) >= 4 * evals[0]
+    assert evals[-1] >= 500 and evals[-1] >= 10 * evals[0]
 
 
 # ── checkpoints, resume, faults ─────────────────────────────────────────────────────────────────────

@@ -1,0 +1,537 @@
+"""How fast our PPO trains, beside Stable-Baselines3's PPO at identical hyperparameters and the raw env rate.
+
+    python benchmarks/speed.py [--cases cartpole halfcheetah] [--repeats 3] [--out benchmarks/results]
+
+Per case, in one invocation:
+- whole processes are timed (wall clock, interpreter start and imports included): ours is
+  ``python -m lab train`` with periodic evaluations and intermediate checkpoints off, so its final
+  deterministic evaluation and final checkpoint stay in the measured time; SB3's is a small script run with
+  ``python -c`` that only builds and trains. Ours and SB3 alternate (A B A B …) to spread machine noise;
+- the ceiling: random actions, pre-sampled, in one plain gymnasium env and in the vector env our preset
+  trains on;
+- where our time goes: one more process of ours with timers wrapped around rollout, update and evaluation.
+
+Writes ``OUT/speed.csv`` (one row per timed process) and ``OUT/speed.md``, rewritten after every process so
+that a crash loses nothing already measured. Both describe this invocation only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script, sys.path[0] is benchmarks/; our packages live one level up
+    sys.path.insert(0, str(ROOT))
+
+SEED = 0
+# Single-threaded on both sides: one run is one process with one thread (DESIGN.md, Execution).
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+OURS_FLAGS = ["--set", "eval_interval=0", "--set", "checkpoint_interval=0"]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    env_id: str
+    total_steps: int
+
+
+CASES = {
+    "cartpole": Case("cartpole", "CartPole-v1", 100_000),
+    "halfcheetah": Case("halfcheetah", "HalfCheetah-v5", 50_000),
+}
+
+# The Stable-Baselines3 side: built from the JSON of ``sb3_arguments``; prints one JSON line at the end.
+SB3_SCRIPT = """
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from torch import nn
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecNormalize
+
+a = json.loads(sys.argv[1])
+env = make_vec_env(a["env_id"], n_envs=a["n_envs"], seed=a["seed"])
+if a["vec_normalize"] is not None:
+    env = VecNormalize(env, **a["vec_normalize"])
+kwargs = dict(a["ppo"])
+for key, annealed in a["linear_schedules"].items():
+    if annealed:
+        start = kwargs[key]
+        kwargs[key] = lambda progress_remaining, start=start: progress_remaining * start
+policy_kwargs = dict(a["policy_kwargs"])
+policy_kwargs["activation_fn"] = {"tanh": nn.Tanh, "relu": nn.ReLU}[policy_kwargs["activation_fn"]]
+model = PPO("MlpPolicy", env, policy_kwargs=policy_kwargs, seed=a["seed"], device="cpu", verbose=0, **kwargs)
+start = time.perf_counter()
+model.learn(total_timesteps=a["total_steps"])
+print(json.dumps({"total_steps": int(model.num_timesteps), "loop_s": time.perf_counter() - start}))
+"""
+
+
+@dataclass
+class Timed:
+    """One timed process: a row of speed.csv."""
+
+    case: str
+    env_id: str
+    impl: str  # ours | sb3 | ours_profiled
+    repeat: int
+    wall_s: float
+    total_steps: int | None
+    sps: float | None  # total_steps / wall_s: the whole process
+    loop_s: float | None  # ours: the training loop (final evaluation excluded); SB3: model.learn()
+    returncode: int
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    hyperparameters: str
+    eval_episodes: int
+    timed: list[Timed] = field(default_factory=list)
+    ceiling: dict[str, float] = field(default_factory=dict)
+    ceiling_vector: str = ""
+    profile: dict[str, float] = field(default_factory=dict)
+
+
+# ── the machine and the command, without host names or absolute paths ──────────────────────────────
+
+
+def machine_line() -> str:
+    """CPU model, logical cores and the versions that matter for speed."""
+    cpu = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    cpu = cpu or platform.processor() or platform.machine() or "unknown CPU"
+    versions = []
+    for name in ("torch", "gymnasium", "stable-baselines3"):
+        try:
+            versions.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{name} not installed")
+    return f"{cpu}, {os.cpu_count()} logical cores; python {platform.python_version()}, " + ", ".join(versions)
+
+
+def _public_path(value: str) -> str:
+    if not os.path.isabs(value):
+        return value
+    try:
+        return str(Path(value).relative_to(Path.cwd()))
+    except ValueError:
+        return f"…/{Path(value).name}"  # outside the working directory: keep only the name
+
+
+def public_command(script: str, argv: list[str]) -> str:
+    """``python SCRIPT ARGS`` as typed, with absolute paths made relative (or cut to their name)."""
+    args = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        args.append(f"{key}={_public_path(value)}" if sep and key.startswith("--") else _public_path(arg))
+    parts = ["python", _public_path(script), *args]
+    return " ".join(a if re.fullmatch(r"[\w@%+=:,./…-]+", a) else shlex.quote(a) for a in parts)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of every timed process: one thread, and our packages importable."""
+    env = {**os.environ, **THREAD_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# ── the hyperparameters, ours and their SB3 equivalents ───────────────────────────────────────────
+
+
+def resolve(case: Case) -> tuple[Any, bool]:
+    """Our preset's config for the case (PPOConfig) and whether its actions are continuous."""
+    import gymnasium as gym
+
+    from agents.config import resolve_config
+    from agents.ppo import PPOConfig
+    from envs import action_space_of
+
+    continuous = isinstance(action_space_of(case.env_id), gym.spaces.Box)
+    cfg, _ = resolve_config(PPOConfig, "ppo", case.env_id, continuous, {"total_steps": case.total_steps})
+    return cfg, continuous
+
+
+def sb3_arguments(cfg: Any, continuous: bool) -> dict[str, Any]:
+    """Our PPOConfig as SB3 arguments (JSON; ``linear_schedules`` marks which start values SB3 anneals)."""
+    if cfg.shared_trunk:
+        raise ValueError("SB3 2.x has no shared actor-critic trunk; compare with shared_trunk=false")
+    hidden = list(cfg.hidden_sizes)
+    policy_kwargs: dict[str, Any] = {
+        "net_arch": {"pi": hidden, "vf": hidden},
+        "activation_fn": cfg.activation,
+        "ortho_init": cfg.ortho_init,
+    }
+    if continuous:
+        policy_kwargs["log_std_init"] = cfg.log_std_init
+    normalize = cfg.normalize_obs or cfg.normalize_reward
+    return {
+        "env_id": cfg.env_id,
+        "seed": cfg.seed,
+        "total_steps": cfg.total_steps,
+        "n_envs": cfg.n_envs,
+        "vec_normalize": (
+            {"norm_obs": cfg.normalize_obs, "norm_reward": cfg.normalize_reward, "gamma": cfg.gamma}
+            if normalize
+            else None
+        ),
+        "ppo": {
+            "n_steps": cfg.n_steps,
+            "batch_size": cfg.minibatch_size,
+            "n_epochs": cfg.n_epochs,
+            "gamma": cfg.gamma,
+            "gae_lambda": cfg.gae_lambda,
+            "learning_rate": cfg.learning_rate,
+            "clip_range": cfg.clip_range,
+            "ent_coef": cfg.ent_coef,
+            "vf_coef": cfg.vf_coef,
+            "max_grad_norm": cfg.max_grad_norm,
+            "clip_range_vf": cfg.clip_range_vf,
+            "target_kl": cfg.target_kl,
+            "normalize_advantage": cfg.normalize_advantage,
+        },
+        "linear_schedules": {"learning_rate": cfg.anneal_lr, "clip_range": cfg.anneal_clip_range},
+        "policy_kwargs": policy_kwargs,
+    }
+
+
+def describe(arguments: dict[str, Any]) -> str:
+    """One line of the SB3 arguments, for the report."""
+    parts = [f"n_envs={arguments['n_envs']}"]
+    for key, value in arguments["ppo"].items():
+        linear = arguments["linear_schedules"].get(key)
+        parts.append(f"{key}={'linear from ' if linear else ''}{value}")
+    parts += [f"{key}={value}" for key, value in arguments["policy_kwargs"].items()]
+    parts.append(f"VecNormalize({arguments['vec_normalize']})" if arguments["vec_normalize"] else "no VecNormalize")
+    return ", ".join(parts)
+
+
+# ── timed processes ────────────────────────────────────────────────────────────────────────────────
+
+
+def time_process(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Wall-clock seconds of one whole process, from spawn to exit."""
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-2000:]
+        print(f"process failed (exit {proc.returncode}): {shlex.join(cmd[:4])} …\n{tail}", file=sys.stderr)
+    return wall, proc
+
+
+def train_argv(case: Case, run_dir: Path) -> list[str]:
+    """Our ``lab train`` arguments for a case."""
+    return ["train", "--algo", "ppo", "--env", case.env_id, "--seed", str(SEED),
+            "--total-steps", str(case.total_steps), *OURS_FLAGS, "--run-dir", str(run_dir)]  # fmt: skip
+
+
+def run_ours(case: Case, repeat: int) -> Timed:
+    with tempfile.TemporaryDirectory(prefix="speed-ours-") as tmp:
+        run_dir = Path(tmp) / "run"
+        wall, proc = time_process([sys.executable, "-m", "lab", *train_argv(case, run_dir)])
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    ok = proc.returncode == 0 and summary.get("status") == "completed"
+    steps = summary.get("total_steps") if ok else None
+    return Timed(case.name, case.env_id, "ours", repeat, wall, steps, steps / wall if steps else None,
+                 summary.get("wall_time_s") if ok else None, proc.returncode)  # fmt: skip
+
+
+def run_sb3(case: Case, arguments: dict[str, Any], repeat: int) -> Timed:
+    wall, proc = time_process([sys.executable, "-c", SB3_SCRIPT, json.dumps(arguments)])
+    result: dict[str, Any] = {}
+    if proc.returncode == 0 and proc.stdout.strip():
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    steps = result.get("total_steps")
+    return Timed(case.name, case.env_id, "sb3", repeat, wall, steps, steps / wall if steps else None,
+                 result.get("loop_s"), proc.returncode)  # fmt: skip
+
+
+# ── the ceiling: raw env step rate ─────────────────────────────────────────────────────────────────
+
+
+def _rate(step_block: Callable[[], int], seconds: float) -> float:
+    """Steps per second of repeated ``step_block`` calls over about ``seconds`` (after one warm-up block)."""
+    step_block()
+    steps, start = 0, time.perf_counter()
+    while True:
+        steps += step_block()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return steps / elapsed
+
+
+def ceiling(cfg: Any, seconds: float) -> tuple[dict[str, float], str]:
+    """Random-action step rates of one plain env and of our preset's training vector env."""
+    import gymnasium as gym
+
+    import envs
+
+    block = 1000  # pre-sampled actions, so sampling is not timed
+    single = gym.make(cfg.env_id)
+    single.action_space.seed(SEED)
+    single_actions = [single.action_space.sample() for _ in range(block)]
+    single.reset(seed=SEED)
+
+    def single_block() -> int:
+        for action in single_actions:
+            _, _, terminated, truncated, _ = single.step(action)
+            if terminated or truncated:
+                single.reset()
+        return block
+
+    options = envs.EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward,
+                              gamma=cfg.gamma, vectorization=cfg.vectorization)  # fmt: skip
+    vector = envs.make_vector(cfg.env_id, cfg.n_envs, options)  # as agents.training.open_envs builds it
+    vector.action_space.seed(SEED)
+    vector_actions = [vector.action_space.sample() for _ in range(max(1, block // cfg.n_envs))]  # (N, ...) each
+    vector.reset(seed=SEED)
+
+    def vector_block() -> int:
+        for actions in vector_actions:
+            vector.step(actions)  # NEXT_STEP autoreset: no manual resets
+        return len(vector_actions) * cfg.n_envs
+
+    try:
+        rates = {"single": _rate(single_block, seconds), "vector": _rate(vector_block, seconds)}
+    finally:
+        single.close()
+        vector.close()
+    layers, layer = [], vector
+    while layer is not None:  # name the wrapper chain, outermost first
+        layers.append(type(layer).__name__)
+        layer = getattr(layer, "env", None)
+    return rates, f"{cfg.n_envs} env{'s' if cfg.n_envs > 1 else ''}: {' ∘ '.join(layers)}"
+
+
+# ── where the time goes ────────────────────────────────────────────────────────────────────────────
+
+
+def profile_child(report: str, argv: list[str]) -> int:
+    """Inside the profiled process: wrap the phases with timers, run ``lab train``, write the totals."""
+    import agents.ppo as ppo_module
+    import agents.training as training
+    from lab import cli
+
+    totals = {"rollout": 0.0, "update": 0.0, "evaluation": 0.0, "train": 0.0}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[name] += time.perf_counter() - start
+
+        return wrapper
+
+    # ppo.train looks these names up in its module at each call, so wrapping the module attributes works.
+    ppo_module.collect_segment = timed("rollout", ppo_module.collect_segment)
+    ppo_module.update = timed("update", ppo_module.update)
+    training.evaluate = timed("evaluation", training.evaluate)
+    algo = cli.ALGOS["ppo"]  # holds ppo.train itself, bound at import
+    cli.ALGOS["ppo"] = cli.Algo(algo.config, timed("train", algo.train))
+    code = cli.main(argv)
+    Path(report).write_text(json.dumps(totals))
+    return code
+
+
+def profile_ours(case: Case) -> tuple[Timed, dict[str, float]]:
+    """One more process of ours, with phase timers; the phases in seconds, and the whole process."""
+    with tempfile.TemporaryDirectory(prefix="speed-profile-") as tmp:
+        report = Path(tmp) / "profile.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-child", str(report),
+               *train_argv(case, Path(tmp) / "run")]  # fmt: skip
+        wall, proc = time_process(cmd)
+        totals = json.loads(report.read_text()) if report.exists() else {}
+    timed = Timed(case.name, case.env_id, "ours_profiled", 1, wall, None, None, None, proc.returncode)
+    if not totals:
+        return timed, {}
+    phases = {k: totals[k] for k in ("rollout", "update", "evaluation")}
+    phases["rest inside train()"] = totals["train"] - sum(phases.values())
+    phases["rest outside train()"] = wall - totals["train"]
+    phases["whole process"] = wall
+    return timed, phases
+
+
+# ── reports ────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def ratio(result: CaseResult) -> float | None:
+    """Median SB3 process time over median ours: above 1, ours is faster."""
+    ours = _median([t.wall_s for t in result.timed if t.impl == "ours" and t.returncode == 0])
+    sb3 = _median([t.wall_s for t in result.timed if t.impl == "sb3" and t.returncode == 0])
+    return sb3 / ours if ours and sb3 else None
+
+
+def case_markdown(result: CaseResult) -> str:
+    """The section of speed.md for one case."""
+    case = result.case
+    steps = next((t.total_steps for t in result.timed if t.total_steps), case.total_steps)
+    lines = [f"## {case.name}: {case.env_id}, {steps:,} steps, seed {SEED}", "",
+             f"Hyperparameters (our preset, as SB3 arguments): {result.hyperparameters}. "
+             f"Ours also runs its final evaluation, {result.eval_episodes} episodes, inside the measured time.", "",
+             "| implementation | process times (s) | median (s) | steps/s, whole process | steps/s, training loop |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    medians: dict[str, float | None] = {}
+    for impl, label in (("ours", "ours (`python -m lab train`)"), ("sb3", "Stable-Baselines3")):
+        rows = [t for t in result.timed if t.impl == impl]
+        good = [t for t in rows if t.returncode == 0 and t.total_steps]
+        times = ", ".join(_fmt(t.wall_s) + ("" if t.returncode == 0 else f" (exit {t.returncode})") for t in rows)
+        medians[impl] = _median([t.total_steps / t.wall_s for t in good])  # type: ignore[operator]
+        loop = _median([t.total_steps / t.loop_s for t in good if t.loop_s])  # type: ignore[operator]
+        lines.append(f"| {label} | {times or '–'} | {_fmt(_median([t.wall_s for t in good]))} "
+                     f"| {_fmt(medians[impl], 0)} | {_fmt(loop, 0)} |")  # fmt: skip
+    r = ratio(result)
+    verdict = "–" if r is None else (f"ours is ×{r:.2f} faster" if r >= 1 else f"ours is ×{1 / r:.2f} slower")
+    lines += ["", f"SB3 / ours, median process times: {_fmt(r)} ({verdict}).", ""]
+    if result.ceiling:
+        ours_sps, vector = medians["ours"], result.ceiling["vector"]
+        fraction = f"{100 * ours_sps / vector:.1f}%" if ours_sps else "–"
+        lines += ["Ceiling: random actions, pre-sampled, no policy.", "",
+                  "| env | steps/s |", "|---|---|",
+                  f"| one plain `gym.make` env | {_fmt(result.ceiling['single'], 0)} |",
+                  f"| our preset's vector env ({result.ceiling_vector}) | {_fmt(vector, 0)} |", "",
+                  f"Our training (whole process, median) runs at {fraction} of the vector env's ceiling.",
+                  ""]  # fmt: skip
+    if result.profile:
+        whole = result.profile["whole process"]
+        lines += ["Where our time goes (one extra process of ours, with timers around the phases):", "",
+                  "| part | s | % of the process |", "|---|---|---|"]  # fmt: skip
+        labels = {
+            "rollout": "rollout (`rollout.collect_segment`)",
+            "update": "update (`ppo.update`)",
+            "evaluation": "final evaluation (`training.evaluate`)",
+            "rest inside train()": "rest inside `train()`: env and model construction, GAE, logging, checkpoint",
+            "rest outside train()": "rest outside `train()`: interpreter start, imports, config, run directory",
+            "whole process": "whole process",
+        }
+        for key, label in labels.items():
+            lines.append(f"| {label} | {_fmt(result.profile[key])} | {100 * result.profile[key] / whole:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def markdown(results: list[CaseResult], command: str, machine: str) -> str:
+    head = [
+        "# Training speed: our PPO beside Stable-Baselines3's PPO", "",
+        f"Command: `{command}`", "",
+        f"Machine: {machine}. Date: {time.strftime('%Y-%m-%d')}.", "",
+        "Conventions: each time is a whole process, wall clock from spawn to exit, interpreter start and imports "
+        "included; both sides single-threaded (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, torch.set_num_threads(1)); "
+        "identical hyperparameters, resolved from our preset; ours and SB3 alternate. "
+        "Ours runs with periodic evaluations and intermediate checkpoints off (`--set eval_interval=0 --set "
+        "checkpoint_interval=0`); its final deterministic evaluation, its final checkpoint and its "
+        "TensorBoard/CSV logging stay in the measured time. SB3 runs no evaluation and saves nothing. "
+        "\"Training loop\" steps/s: ours excludes its final evaluation; SB3's is `model.learn()`. "
+        "Envs: ours through `envs.make_vector` (gymnasium's native vector env where it exists); SB3 through "
+        "`make_vec_env` (a DummyVecEnv of Monitor-wrapped envs).", "",
+    ]  # fmt: skip
+    return "\n".join(head + [case_markdown(r) for r in results])
+
+
+def write_outputs(out: Path, results: list[CaseResult], command: str, machine: str) -> None:
+    """Rewrite speed.csv and speed.md from everything measured so far (temporary file, then rename)."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = [f.name for f in Timed.__dataclass_fields__.values()]
+    tmp = out / ".speed.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=names)
+        writer.writeheader()
+        for result in results:
+            for t in result.timed:
+                row = asdict(t)
+                row.update({k: round(v, 4) for k, v in row.items() if isinstance(v, float)})
+                writer.writerow(row)
+    os.replace(tmp, out / "speed.csv")
+    tmp = out / ".speed.md.tmp"
+    tmp.write_text(markdown(results, command, machine))
+    os.replace(tmp, out / "speed.md")
+
+
+# ── main ───────────────────────────────────────────────────────────────────────────────────────────
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES), help="cases to time")
+    parser.add_argument("--repeats", type=int, default=3, help="timed processes per implementation and case")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for speed.csv and speed.md")
+    parser.add_argument("--cartpole-steps", type=int, default=CASES["cartpole"].total_steps, help="steps (testing)")
+    parser.add_argument("--halfcheetah-steps", type=int, default=CASES["halfcheetah"].total_steps,
+                        help="steps (testing)")  # fmt: skip
+    parser.add_argument("--ceiling-seconds", type=float, default=2.0, help="measurement time of each env rate")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.cartpole_steps < 1 or args.halfcheetah_steps < 1 or args.ceiling_seconds <= 0:
+        parser.error("--repeats, the step counts and --ceiling-seconds must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--profile-child"]:
+        return profile_child(argv[1], argv[2:])
+    args = parse_args(argv)
+    os.environ.update(THREAD_ENV)  # also this process, which measures the ceiling; set before numpy loads
+    command, machine, out = public_command(sys.argv[0], argv), machine_line(), Path(args.out)
+    steps = {"cartpole": args.cartpole_steps, "halfcheetah": args.halfcheetah_steps}
+    print(f"Machine: {machine}\nWriting {out / 'speed.csv'} and {out / 'speed.md'} (rewritten as results come)")
+    results: list[CaseResult] = []
+    for name in args.cases:
+        case = Case(name, CASES[name].env_id, steps[name])
+        cfg, continuous = resolve(case)
+        arguments = sb3_arguments(cfg, continuous)
+        result = CaseResult(case, describe(arguments), cfg.eval_episodes)
+        results.append(result)
+        result.ceiling, result.ceiling_vector = ceiling(cfg, args.ceiling_seconds)
+        write_outputs(out, results, command, machine)
+        for repeat in range(1, args.repeats + 1):
+            for impl in ("ours", "sb3"):  # alternating, so slow spells of the machine hit both
+                timed = run_ours(case, repeat) if impl == "ours" else run_sb3(case, arguments, repeat)
+                result.timed.append(timed)
+                print(f"  {name} {timed.impl} #{repeat}: {timed.wall_s:.2f} s", flush=True)
+                write_outputs(out, results, command, machine)
+        timed, result.profile = profile_ours(case)
+        result.timed.append(timed)
+        write_outputs(out, results, command, machine)
+        print("\n" + case_markdown(result), flush=True)
+    failed = [t for r in results for t in r.timed if t.returncode != 0]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
