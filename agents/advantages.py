@@ -61,3 +61,94 @@ def normalize(advantages: Tensor, eps: float = 1e-8) -> Tensor:
     if advantages.numel() < 2:
         return advantages - advantages.mean()
     return (advantages - advantages.mean()) / (advantages.std() + eps)
+
+
+# ── group-relative advantages (GRPO and its variants) ──────────────────────────────────────────────
+# Shapes: B start states (groups) × G members. R (B, G) is each member's return. A group whose
+# returns all tie carries no signal: its advantages are exactly 0, never NaN or rounding noise.
+
+GROUP_ADVANTAGES = ("outcome", "no_std", "batch_std", "rloo", "process")
+
+
+def _ties(returns: Tensor) -> Tensor:
+    """(B, 1) bool: every member of the group has the same return (compared exactly, not via the mean)."""
+    return (returns.amax(dim=1, keepdim=True) == returns.amin(dim=1, keepdim=True))
+
+
+def group_outcome(returns: Tensor, eps: float = 1e-6) -> Tensor:
+    """DeepSeekMath's outcome-supervised GRPO advantage (Shao et al. 2024, arXiv 2402.03300, §4.1.2).
+
+        A_{b,i} = (R_{b,i} − mean_j R_{b,j}) / (std_j R_{b,j} + ε)
+
+    R (B, G): returns; std over the G members with Bessel's correction (as the reference code);
+    ε avoids division by zero. Every step of trajectory i receives A_{b,i}. Returns (B, G).
+    """
+    if returns.dim() != 2 or returns.shape[1] < 2:
+        raise ValueError(f"group_outcome: returns must be (B, G) with G >= 2, got {tuple(returns.shape)}")
+    centered = returns - returns.mean(dim=1, keepdim=True)
+    advantages = centered / (returns.std(dim=1, keepdim=True) + eps)
+    return advantages.masked_fill(_ties(returns), 0.0)
+
+
+def group_no_std(returns: Tensor) -> Tensor:
+    """Dr. GRPO (Liu et al. 2025, arXiv 2503.20783): A_{b,i} = R_{b,i} − mean_j R_{b,j}, no std scaling,
+    which otherwise up-weights groups whose returns barely differ. R (B, G) → (B, G)."""
+    if returns.dim() != 2 or returns.shape[1] < 2:
+        raise ValueError(f"group_no_std: returns must be (B, G) with G >= 2, got {tuple(returns.shape)}")
+    return (returns - returns.mean(dim=1, keepdim=True)).masked_fill(_ties(returns), 0.0)
+
+
+def group_batch_std(returns: Tensor, eps: float = 1e-6) -> Tensor:
+    """Group mean as baseline, one std for the whole batch (Hu 2025, REINFORCE++ style):
+
+        A_{b,i} = (R_{b,i} − mean_j R_{b,j}) / (std_{b',j} R_{b',j} + ε)
+
+    R (B, G) → (B, G); std over all B·G returns, with Bessel's correction."""
+    centered = group_no_std(returns)
+    return centered / (returns.std() + eps)
+
+
+def group_rloo(returns: Tensor) -> Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv 2402.14740): each member's baseline is the
+    mean of the other G − 1 members' returns.
+
+        A_{b,i} = R_{b,i} − (Σ_{j≠i} R_{b,j}) / (G − 1)  =  G / (G − 1) · (R_{b,i} − mean_j R_{b,j})
+
+    R (B, G) → (B, G)."""
+    G = returns.shape[1]
+    if returns.dim() != 2 or G < 2:
+        raise ValueError(f"group_rloo: returns must be (B, G) with G >= 2, got {tuple(returns.shape)}")
+    others = (returns.sum(dim=1, keepdim=True) - returns) / (G - 1)
+    return (returns - others).masked_fill(_ties(returns), 0.0)
+
+
+def group_process(rewards: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
+    """DeepSeekMath's process-supervised advantage (§4.1.3): normalize every step reward over all steps of
+    the group, then give each step the sum of the normalized rewards from that step on.
+
+        r̃_{b,i,t} = (r_{b,i,t} − mean(r_b)) / (std(r_b) + ε)      over the valid steps of group b
+        A_{b,i,t} = Σ_{t' ≥ t} r̃_{b,i,t'}                          (undiscounted reward-to-go)
+
+    rewards, mask: (T, B, G), mask True on a member's valid steps (before its episode ended).
+    Returns (T, B, G), zero on invalid steps and for groups whose step rewards all tie.
+    """
+    if rewards.shape != mask.shape or rewards.dim() != 3:
+        raise ValueError("group_process: rewards and mask must share one (T, B, G) shape")
+    weights = mask.to(rewards.dtype)
+    count = weights.sum(dim=(0, 2), keepdim=True).clamp(min=1.0)  # (1, B, 1)
+    mean = (rewards * weights).sum(dim=(0, 2), keepdim=True) / count
+    var = ((rewards - mean) ** 2 * weights).sum(dim=(0, 2), keepdim=True) / (count - 1).clamp(min=1.0)
+    normalized = (rewards - mean) / (var.sqrt() + eps) * weights  # (T, B, G)
+    # Ties over a group's steps give exactly zero rather than (r − mean) rounding noise divided by ε.
+    masked_max = torch.where(mask, rewards, -torch.inf).amax(dim=(0, 2), keepdim=True)
+    masked_min = torch.where(mask, rewards, torch.inf).amin(dim=(0, 2), keepdim=True)
+    normalized = normalized.masked_fill(masked_max == masked_min, 0.0)
+    return normalized.flip(0).cumsum(0).flip(0) * weights
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """R_i = Σ_t γ^t r_{i,t} over each trajectory's valid steps.  rewards, mask (T, M) → (M,)."""
+    if rewards.shape != mask.shape:
+        raise ValueError("discounted_returns: rewards and mask must share one (T, M) shape")
+    discounts = gamma ** torch.arange(rewards.shape[0], dtype=rewards.dtype).unsqueeze(1)  # (T, 1)
+    return (rewards * mask * discounts).sum(0)

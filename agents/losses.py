@@ -72,3 +72,34 @@ def explained_variance(predictions: Tensor, targets: Tensor) -> float:
     if variance == 0:
         return float("nan")
     return float(1.0 - (targets - predictions).var() / variance)
+
+
+AGGREGATIONS = ("trajectory", "step", "constant")
+
+
+def aggregate(per_step: Tensor, mask: Tensor, mode: str, horizon: int | None = None) -> Tensor:
+    """Average a per-step loss over M trajectories of different lengths L_i. The modes weight steps
+    differently, which decides how much a long episode counts against a short one:
+
+        trajectory  (GRPO):      (1/M) Σ_i (1/L_i) Σ_t x_{i,t}    each trajectory weighs the same;
+                                                                  a step of a short one weighs more
+        step        (DAPO):      Σ_{i,t} x_{i,t} / Σ_i L_i        each step weighs the same
+        constant    (Dr. GRPO):  Σ_{i,t} x_{i,t} / (M · H)        a fixed horizon H: no length bias
+
+    per_step, mask: (T, M); mask True on valid steps. ``horizon`` H is needed for ``constant``.
+    """
+    if per_step.shape != mask.shape:
+        raise ValueError(f"aggregate: per_step {tuple(per_step.shape)} and mask {tuple(mask.shape)} differ")
+    weights = mask.to(per_step.dtype)
+    total = (per_step * weights).sum(0)  # (M,)
+    if mode == "trajectory":
+        lengths = weights.sum(0)  # (M,)
+        counted = lengths > 0  # a fully masked trajectory (say, a masked truncation) is left out
+        return (total[counted] / lengths[counted]).sum() / counted.sum().clamp(min=1)
+    if mode == "step":
+        return total.sum() / weights.sum().clamp(min=1.0)
+    if mode == "constant":
+        if horizon is None or horizon < 1:
+            raise ValueError("aggregate: mode 'constant' needs a positive horizon")
+        return total.sum() / (per_step.shape[1] * horizon)
+    raise ValueError(f"aggregate: unknown mode {mode!r}; choose one of {', '.join(AGGREGATIONS)}")

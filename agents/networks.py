@@ -35,6 +35,11 @@ class NetworkSpec:
     log_std_init: float = 0.0
 
 
+class Sample(NamedTuple):
+    actions: Tensor  # (N,) int64 or (N, D)
+    log_probs: Tensor  # (N,)
+
+
 class Act(NamedTuple):
     actions: Tensor  # (N,) int64 or (N, D)
     log_probs: Tensor  # (N,)
@@ -104,13 +109,13 @@ class Actor(nn.Module):
         """Logits or means, (B, action_dim)."""
         return self.head(self.trunk(obs))
 
-    def sample(self, out: Tensor) -> tuple[Tensor, Tensor]:
+    def sample(self, out: Tensor) -> Sample:
         """a ~ π(·|s) and log π(a|s), from the head output ``out``."""
         if self.log_std is None:
             actions = D.categorical_sample(out)
-            return actions, D.categorical_log_prob(out, actions)
+            return Sample(actions, D.categorical_log_prob(out, actions))
         actions = D.gaussian_sample(out, self.log_std)
-        return actions, D.gaussian_log_prob(out, self.log_std, actions)
+        return Sample(actions, D.gaussian_log_prob(out, self.log_std, actions))
 
     def log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """log π(a|s) of stored actions and the entropy of π(·|s), from the head output ``out``."""
@@ -118,7 +123,7 @@ class Actor(nn.Module):
             return D.categorical_log_prob_entropy(out, actions)
         return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(self.log_std, out.shape[0])
 
-    def act(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def act(self, obs: Tensor) -> Sample:
         """Sample actions with their log-probabilities. Call under ``torch.inference_mode()``."""
         return self.sample(self(obs))
 

@@ -45,7 +45,7 @@ from agents.config import check
 from agents.networks import ActorCritic, NetworkSpec, flatten_parameters
 from agents.rollout import RolloutState, Segment, SegmentBuffers, collect_segment
 from agents.seeding import seed_everything
-from agents.training import EvalSchedule, finish_run, log_episodes, open_envs, restore_envs, save_envs
+from agents.training import EvalSchedule, finish_run, log_episodes, memory_report, open_envs, restore_envs, save_envs
 
 TAGS = [
     "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
@@ -268,17 +268,18 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
     with runlog.StopFlag() as stop:
         try:
             while global_step < cfg.total_steps:
-                # ── schedules: linear decay by the fraction of the budget still to go ──────────────────
-                remaining = 1.0 - global_step / cfg.total_steps
-                lr = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                clip = cfg.clip_range * (remaining if cfg.anneal_clip_range else 1.0)
-
                 # ── collect T steps in N envs ───────────────────────────────────────────────────────
                 segment = collect_segment(env, model, state, buffers, cfg.device)
                 global_step += cfg.batch_size
                 iteration += 1
+
+                # ── schedules: linear decay by the fraction of the budget still to go after this
+                # segment, as SB3 computes it, so the RL Zoo presets mean the same here ────────────────
+                remaining = max(1.0 - global_step / cfg.total_steps, 0.0)
+                lr = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                clip = cfg.clip_range * (remaining if cfg.anneal_clip_range else 1.0)
 
                 # ── advantages and update ───────────────────────────────────────────────────────────
                 advantages = adv.gae(segment.rewards, segment.values, segment.next_values, segment.terminated,
@@ -316,4 +317,5 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
         finally:
             progress.close()
     sps = (global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
-    return finish_run(run_dir, log, "ppo", cfg, model, envs, evals, status, error, global_step, wall_time(), sps)
+    extra = memory_report(optimizer, actor_critic=model)
+    return finish_run(run_dir, log, "ppo", cfg, model, envs, evals, status, error, global_step, wall_time(), sps, extra)

@@ -12,6 +12,7 @@ observation. So:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 from gymnasium.vector import VectorEnv
 from torch import Tensor
 
-from agents.networks import ActorCritic
+from agents.networks import Actor, ActorCritic
 
 
 @dataclass
@@ -108,8 +109,108 @@ def collect_segment(
     )
 
 
+@dataclass
+class Episodes:
+    """M = B·G whole trajectories for GRPO, member (b, g) at index b·G + g, run until every one ended.
+
+    Steps a member takes after its episode ended (the vector env keeps stepping it) are not samples:
+    ``mask`` is False there, and they are counted in ``wasted_steps``.
+    """
+
+    obs: Tensor  # (T, M, obs_dim)
+    actions: Tensor  # (T, M) int64 or (T, M, act_dim)
+    log_probs: Tensor  # (T, M)  log π_old(a|s) at collection
+    rewards: Tensor  # (T, M)  as the env returned them
+    mask: Tensor  # (T, M) bool  True on a member's steps before its episode ended
+    terminated: Tensor  # (M,) bool  the trajectory ended by termination
+    truncated: Tensor  # (M,) bool  the trajectory ended by the time limit
+    env_steps: int  # every sub-env step taken, wasted ones included
+    step_time_s: float  # time spent in env.step
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.mask.sum(0)  # (M,)
+
+    @property
+    def wasted_steps(self) -> int:
+        return self.env_steps - int(self.mask.sum())
+
+    def select(self, members: Tensor) -> Episodes:
+        """The trajectories at indices ``members`` (the step count stays that of the whole collection)."""
+        return Episodes(
+            obs=self.obs[:, members], actions=self.actions[:, members], log_probs=self.log_probs[:, members],
+            rewards=self.rewards[:, members], mask=self.mask[:, members], terminated=self.terminated[members],
+            truncated=self.truncated[members], env_steps=self.env_steps, step_time_s=self.step_time_s,
+        )  # fmt: skip
+
+
+def collect_episodes(
+    env: VectorEnv, actor: Actor, first_obs: np.ndarray, buffers: SegmentBuffers, device: str = "cpu"
+) -> Episodes:
+    """Step all M sub-envs from ``first_obs`` (M, obs_dim) with π_θ until each has ended once.
+
+    ``buffers`` is (T_max, M): T_max must bound the episode length (the env's time limit).
+    """
+    T_max, M = buffers.rewards.shape
+    alive = np.ones(M, dtype=bool)  # (M,)
+    terminated_at_end = np.zeros(M, dtype=bool)  # (M,)
+    truncated_at_end = np.zeros(M, dtype=bool)  # (M,)
+    obs, t, step_time = first_obs, 0, 0.0
+    with torch.inference_mode():
+        while alive.any():
+            if t == T_max:
+                raise RuntimeError(f"an episode outlived max_episode_steps={T_max}; the env's time limit is longer")
+            buffers.obs[t] = obs
+            buffers.sample_mask[t] = alive
+            sample = actor.act(torch.from_numpy(buffers.obs[t]).to(device))
+            buffers.actions[t] = sample.actions
+            buffers.log_probs[t] = sample.log_probs
+            started = time.perf_counter()
+            obs, reward, terminated, truncated, _ = env.step(sample.actions.cpu().numpy())
+            step_time += time.perf_counter() - started
+            buffers.rewards[t] = reward
+            ended = alive & (terminated | truncated)
+            terminated_at_end |= ended & terminated
+            truncated_at_end |= ended & truncated & ~terminated
+            alive &= ~ended
+            t += 1
+    return Episodes(
+        obs=torch.from_numpy(buffers.obs[:t].copy()),
+        actions=buffers.actions[:t].clone(),
+        log_probs=buffers.log_probs[:t].clone(),
+        rewards=torch.from_numpy(buffers.rewards[:t].copy()),
+        mask=torch.from_numpy(buffers.sample_mask[:t].copy()),
+        terminated=torch.from_numpy(terminated_at_end),
+        truncated=torch.from_numpy(truncated_at_end),
+        env_steps=t * M,
+        step_time_s=step_time,
+    )
+
+
+def concat_episodes(parts: list[Episodes]) -> Episodes:
+    """Join batches of trajectories along M, padding shorter batches in time with masked-out steps."""
+    if len(parts) == 1:
+        return parts[0]
+    T = max(p.mask.shape[0] for p in parts)
+
+    def pad(x: Tensor) -> Tensor:
+        return torch.cat([x, x.new_zeros((T - x.shape[0], *x.shape[1:]))]) if x.shape[0] < T else x
+
+    return Episodes(
+        obs=torch.cat([pad(p.obs) for p in parts], dim=1),
+        actions=torch.cat([pad(p.actions) for p in parts], dim=1),
+        log_probs=torch.cat([pad(p.log_probs) for p in parts], dim=1),
+        rewards=torch.cat([pad(p.rewards) for p in parts], dim=1),
+        mask=torch.cat([pad(p.mask) for p in parts], dim=1),
+        terminated=torch.cat([p.terminated for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
+        env_steps=sum(p.env_steps for p in parts),
+        step_time_s=sum(p.step_time_s for p in parts),
+    )
+
+
 def evaluate_policy(
-    model: ActorCritic, env: VectorEnv, seeds: list[int], deterministic: bool = True, device: str = "cpu"
+    model: Actor | ActorCritic, env: VectorEnv, seeds: list[int], deterministic: bool = True, device: str = "cpu"
 ) -> np.ndarray:
     """Play one episode in each of the ``len(seeds)`` sub-envs, sub-env i reset with ``seeds[i]``.
 

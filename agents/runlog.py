@@ -213,7 +213,7 @@ class MetricLog:
         self.csv_file = open(self.csv_path, "a", newline="")
         self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.columns, extrasaction="ignore")
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
+    def scalars(self, step: int, values: dict[str, float | None]) -> None:
         for tag, value in values.items():
             if value is not None and math.isfinite(value):
                 self.writer.add_scalar(tag, value, step)

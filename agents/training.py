@@ -49,11 +49,16 @@ def open_envs(
     normalize_reward: bool,
     gamma: float,
     vectorization: str,
+    **env_kwargs: Any,
 ) -> Envs:
-    """Build the training and evaluation envs; refuse action spaces the agents cannot handle."""
+    """Build the training and evaluation envs; refuse action spaces the agents cannot handle.
+
+    ``env_kwargs`` (e.g. ``max_episode_steps``) go to the training env only: evaluation always uses the
+    env as registered, so scores stay comparable across agents.
+    """
     options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, normalize_reward=normalize_reward, gamma=gamma,
                                   vectorization=vectorization)  # fmt: skip
-    train = envs_pkg.make_vector(env_id, n_envs, options)
+    train = envs_pkg.make_vector(env_id, n_envs, options, **env_kwargs)
     action_space = train.single_action_space
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or (
         isinstance(action_space, gym.spaces.Box) and len(action_space.shape) != 1
@@ -158,6 +163,7 @@ def finish_run(
     global_step: int,
     wall_time_s: float,
     sps: float,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs."""
     final: dict[str, float] = {}
@@ -177,6 +183,7 @@ def finish_run(
         "final_eval_episodes": cfg.eval_episodes if final else 0,
         "eval_convention": "deterministic policy, one episode per fixed seed 1000000+i, raw env return",
         "error": error,
+        **(extra or {}),
     }
     if final:
         log.hparams(runlog.config_to_dict(cfg), {"final_eval_return_mean": final["eval/return_mean"]})
@@ -184,3 +191,12 @@ def finish_run(
     runlog.write_summary(run_dir, summary)
     envs.close()
     return summary
+
+
+def memory_report(optimizer: torch.optim.Optimizer, **modules: torch.nn.Module) -> dict[str, int]:
+    """Parameter counts of each network and the bytes that networks and optimizer state hold."""
+    report = {f"parameters_{name}": sum(p.numel() for p in m.parameters()) for name, m in modules.items()}
+    tensors = [p for m in modules.values() for p in m.parameters()]
+    tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    report["model_memory_bytes"] = sum(t.numel() * t.element_size() for t in tensors)
+    return report

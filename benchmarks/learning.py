@@ -42,8 +42,9 @@ class Job:
     algo: str
     env_id: str
     seed: int
-    run_dir: Path
+    run_dir: Path  # absolute: the training process runs in the repository root
     resume: bool
+    set_aside: bool = False  # the directory holds a run that ended before its first checkpoint
 
 
 def run_dir_for(root: Path, env_id: str, algo: str, seed: int) -> Path:
@@ -77,7 +78,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Job], list[dict[str, Any]]]:
     for env_id in args.env:
         for algo in args.algo:
             for seed in args.seeds:
-                run_dir = run_dir_for(Path(args.root), env_id, algo, seed)
+                run_dir = run_dir_for(Path(args.root).resolve(), env_id, algo, seed)
                 summary = read_summary(run_dir)
                 if summary is not None and summary.get("status") == "completed":
                     planned = yaml.safe_load((run_dir / "config.yaml").read_text()).get("total_steps")
@@ -90,13 +91,17 @@ def plan(args: argparse.Namespace) -> tuple[list[Job], list[dict[str, Any]]]:
                 elif (run_dir / "checkpoint.pt").exists():
                     jobs.append(Job(algo, env_id, seed, run_dir, resume=True))
                 else:
-                    if run_dir.exists() and any(run_dir.iterdir()):
-                        # Ended before its first checkpoint: keep it aside rather than delete it.
-                        aside = run_dir.with_name(f"{run_dir.name}.incomplete-{time.strftime('%Y%m%d-%H%M%S')}")
-                        run_dir.rename(aside)
-                        print(f"{run_dir} ended before its first checkpoint; moved to {aside.name}, starting again")
-                    jobs.append(Job(algo, env_id, seed, run_dir, resume=False))
+                    stale = run_dir.exists() and any(run_dir.iterdir())
+                    jobs.append(Job(algo, env_id, seed, run_dir, resume=False, set_aside=stale))
     return jobs, done
+
+
+def set_aside(run_dir: Path) -> None:
+    """Rename a run that ended before its first checkpoint, so that a new one can start; nothing is deleted."""
+    aside = run_dir.with_name(f"{run_dir.name}.incomplete-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(aside)
+    print(f"{run_dir.name} of {run_dir.parent.parent.name} {run_dir.parent.name} ended before its first checkpoint; "
+          f"moved to {aside.name}, starting again")  # fmt: skip
 
 
 def train_command(job: Job, total_steps: int | None) -> list[str]:
@@ -227,7 +232,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     parser.add_argument("--env", nargs="+", required=True, help="gymnasium ids, e.g. CartPole-v1")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="training seeds")
-    parser.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: the preset's)")
+    parser.add_argument("--total-steps", type=int, default=None, help="env steps per run; None: the preset's")
     parser.add_argument("--algo", nargs="+", default=["ppo"], help="algorithms, as `testbed train --algo`")
     parser.add_argument("--workers", type=int, default=1, help="runs at a time, one process each")
     parser.add_argument("--root", default="runs/results", help="run directories: ROOT/ENV/ALGO/seedS")
@@ -253,15 +258,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"learning.py: error: {error}", file=sys.stderr)
         return 2
 
+    for job in jobs:  # only once every seed has passed the checks above
+        if job.set_aside:
+            set_aside(job.run_dir)
     rows = read_rows(csv_path)
     for row in done:  # also restores rows of completed runs to a CSV that lost them
         rows = upsert(csv_path, row)
     if done or jobs:
         atomic_write(md_path, markdown(rows, commands, machine))
     finished: list[str] = []
+    recorded: set[Future[tuple[dict[str, Any], int]]] = set()
 
     def record(job: Job, future: Future[tuple[dict[str, Any], int]]) -> None:
         nonlocal rows
+        recorded.add(future)
         row, code = future.result()
         rows = upsert(csv_path, row)  # only the main thread writes the files: no races between workers
         atomic_write(md_path, markdown(rows, commands, machine))
@@ -279,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         # The running trainings got the signal too: they checkpoint, write an interrupted summary and exit.
         print("Interrupted: recording the running seeds; run the same command again to resume.", file=sys.stderr)
-        pending = [(job, f) for f, job in futures.items() if not f.cancel() and not f.done()]
-        for job, future in pending:
+        started = [(job, f) for f, job in futures.items() if not f.cancel() and f not in recorded]
+        for job, future in started:
             record(job, future)
         return 130
     finally:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
@@ -144,11 +144,14 @@ def _public_path(value: str) -> str:
 
 def public_command(script: str, argv: list[str]) -> str:
     """``python SCRIPT ARGS`` as typed, with absolute paths made relative (or cut to their name)."""
+    script_path = Path(script).resolve()
+    if script_path.is_relative_to(ROOT):  # as run from the repository root, wherever it was run from
+        script = str(script_path.relative_to(ROOT))
     args = []
     for arg in argv:
         key, sep, value = arg.partition("=")
         args.append(f"{key}={_public_path(value)}" if sep and key.startswith("--") else _public_path(arg))
-    parts = ["python", _public_path(script), *args]
+    parts = ["python", script if not os.path.isabs(script) else _public_path(script), *args]
     return " ".join(a if re.fullmatch(r"[\w@%+=:,./…-]+", a) else shlex.quote(a) for a in parts)
 
 
@@ -355,7 +358,7 @@ def profile_child(report: str, argv: list[str]) -> int:
     ppo_module.update = timed("update", ppo_module.update)
     training.evaluate = timed("evaluation", training.evaluate)
     algo = cli.ALGOS["ppo"]  # holds ppo.train itself, bound at import
-    cli.ALGOS["ppo"] = cli.Algo(algo.config, timed("train", algo.train))
+    cli.ALGOS["ppo"] = replace(algo, train=timed("train", algo.train))
     code = cli.main(argv)
     Path(report).write_text(json.dumps(totals))
     return code
@@ -406,27 +409,28 @@ def case_markdown(result: CaseResult) -> str:
              f"Ours also runs its final evaluation, {result.eval_episodes} episodes, inside the measured time.", "",
              "| implementation | process times (s) | median (s) | steps/s, whole process | steps/s, training loop |",
              "|---|---|---|---|---|"]  # fmt: skip
-    medians: dict[str, float | None] = {}
+    medians: dict[str, float | None] = {}  # steps/s of the whole process
+    loops: dict[str, float | None] = {}  # steps/s of the training loop
     for impl, label in (("ours", "ours (`python -m lab train`)"), ("sb3", "Stable-Baselines3")):
         rows = [t for t in result.timed if t.impl == impl]
         good = [t for t in rows if t.returncode == 0 and t.total_steps]
         times = ", ".join(_fmt(t.wall_s) + ("" if t.returncode == 0 else f" (exit {t.returncode})") for t in rows)
         medians[impl] = _median([t.total_steps / t.wall_s for t in good])  # type: ignore[operator]
-        loop = _median([t.total_steps / t.loop_s for t in good if t.loop_s])  # type: ignore[operator]
+        loops[impl] = _median([t.total_steps / t.loop_s for t in good if t.loop_s])  # type: ignore[operator]
         lines.append(f"| {label} | {times or '–'} | {_fmt(_median([t.wall_s for t in good]))} "
-                     f"| {_fmt(medians[impl], 0)} | {_fmt(loop, 0)} |")  # fmt: skip
+                     f"| {_fmt(medians[impl], 0)} | {_fmt(loops[impl], 0)} |")  # fmt: skip
     r = ratio(result)
     verdict = "–" if r is None else (f"ours is ×{r:.2f} faster" if r >= 1 else f"ours is ×{1 / r:.2f} slower")
     lines += ["", f"SB3 / ours, median process times: {_fmt(r)} ({verdict}).", ""]
     if result.ceiling:
-        ours_sps, vector = medians["ours"], result.ceiling["vector"]
-        fraction = f"{100 * ours_sps / vector:.1f}%" if ours_sps else "–"
+        vector = result.ceiling["vector"]
+        fraction, loop_fraction = (f"{100 * v / vector:.1f}%" if v else "–" for v in (medians["ours"], loops["ours"]))
         lines += ["Ceiling: random actions, pre-sampled, no policy.", "",
                   "| env | steps/s |", "|---|---|",
                   f"| one plain `gym.make` env | {_fmt(result.ceiling['single'], 0)} |",
                   f"| our preset's vector env ({result.ceiling_vector}) | {_fmt(vector, 0)} |", "",
-                  f"Our training (whole process, median) runs at {fraction} of the vector env's ceiling.",
-                  ""]  # fmt: skip
+                  f"Our training runs at {fraction} of the vector env's ceiling counting the whole process, "
+                  f"{loop_fraction} counting its training loop only (medians).", ""]  # fmt: skip
     if result.profile:
         whole = result.profile["whole process"]
         lines += ["Where our time goes (one extra process of ours, with timers around the phases):", "",
@@ -466,7 +470,7 @@ def markdown(results: list[CaseResult], command: str, machine: str) -> str:
 def write_outputs(out: Path, results: list[CaseResult], command: str, machine: str) -> None:
     """Rewrite speed.csv and speed.md from everything measured so far (temporary file, then rename)."""
     out.mkdir(parents=True, exist_ok=True)
-    names = [f.name for f in Timed.__dataclass_fields__.values()]
+    names = [f.name for f in fields(Timed)]
     tmp = out / ".speed.csv.tmp"
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=names)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from agents import ppo, runlog
+from agents import grpo, ppo, runlog
 from agents.config import build_config, parse_overrides, resolve_config
 from envs import action_space_of
 from envs.errors import BadInput
@@ -26,9 +26,16 @@ from envs.errors import BadInput
 class Algo:
     config: type
     train: Callable[..., dict[str, Any]]
+    validate: Callable[[Any], None] = lambda cfg: None
+    """Checks that need the env (run before anything is written)."""
+    critic: bool = True
+    """Whether the checkpoint's model is an ActorCritic (else an Actor)."""
 
 
-ALGOS: dict[str, Algo] = {"ppo": Algo(ppo.PPOConfig, ppo.train)}
+ALGOS: dict[str, Algo] = {
+    "ppo": Algo(ppo.PPOConfig, ppo.train),
+    "grpo": Algo(grpo.GRPOConfig, grpo.train, grpo.validate, critic=False),
+}
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
 
@@ -76,6 +83,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         continuous = isinstance(action_space, gym.spaces.Box)
         cfg, preset_name = resolve_config(algo.config, args.algo, args.env, continuous, overrides)
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, cfg.seed)
+    algo.validate(cfg)
     runlog.prepare_run_dir(run_dir, args.resume)
     runlog.write_config(run_dir, args.algo, cfg)
     runlog.write_meta(run_dir, {"preset": preset_name, "resumed": args.resume})
@@ -94,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from agents.networks import ActorCritic, NetworkSpec
+    from agents.networks import Actor, ActorCritic, NetworkSpec
     from agents.training import EVAL_SEED_BASE, evaluate_policy
     from envs import EnvOptions, freeze_normalizers, load_normalizer_state, make_vector
 
@@ -118,9 +126,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         obs_dim=int(np.prod(env.single_observation_space.shape)),
         action_dim=int(env.single_action_space.shape[0]) if continuous else int(env.single_action_space.n),
         continuous=continuous, hidden_sizes=cfg.hidden_sizes, activation=cfg.activation,
-        shared_trunk=cfg.shared_trunk, ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init,
+        shared_trunk=getattr(cfg, "shared_trunk", False), ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init,
     )  # fmt: skip
-    model = ActorCritic(spec)
+    model = ActorCritic(spec) if ALGOS[algo_name].critic else Actor(spec)
     model.load_state_dict(ckpt["model"])
     seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
     returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)

@@ -40,7 +40,20 @@ class TwoArms(gym.Env):
         return np.zeros(1, np.float32), float(action), True, False, {}
 
 
+class Noisy(ConstantReward):
+    """Rewards drawn from an unseeded generator: replaying the same actions gives other rewards, so
+    groups cannot branch from its mid-episode states."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        noise = np.random.default_rng().normal()
+        return np.full(1, noise, np.float32), float(noise), False, False, {}
+
+
 def register() -> None:
     if "testbed-toy/ConstantReward-v0" not in gym.registry:
         gym.register("testbed-toy/ConstantReward-v0", entry_point=ConstantReward, max_episode_steps=20)
-        gym.register("testbed-toy/TwoArms-v0", entry_point=TwoArms)
+        gym.register("testbed-toy/TwoArms-v0", entry_point=TwoArms, max_episode_steps=1)
+        gym.register("testbed-toy/Noisy-v0", entry_point=Noisy, max_episode_steps=50)
+        gym.register("testbed-toy/Unlimited-v0", entry_point=ConstantReward)

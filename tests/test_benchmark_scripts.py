@@ -1,0 +1,114 @@
+"""Smoke tests for benchmarks/speed.py and benchmarks/learning.py: tiny budgets, real subprocesses."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import importlib.util
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@functools.cache
+def _speed_module() -> ModuleType:
+    """benchmarks/speed.py, a script outside any package, imported by its path."""
+    spec = importlib.util.spec_from_file_location("benchmarks_speed", ROOT / "benchmarks" / "speed.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sb3_arguments_carry_our_preset() -> None:
+    speed = _speed_module()
+    cfg, continuous = speed.resolve(speed.Case("cartpole", "CartPole-v1", 100_000))
+    args = speed.sb3_arguments(cfg, continuous)
+    assert args["n_envs"] == 8 and args["total_steps"] == 100_000
+    assert args["ppo"]["batch_size"] == 256 and args["ppo"]["n_steps"] == 32 and args["ppo"]["n_epochs"] == 20
+    assert args["linear_schedules"] == {"learning_rate": True, "clip_range": True}
+    assert args["vec_normalize"] is None and "log_std_init" not in args["policy_kwargs"]
+
+    cfg, continuous = speed.resolve(speed.Case("halfcheetah", "HalfCheetah-v5", 50_000))
+    args = speed.sb3_arguments(cfg, continuous)
+    assert args["policy_kwargs"] == {"net_arch": {"pi": [256, 256], "vf": [256, 256]}, "activation_fn": "relu",
+                                     "ortho_init": False, "log_std_init": -2.0}  # fmt: skip
+    assert args["vec_normalize"] == {"norm_obs": True, "norm_reward": True, "gamma": 0.98}
+    assert args["linear_schedules"] == {"learning_rate": False, "clip_range": False}
+
+
+def test_public_command_hides_absolute_paths(tmp_path: Path) -> None:
+    speed = _speed_module()  # the autouse fixture runs each test in tmp_path: inside it, paths become relative
+    outside = tmp_path.parent / "elsewhere"
+    command = speed.public_command("benchmarks/speed.py", ["--out", str(outside / "out"), f"--root={tmp_path / 'r'}"])
+    assert command == "python benchmarks/speed.py --out …/out --root=r"
+
+
+def test_speed_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = _run(["benchmarks/speed.py", "--cases", "cartpole", "--repeats", "1", "--cartpole-steps", "2048",
+                 "--ceiling-seconds", "0.2", "--out", str(out)], timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _read_csv(out / "speed.csv")
+    by_impl = {r["impl"]: r for r in rows}
+    assert {"ours", "sb3", "ours_profiled"} == set(by_impl)
+    for impl in ("ours", "sb3"):
+        assert by_impl[impl]["returncode"] == "0" and int(by_impl[impl]["total_steps"]) >= 2048
+        assert float(by_impl[impl]["sps"]) > 0 and float(by_impl[impl]["wall_s"]) > 0
+    md = (out / "speed.md").read_text()
+    ratio = re.search(r"SB3 / ours, median process times: ([0-9.]+)", md)
+    assert ratio is not None and float(ratio.group(1)) > 0
+    assert "Ceiling" in md and "Where our time goes" in md and "Machine:" in md
+    assert str(tmp_path) not in md and str(ROOT) not in md
+
+
+def test_learning_runs_then_skips(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "ppo_learning.csv"
+    args = ["benchmarks/learning.py", "--env", "CartPole-v1", "--seeds", "0", "1", "--total-steps", "1024",
+            "--workers", "2", "--root", str(tmp_path / "runs"), "--out", str(out)]  # fmt: skip
+    proc = _run(args, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _read_csv(out)
+    assert [(r["algo"], r["env_id"], r["seed"], r["status"]) for r in rows] == [
+        ("ppo", "CartPole-v1", "0", "completed"),
+        ("ppo", "CartPole-v1", "1", "completed"),
+    ]
+    assert all(float(r["final_eval_return_mean"]) > 0 and r["final_eval_episodes"] == "10" for r in rows)
+    md = out.with_suffix(".md").read_text()
+    assert "## CartPole-v1 · ppo" in md and "Over seeds" in md and "1000000+i" in md
+    assert str(tmp_path) not in md
+
+    run_dirs = tmp_path / "runs" / "CartPole-v1" / "ppo"
+    before = {p: p.stat().st_mtime_ns for p in run_dirs.rglob("*")}
+    start = time.perf_counter()
+    proc = _run(args, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("skipped") == 2
+    assert {p: p.stat().st_mtime_ns for p in run_dirs.rglob("*")} == before  # nothing rerun or rewritten
+    assert elapsed < 10  # a training process alone takes a few seconds; skipping takes well under one
+    assert len(_read_csv(out)) == 2
+
+
+def test_learning_records_a_failed_run(tmp_path: Path) -> None:
+    out = tmp_path / "learning.csv"
+    proc = _run(["benchmarks/learning.py", "--env", "NoSuchEnv-v0", "--seeds", "0", "--total-steps", "1024",
+                 "--root", str(tmp_path / "runs"), "--out", str(out)], timeout=60)  # fmt: skip
+    assert proc.returncode == 1
+    assert [(r["env_id"], r["status"]) for r in _read_csv(out)] == [("NoSuchEnv-v0", "failed")]
+    assert "failed" in out.with_suffix(".md").read_text()

@@ -1,0 +1,301 @@
+"""GRPO: group advantages and aggregation against hand-computed numbers, the tied-group gradient,
+learning, branching, resume and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import agents.grpo as grpo
+from agents import advantages as adv
+from agents import losses, runlog
+from agents.config import resolve_config
+from agents.networks import Actor, NetworkSpec
+from agents.rollout import Episodes
+from envs.errors import BadInput
+from lab.cli import main
+from tests import toy_envs
+
+toy_envs.register()
+
+
+def config(env_id: str = "CartPole-v1", continuous: bool = False, **overrides: Any) -> grpo.GRPOConfig:
+    cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, overrides)
+    return cfg
+
+
+def train(cfg: grpo.GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+    runlog.prepare_run_dir(run_dir, resume)
+    return grpo.train(cfg, run_dir, resume=resume)
+
+
+# ── group advantages, by hand ───────────────────────────────────────────────────────────────────────
+
+
+def test_outcome_advantage_by_hand() -> None:
+    # Group [1, 2, 3]: mean 2, Bessel std 1 → [-1, 0, 1]. Group [10, 10, 40]: mean 20,
+    # std √((100 + 100 + 400) / 2) = √300 → [-10, -10, 20] / √300.
+    returns = torch.tensor([[1.0, 2.0, 3.0], [10.0, 10.0, 40.0]])
+    expected = torch.tensor([[-1.0, 0.0, 1.0], [-10 / math.sqrt(300), -10 / math.sqrt(300), 20 / math.sqrt(300)]])
+    torch.testing.assert_close(adv.group_outcome(returns, eps=0.0), expected)
+
+
+def test_tied_groups_give_exactly_zero_never_nan() -> None:
+    # 0.1 · 3 = 0.30000000000000004 in floating point, so mean − R is not exactly 0 for the tie
+    # [0.1, 0.1, 0.1]; divided by ε that rounding noise would become a large advantage.
+    returns = torch.tensor([[0.1, 0.1, 0.1], [5.0, 5.0, 5.0], [1.0, 2.0, 3.0]], dtype=torch.float64)
+    for scorer in (adv.group_outcome, adv.group_no_std, adv.group_batch_std, adv.group_rloo):
+        scores = scorer(returns)
+        assert torch.equal(scores[:2], torch.zeros(2, 3, dtype=torch.float64)), scorer.__name__
+        assert torch.isfinite(scores).all()
+
+
+def test_group_of_two() -> None:
+    # G = 2: [0, 4]: mean 2, Bessel std √8 → ∓2/√8 = ∓1/√2; RLOO: R − the other one → [-4, 4].
+    returns = torch.tensor([[0.0, 4.0]])
+    torch.testing.assert_close(adv.group_outcome(returns, eps=0.0), torch.tensor([[-(0.5**0.5), 0.5**0.5]]))
+    torch.testing.assert_close(adv.group_rloo(returns), torch.tensor([[-4.0, 4.0]]))
+    torch.testing.assert_close(adv.group_no_std(returns), torch.tensor([[-2.0, 2.0]]))
+
+
+def test_rloo_by_hand() -> None:
+    # [1, 2, 6]: baselines (2+6)/2 = 4, (1+6)/2 = 3.5, (1+2)/2 = 1.5 → [-3, -1.5, 4.5] = 3/2 · (R − 3).
+    torch.testing.assert_close(adv.group_rloo(torch.tensor([[1.0, 2.0, 6.0]])), torch.tensor([[-3.0, -1.5, 4.5]]))
+
+
+def test_batch_std_uses_one_std_for_all_groups() -> None:
+    # Returns [0, 2] and [10, 12]: group means 1 and 11; the std of all four, √(224/3 − ...) by hand:
+    # mean 6, squared deviations 36, 16, 16, 36 → 104 / 3.
+    returns = torch.tensor([[0.0, 2.0], [10.0, 12.0]])
+    std = math.sqrt(104 / 3)
+    torch.testing.assert_close(adv.group_batch_std(returns, eps=0.0), torch.tensor([[-1.0, 1.0], [-1.0, 1.0]]) / std)
+
+
+def test_process_supervision_by_hand() -> None:
+    # One group of G = 2, T = 3. Member 0 ran 3 steps with rewards [1, 0, 1]; member 1 ran 2 steps with
+    # [0, 0] (its third step is after its episode ended: masked). Valid rewards 1, 0, 1, 0, 0: mean 0.4,
+    # Bessel std √((0.36·2 + 0.16·3) / 4) = √0.3. r̃ = (r − 0.4)/√0.3: 0.6/√0.3 for a 1, −0.4/√0.3 for a 0.
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 7.0]]).view(3, 1, 2)
+    mask = torch.tensor([[True, True], [True, True], [True, False]]).view(3, 1, 2)
+    s = math.sqrt(0.3)
+    expected = torch.tensor(
+        [
+            [(0.6 - 0.4 + 0.6) / s, (-0.4 - 0.4) / s],  # reward-to-go from t = 0
+            [(-0.4 + 0.6) / s, -0.4 / s],
+            [0.6 / s, 0.0],
+        ]
+    ).view(3, 1, 2)
+    torch.testing.assert_close(adv.group_process(rewards, mask, eps=0.0), expected)
+    tied = adv.group_process(torch.full((3, 1, 2), 0.1), torch.ones(3, 1, 2, dtype=torch.bool))
+    assert torch.equal(tied, torch.zeros(3, 1, 2))
+
+
+def test_discounted_returns() -> None:
+    rewards = torch.tensor([[1.0, 1.0], [1.0, 5.0], [1.0, 0.0]])
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    torch.testing.assert_close(adv.discounted_returns(rewards, mask, 0.5), torch.tensor([1.75, 3.5]))
+
+
+# ── aggregation: the weight each mode gives a step of a long and a short trajectory ────────────────
+
+
+@pytest.mark.parametrize(
+    "mode,long_weight,short_weight",
+    [
+        ("trajectory", 1 / (2 * 4), 1 / (2 * 1)),  # 1 / (M · L_i): a short trajectory's step weighs 4× more
+        ("step", 1 / 5, 1 / 5),  # 1 / Σ L: every step the same
+        ("constant", 1 / (2 * 10), 1 / (2 * 10)),  # 1 / (M · H), H = 10
+    ],
+)
+def test_aggregation_weights(mode: str, long_weight: float, short_weight: float) -> None:
+    # Trajectory 0 has 4 steps, trajectory 1 has 1 step; T = 4, M = 2.
+    mask = torch.tensor([[True, True], [True, False], [True, False], [True, False]])
+    per_step = torch.zeros(4, 2, requires_grad=True)
+    losses.aggregate(per_step, mask, mode, horizon=10).backward()
+    expected = torch.tensor([[long_weight, short_weight], [long_weight, 0], [long_weight, 0], [long_weight, 0]])
+    torch.testing.assert_close(per_step.grad, expected)
+
+
+# ── the objective on a tied group ──────────────────────────────────────────────────────────────────
+
+
+def tiny_batch(T: int = 5, M: int = 4) -> tuple[Actor, Episodes]:
+    torch.manual_seed(0)
+    actor = Actor(NetworkSpec(obs_dim=3, action_dim=2, continuous=False))
+    obs = torch.randn(T, M, 3)
+    with torch.no_grad():
+        sample = actor.act(obs.flatten(0, 1))
+    batch = Episodes(
+        obs=obs, actions=sample.actions.view(T, M), log_probs=sample.log_probs.view(T, M) - 0.05,
+        rewards=torch.ones(T, M), mask=torch.ones(T, M, dtype=torch.bool),
+        terminated=torch.ones(M, dtype=torch.bool), truncated=torch.zeros(M, dtype=torch.bool),
+        env_steps=T * M, step_time_s=0.0,
+    )  # fmt: skip
+    return actor, batch
+
+
+def gradient(actor: Actor, loss: torch.Tensor) -> torch.Tensor:
+    actor.zero_grad()
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in actor.parameters()])
+
+
+def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_beta() -> None:
+    actor, batch = tiny_batch()
+    returns = adv.discounted_returns(batch.rewards, batch.mask, 1.0).view(2, 2)  # every return is 5: ties
+    members = torch.arange(4)
+    for aggregation in ("trajectory", "step", "constant"):
+        cfg = config(beta=0.0, aggregation=aggregation)
+        advantages = grpo.group_advantages(cfg, batch, returns)
+        assert torch.equal(advantages, torch.zeros(5, 4))
+        ref = torch.zeros(5, 4)
+        loss, _ = grpo.minibatch_loss(actor, batch, members, advantages, ref, batch.mask, cfg, H=500)
+        grad = gradient(actor, loss)
+        assert torch.equal(grad, torch.zeros_like(grad))
+
+        cfg = config(beta=0.1, aggregation=aggregation)
+        ref_log_probs = batch.log_probs - 0.3  # a reference policy different from π_θ
+        loss, _ = grpo.minibatch_loss(actor, batch, members, advantages, ref_log_probs, batch.mask, cfg, H=500)
+        log_probs, _ = actor.log_prob_entropy(actor(batch.obs.flatten(0, 1)), batch.actions.flatten())
+        kl_only = 0.1 * losses.aggregate(losses.k3_kl(ref_log_probs - log_probs.view(5, 4)), batch.mask, aggregation, 500)
+        grad, kl_grad = gradient(actor, loss), gradient(actor, kl_only)
+        torch.testing.assert_close(grad, kl_grad)
+        assert kl_grad.abs().sum() > 0
+
+
+def test_first_minibatch_ratio_is_one_at_collection() -> None:
+    actor, batch = tiny_batch()
+    batch.log_probs += 0.05  # undo the offset: π_old = π_θ
+    cfg = config(beta=0.0)
+    advantages = torch.randn(5, 4)
+    _, stats = grpo.minibatch_loss(actor, batch, torch.arange(4), advantages, batch.log_probs, batch.mask, cfg, 500)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["clipfrac_low"] == 0 == stats["clipfrac_high"]
+    assert stats["kl_ref"] == pytest.approx(0.0, abs=1e-6)
+
+
+# ── whole runs ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def read_progress(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "progress.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_cartpole_learns_and_logs_group_diagnostics(tmp_path: Path) -> None:
+    summary = train(config(total_steps=120_000, eval_interval=0), tmp_path / "run")
+    assert summary["status"] == "completed" and summary["final_eval_return_mean"] >= 300
+    assert summary["parameters_actor"] == summary["parameters_reference"] == 4610
+    rows = read_progress(tmp_path / "run")
+    for key in ("grpo/frac_zero_std_groups", "grpo/group_return_std", "grpo/clipfrac_low", "grpo/clipfrac_high",
+                "grpo/kl_ref", "grpo/ratio_mean", "grpo/episode_length_mean", "grpo/episode_length_min",
+                "grpo/episode_length_max", "grpo/truncated_fraction", "grpo/wasted_step_fraction",
+                "grpo/restore_time_s", "grpo/step_time_s", "losses/clipfrac", "charts/episodic_return"):  # fmt: skip
+        assert rows[-1][key] != "", key
+    wasted = [float(r["grpo/wasted_step_fraction"]) for r in rows]
+    assert all(0.0 <= w < 1.0 for w in wasted) and max(wasted) > 0
+    assert float(rows[-1]["grpo/kl_ref"]) > 0  # the policy drifted from the never-refreshed reference
+    # The step budget counts every sub-env step: B·G members × the longest episode, per iteration.
+    steps = [int(r["global_step"]) for r in rows]
+    longest = [float(r["grpo/episode_length_max"]) for r in rows]
+    assert steps[0] == 64 * longest[0]
+
+
+def test_dynamic_sampling_drops_tied_groups(tmp_path: Path) -> None:
+    # TwoArms episodes last one step and return 0 or 1, so many groups of G = 2 tie.
+    cfg = config("testbed-toy/TwoArms-v0", total_steps=2000, group_size=2, num_groups=8, dynamic_sampling=True,
+                 max_resample_rounds=5, num_minibatches=2, eval_interval=0, eval_episodes=2)  # fmt: skip
+    train(cfg, tmp_path / "run")
+    rows = read_progress(tmp_path / "run")
+    assert float(rows[0]["grpo/frac_zero_std_groups"]) > 0
+    assert all(float(r["grpo/dropped_groups"]) >= 0 for r in rows)
+    assert sum(float(r["grpo/dropped_groups"]) for r in rows) > 0
+
+
+def test_branching_from_mid_episode_states(tmp_path: Path) -> None:
+    cfg = config(total_steps=40_000, start_mode="branch", branch_max_depth=30, eval_interval=0, eval_episodes=2)
+    summary = train(cfg, tmp_path / "run")
+    assert summary["status"] == "completed"
+    rows = read_progress(tmp_path / "run")
+    assert all(float(r["grpo/restore_time_s"]) > 0 for r in rows)
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path: Path) -> None:
+    cfg = config(total_steps=30_000, num_groups=4, group_size=4, normalize_obs=True, eval_interval=10_000,
+                 eval_episodes=2, checkpoint_interval=0)  # fmt: skip
+    train(cfg, tmp_path / "straight")
+
+    calls = {"n": 0}
+    original = grpo.collect_episodes
+
+    def collect(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grpo, "collect_episodes", collect)
+        assert train(cfg, tmp_path / "resumed")["status"] == "interrupted"
+    assert train(cfg, tmp_path / "resumed", resume=True)["status"] == "completed"
+    straight = runlog.load_checkpoint(tmp_path / "straight", {"algo": "grpo"})
+    resumed = runlog.load_checkpoint(tmp_path / "resumed", {"algo": "grpo"})
+    assert straight["global_step"] == resumed["global_step"]
+    for key in ("model", "reference"):
+        for name, tensor in straight[key].items():
+            assert torch.equal(tensor, resumed[key][name]), (key, name)
+    steps = [int(r["global_step"]) for r in read_progress(tmp_path / "resumed")]
+    assert steps == [int(r["global_step"]) for r in read_progress(tmp_path / "straight")]
+
+
+def test_cli_train_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--algo", "grpo", "--env", "CartPole-v1", "--total-steps", "40000", "--run-dir", str(tmp_path / "r"),
+            "--set", "eval_episodes=2", "--set", "advantage=rloo", "--set", "aggregation=step", "--set", "clip_high=0.28"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["algo"] == "grpo" and summary["status"] == "completed"
+    assert main(["eval", str(tmp_path / "r"), "--episodes", "2"]) == 0
+    assert "2 episodes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "sets,message",
+    [
+        (["group_size=1"], "group_size (G) must be at least 2"),
+        (["num_groups=64", "group_size=64"], "more than total_steps"),
+        (["advantage=grpo++"], "advantage must be one of outcome, no_std, batch_std, rloo, process"),
+        (["aggregation=mean"], "aggregation must be one of trajectory, step, constant"),
+        (["start_mode=branch", "vectorization=async"], "start_mode=branch needs vectorization=sync"),
+    ],
+)
+def test_bad_input(sets: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--algo", "grpo", "--env", "CartPole-v1", "--total-steps", "100000", "--run-dir", str(tmp_path / "r")]
+    assert main([*argv, *[x for s in sets for x in ("--set", s)]]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_branching_an_env_that_cannot_be_restored_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--algo", "grpo", "--env", "testbed-toy/Noisy-v0", "--total-steps", "100000",
+            "--set", "start_mode=branch", "--run-dir", str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "start_mode=branch" in err and "Noisy" in err
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(BadInput):
+        grpo.validate(config("testbed-toy/Noisy-v0", start_mode="branch"))
+
+
+def test_env_without_a_time_limit_needs_max_episode_steps() -> None:
+    with pytest.raises(BadInput, match="max_episode_steps"):
+        grpo.validate(config("testbed-toy/Unlimited-v0"))
+    grpo.validate(config("testbed-toy/Unlimited-v0", max_episode_steps=50, total_steps=100_000))
+    assert np.isfinite(grpo.horizon(config("testbed-toy/Unlimited-v0", max_episode_steps=50)))
