@@ -1,0 +1,111 @@
+"""Collection throughput: GRPO sampling groups against PPO's rollout, on the same envs, and the memory each
+agent's networks hold.
+
+    python benchmarks/throughput.py [--envs CartPole-v1 LunarLander-v3 HalfCheetah-v5] [--seconds 5]
+
+Both agents use their presets and an untrained policy; every env step counts, GRPO's wasted steps (a
+member stepping on after its episode ended) included. Writes benchmarks/results/throughput.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agents import grpo, ppo  # noqa: E402
+from agents.config import resolve_config  # noqa: E402
+from agents.networks import Actor, ActorCritic, NetworkSpec, flatten_parameters  # noqa: E402
+from agents.rollout import RolloutState, SegmentBuffers, collect_episodes, collect_segment  # noqa: E402
+from agents.training import memory_report, open_envs  # noqa: E402
+from envs import action_space_of  # noqa: E402
+from envs import start_states as starts  # noqa: E402
+
+
+def spec_for(envs, cfg) -> NetworkSpec:  # type: ignore[no-untyped-def]
+    return NetworkSpec(envs.obs_dim, envs.action_dim, envs.continuous, cfg.hidden_sizes, cfg.activation,
+                       getattr(cfg, "shared_trunk", False), cfg.ortho_init, cfg.log_std_init)  # fmt: skip
+
+
+def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict[str, int]]:
+    cfg, _ = resolve_config(ppo.PPOConfig, "ppo", env_id, continuous, {})
+    envs = open_envs(env_id, cfg.n_envs, 1, cfg.normalize_obs, cfg.normalize_reward, cfg.gamma, cfg.vectorization)
+    model = ActorCritic(spec_for(envs, cfg))
+    obs, _ = envs.train.reset(seed=0)
+    state = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool))
+    buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        collect_segment(envs.train, model, state, buffers)
+        steps += cfg.batch_size
+    rate = steps / (time.perf_counter() - started)
+    optimizer = torch.optim.Adam([flatten_parameters(model)], lr=cfg.learning_rate)
+    optimizer.step()  # creates Adam's moment buffers, so the memory report counts them
+    envs.close()
+    return rate, memory_report(optimizer, actor_critic=model)
+
+
+def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, float, dict[str, int]]:
+    cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, {})
+    H, M = grpo.horizon(cfg), cfg.batch_trajectories
+    envs = open_envs(env_id, M, 1, cfg.normalize_obs, False, 1.0, cfg.vectorization)
+    actor = Actor(spec_for(envs, cfg))
+    reference = Actor(spec_for(envs, cfg))
+    buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)
+    steps, wasted, iteration, started = 0, 0, 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        first = starts.reset_groups(envs.train, starts.group_seeds(0, iteration, cfg.num_groups), cfg.group_size)
+        episodes = collect_episodes(envs.train, actor, np.asarray(first, dtype=np.float32), buffers)
+        steps, wasted, iteration = steps + episodes.env_steps, wasted + episodes.wasted_steps, iteration + 1
+    rate = steps / (time.perf_counter() - started)
+    optimizer = torch.optim.Adam([flatten_parameters(actor)], lr=cfg.learning_rate)
+    optimizer.step()
+    envs.close()
+    return rate, wasted / steps, memory_report(optimizer, actor=actor, reference=reference)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "LunarLander-v3", "HalfCheetah-v5"])
+    parser.add_argument("--seconds", type=float, default=5.0, help="collection time per agent and env")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "throughput.md")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    lines = [
+        "# Collection throughput and memory: GRPO beside PPO",
+        "",
+        f"Command: `python benchmarks/throughput.py --envs {' '.join(args.envs)} --seconds {args.seconds:g}`. "
+        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch thread, torch {torch.__version__}, "
+        f"gymnasium {gym.__version__}. Presets of each agent, untrained policies, every env step counted.",
+        "",
+        "| env | PPO rollout steps/s | GRPO group sampling steps/s | PPO / GRPO | GRPO wasted steps | "
+        "PPO parameters (actor+critic) | GRPO parameters (actor + reference) | PPO bytes (nets + Adam) | "
+        "GRPO bytes (actor + reference + Adam) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for env_id in args.envs:
+        continuous = isinstance(action_space_of(env_id), gym.spaces.Box)
+        ppo_sps, ppo_mem = ppo_rate(env_id, continuous, args.seconds)
+        grpo_sps, waste, grpo_mem = grpo_rate(env_id, continuous, args.seconds)
+        row = (f"| {env_id} | {ppo_sps:,.0f} | {grpo_sps:,.0f} | {ppo_sps / grpo_sps:.2f} | {waste:.0%} | "
+               f"{ppo_mem['parameters_actor_critic']:,} | {grpo_mem['parameters_actor']:,} + "
+               f"{grpo_mem['parameters_reference']:,} | {ppo_mem['model_memory_bytes']:,} | "
+               f"{grpo_mem['model_memory_bytes']:,} |")  # fmt: skip
+        print(row, flush=True)
+        lines.append(row)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
