@@ -18,7 +18,6 @@ trunk steps before a branch point and the replayed steps of a restore included.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -231,8 +230,10 @@ def minibatch_loss(
 
     with torch.no_grad():
         low, high = losses.clip_fraction(ratio, cfg.clip_low, cfg.clip_high)
-        stats = {"policy_loss": agg(surrogate), "entropy": entropy.mean(), "approx_kl": losses.k3_kl(log_ratio).mean(),
-                 "kl_ref": kl_ref.mean(), "ratio_mean": ratio.mean(), "clipfrac_low": low, "clipfrac_high": high}  # fmt: skip
+        stats = {
+            "policy_loss": agg(surrogate), "entropy": entropy.mean(), "approx_kl": losses.k3_kl(log_ratio).mean(),
+            "kl_ref": kl_ref.mean(), "ratio_mean": ratio.mean(), "clipfrac_low": low, "clipfrac_high": high,
+        }  # fmt: skip
     return agg(per_step), stats
 
 
@@ -245,17 +246,126 @@ def refresh_reference(reference: Actor, actor: Actor, cfg: GRPOConfig, iteration
                 ref_p.lerp_(p, 1.0 - cfg.ref_ema)
 
 
+@dataclass
+class Groups:
+    """One iteration's collection: the batch to learn from, and everything collected for diagnostics."""
+
+    batch: Episodes  # B' ≤ B groups; fewer than B only when dynamic sampling ran out of rounds
+    rounds: list[Episodes]  # every collection, dropped groups included
+    group_returns: Tensor  # (every collected group, G)
+    episode_returns: list[float]  # raw, undiscounted, from the episode's start (a trunk prefix included)
+    env_steps: int  # all env steps: members, trunks and replays
+    restore_time_s: float
+
+    @property
+    def kept_groups(self) -> int:
+        return self.batch.mask.shape[1] // self.group_returns.shape[1]
+
+
+def collect_groups(
+    cfg: GRPOConfig, env: Any, trunk_env: Any, mode: str | None, actor: Actor, buffers: SegmentBuffers, iteration: int
+) -> Groups:
+    """B groups of G trajectories; with dynamic sampling, tied groups are dropped and more collected."""
+    B, G = cfg.num_groups, cfg.group_size
+
+    def policy_on_raw(raw_obs: np.ndarray) -> np.ndarray:
+        """The trunk's policy: raw observations through the members' normalizer, then π_θ."""
+        with torch.inference_mode():
+            return actor.act(torch.from_numpy(starts.observe(env, raw_obs)).to(cfg.device)).actions.cpu().numpy()
+
+    kept, parts, rounds, group_returns, episode_returns = 0, [], [], [], []
+    env_steps, restore_time = 0, 0.0
+    for round_ in range(cfg.max_resample_rounds + 1 if cfg.dynamic_sampling else 1):
+        seeds = starts.group_seeds(cfg.seed, iteration * (cfg.max_resample_rounds + 1) + round_, B)
+        started = time.perf_counter()
+        if mode is None:
+            first_obs, prefix_returns = starts.reset_groups(env, seeds, G), np.zeros(B)
+        else:
+            depths = np.random.randint(0, cfg.branch_max_depth + 1, size=B).tolist()
+            points, trunk_steps = starts.run_trunks(trunk_env, seeds, depths, policy_on_raw, mode)
+            first_obs, replay_steps = starts.branch_groups(env, points, G, mode)
+            env_steps += trunk_steps + replay_steps
+            prefix_returns = np.array([p.prefix_return for p in points])
+        restore_time += time.perf_counter() - started
+        episodes = collect_episodes(env, actor, np.asarray(first_obs, dtype=np.float32), buffers, cfg.device)
+        env_steps += episodes.env_steps
+        rounds.append(episodes)
+        returns = adv.discounted_returns(episodes.rewards, episodes.mask, cfg.gamma).view(B, G)  # (B, G)
+        group_returns.append(returns)
+        raw_returns = (episodes.rewards * episodes.mask).sum(0).numpy()  # (B·G,)
+        episode_returns += (np.repeat(prefix_returns, G) + raw_returns).tolist()
+        informative = returns.amax(1) != returns.amin(1) if cfg.dynamic_sampling else torch.ones(B, dtype=torch.bool)
+        groups = informative.nonzero().squeeze(1)[: B - kept]
+        parts.append(episodes.select((groups.unsqueeze(1) * G + torch.arange(G)).flatten()))
+        kept += len(groups)
+        if kept >= B:
+            break
+    return Groups(concat_episodes(parts), rounds, torch.cat(group_returns), episode_returns, env_steps, restore_time)
+
+
+def update(
+    actor: Actor, reference: Actor, optimizer: torch.optim.Optimizer, batch: Episodes, cfg: GRPOConfig, H: int
+) -> dict[str, float]:
+    """Epochs × minibatches of trajectories; returns the means of the minibatch statistics."""
+    G, M = cfg.group_size, batch.mask.shape[1]
+    returns = adv.discounted_returns(batch.rewards, batch.mask, cfg.gamma).view(M // G, G)  # (B', G)
+    advantages = group_advantages(cfg, batch, returns)  # (T, M)
+    loss_mask = batch.mask & ~batch.truncated if cfg.mask_truncated else batch.mask  # (T, M)
+    with torch.no_grad():
+        valid = batch.mask.nonzero(as_tuple=True)
+        ref_log_probs = torch.zeros(batch.mask.shape)  # (T, M)  fixed during the iteration
+        ref_log_probs[valid] = reference.log_prob_entropy(reference(batch.obs[valid]), batch.actions[valid])[0]
+    (flat_params,) = optimizer.param_groups[0]["params"]
+    n_minibatches = min(cfg.num_minibatches, M)
+    totals: dict[str, Tensor] = {}
+    for _ in range(cfg.n_epochs):
+        for members in torch.randperm(M).tensor_split(n_minibatches):
+            loss, stats = minibatch_loss(actor, batch, members, advantages, ref_log_probs, loss_mask, cfg, H)
+            flat_params.grad.zero_()
+            loss.backward()
+            nn.utils.clip_grad_norm_(flat_params, cfg.max_grad_norm)
+            optimizer.step()
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value
+    return {key: float(value) / (cfg.n_epochs * n_minibatches) for key, value in totals.items()}
+
+
+def diagnostics(groups: Groups, stats: dict[str, float]) -> dict[str, float | None]:
+    """PPO's tags where they mean the same thing, and the grpo/ group statistics."""
+    lengths = torch.cat([e.lengths for e in groups.rounds]).float()  # every collected trajectory
+    truncated = torch.cat([e.truncated for e in groups.rounds]).float()
+    tied = groups.group_returns.amax(1) == groups.group_returns.amin(1)
+    member_steps = sum(e.env_steps for e in groups.rounds)
+    clipfrac = stats["clipfrac_low"] + stats["clipfrac_high"] if stats else None
+    return {
+        "charts/episodic_return": float(np.mean(groups.episode_returns)),
+        "charts/episodic_length": float(lengths.mean()),
+        "losses/policy_loss": stats.get("policy_loss"), "losses/entropy": stats.get("entropy"),
+        "losses/approx_kl": stats.get("approx_kl"), "losses/clipfrac": clipfrac,
+        "grpo/frac_zero_std_groups": float(tied.float().mean()),
+        "grpo/group_return_std": float(groups.group_returns.std(1).mean()),
+        "grpo/clipfrac_low": stats.get("clipfrac_low"), "grpo/clipfrac_high": stats.get("clipfrac_high"),
+        "grpo/kl_ref": stats.get("kl_ref"), "grpo/ratio_mean": stats.get("ratio_mean"),
+        "grpo/episode_length_mean": float(lengths.mean()), "grpo/episode_length_min": float(lengths.min()),
+        "grpo/episode_length_max": float(lengths.max()), "grpo/truncated_fraction": float(truncated.mean()),
+        "grpo/wasted_step_fraction": sum(e.wasted_steps for e in groups.rounds) / member_steps,
+        "grpo/dropped_groups": float(len(tied) - groups.kept_groups),
+        "grpo/restore_time_s": groups.restore_time_s, "grpo/step_time_s": sum(e.step_time_s for e in groups.rounds),
+    }  # fmt: skip
+
+
 def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """Train the GRPO agent into ``run_dir``; returns the summary also written to ``summary.json``."""
     # ── setup ───────────────────────────────────────────────────────────────────────────────────────
     validate(cfg)
     seed_everything(cfg.seed)
-    H, B, G, M = horizon(cfg), cfg.num_groups, cfg.group_size, cfg.batch_trajectories
+    H, M = horizon(cfg), cfg.batch_trajectories
     env_kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
     envs = open_envs(cfg.env_id, M, cfg.eval_episodes, cfg.normalize_obs, False, 1.0, cfg.vectorization, **env_kwargs)
     env = envs.train
     mode = starts.restore_mode(cfg.env_id) if cfg.start_mode == "branch" else None
-    trunk_env = make_vector(cfg.env_id, B, EnvOptions(vectorization="sync"), **env_kwargs) if mode else None
+    trunk_env = None if mode is None else make_vector(cfg.env_id, cfg.num_groups, EnvOptions(vectorization="sync"),
+                                                      **env_kwargs)  # B raw envs, no normalization  # fmt: skip
     spec = NetworkSpec(
         obs_dim=envs.obs_dim, action_dim=envs.action_dim, continuous=envs.continuous,
         hidden_sizes=cfg.hidden_sizes, activation=cfg.activation, ortho_init=cfg.ortho_init,
@@ -263,7 +373,7 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     )  # fmt: skip
     actor = Actor(spec).to(cfg.device)
     reference = copy.deepcopy(actor).requires_grad_(False)
-    flat_params = flatten_parameters(actor)
+    flat_params = flatten_parameters(actor)  # one tensor for Adam and the gradient clip: less overhead
     optimizer = torch.optim.Adam([flat_params], lr=cfg.learning_rate, eps=1e-5, fused=cfg.device == "cpu" or None)
     buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)  # (H, B·G)
     global_step, iteration, wall_offset = 0, 0, 0.0
@@ -292,100 +402,28 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
             "optimizer": optimizer.state_dict(), "rng": runlog.rng_state(), "normalizers": normalizer_state(env),
         })  # fmt: skip
 
-    def policy_on_raw(raw_obs: np.ndarray) -> np.ndarray:
-        """The trunk's policy: raw observations through the members' normalizer, then π_θ."""
-        with torch.inference_mode():
-            obs = torch.from_numpy(starts.observe(env, raw_obs)).to(cfg.device)
-            return actor.act(obs).actions.cpu().numpy()
-
     with runlog.StopFlag() as stop:
         try:
             while global_step < cfg.total_steps:
-                remaining = 1.0 - global_step / cfg.total_steps
-                lr = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
+                # ── collect B groups of G trajectories ──────────────────────────────────────────────
+                groups = collect_groups(cfg, env, trunk_env, mode, actor, buffers, iteration)
+                global_step += groups.env_steps
+                iteration += 1
+
+                # ── schedule (as PPO's), group advantages and update ─────────────────────────────────
+                lr = cfg.learning_rate * (max(1.0 - global_step / cfg.total_steps, 0.0) if cfg.anneal_lr else 1.0)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-
-                # ── collect B groups of G trajectories (resampling tied groups if asked) ──────────────
-                parts, kept, restore_time = [], 0, 0.0
-                collected: list[Episodes] = []  # every round, dropped groups included, for the diagnostics
-                all_returns, prefix_returns = [], []
-                for round_ in range(cfg.max_resample_rounds + 1 if cfg.dynamic_sampling else 1):
-                    seeds = starts.group_seeds(cfg.seed, iteration * (cfg.max_resample_rounds + 1) + round_, B)
-                    started = time.perf_counter()
-                    if mode is None:
-                        first_obs, extra_steps, prefix = starts.reset_groups(env, seeds, G), 0, np.zeros(B)
-                    else:
-                        depths = np.random.randint(0, cfg.branch_max_depth + 1, size=B).tolist()
-                        points, trunk_steps = starts.run_trunks(trunk_env, seeds, depths, policy_on_raw, mode)
-                        first_obs, replay_steps = starts.branch_groups(env, points, G, mode)
-                        extra_steps, prefix = trunk_steps + replay_steps, np.array([p.prefix_return for p in points])
-                    restore_time += time.perf_counter() - started
-                    episodes = collect_episodes(env, actor, np.asarray(first_obs, dtype=np.float32), buffers, cfg.device)
-                    collected.append(episodes)
-                    global_step += episodes.env_steps + extra_steps
-                    returns = adv.discounted_returns(episodes.rewards, episodes.mask, cfg.gamma).view(B, G)
-                    all_returns.append(returns)
-                    prefix_returns.append(np.repeat(prefix, G) + (episodes.rewards * episodes.mask).sum(0).numpy())
-                    informative = ~(returns.amax(1) == returns.amin(1)) if cfg.dynamic_sampling else torch.ones(B, dtype=torch.bool)
-                    groups = informative.nonzero().squeeze(1)[: B - kept]
-                    members = (groups.unsqueeze(1) * G + torch.arange(G)).flatten()
-                    parts.append(episodes.select(members))
-                    kept += len(groups)
-                    if kept >= B or global_step >= cfg.total_steps:
-                        break
-                batch = concat_episodes(parts)  # B' ≤ B groups: fewer only if dynamic sampling ran out of rounds
-                kept_groups = batch.mask.shape[1] // G
-
-                # ── advantages, reference log-probs, update ──────────────────────────────────────────
-                totals: dict[str, Tensor] = {}
-                n_minibatches = min(cfg.num_minibatches, batch.mask.shape[1])
-                if kept_groups:  # else every group tied in every round: nothing to learn from
-                    returns = adv.discounted_returns(batch.rewards, batch.mask, cfg.gamma).view(kept_groups, G)
-                    advantages = group_advantages(cfg, batch, returns)  # (T, B'·G)
-                    loss_mask = batch.mask & ~batch.truncated if cfg.mask_truncated else batch.mask  # (T, B'·G)
-                    with torch.no_grad():
-                        valid = batch.mask.nonzero(as_tuple=True)
-                        ref_log_probs = torch.zeros(batch.mask.shape)  # (T, B'·G)
-                        ref_log_probs[valid] = reference.log_prob_entropy(reference(batch.obs[valid]), batch.actions[valid])[0]
-                    for _ in range(cfg.n_epochs):
-                        for members in torch.randperm(batch.mask.shape[1]).tensor_split(n_minibatches):
-                            loss, stats = minibatch_loss(actor, batch, members, advantages, ref_log_probs, loss_mask, cfg, H)
-                            flat_params.grad.zero_()
-                            loss.backward()
-                            nn.utils.clip_grad_norm_(flat_params, cfg.max_grad_norm)
-                            optimizer.step()
-                            for key, value in stats.items():
-                                totals[key] = totals.get(key, 0.0) + value
-                means = {k: float(v) / (cfg.n_epochs * n_minibatches) for k, v in totals.items()}
-                iteration += 1
+                # Without an informative group (every group tied in every round) there is nothing to learn.
+                stats = update(actor, reference, optimizer, groups.batch, cfg, H) if groups.kept_groups else {}
                 refresh_reference(reference, actor, cfg, iteration)
-                runlog.check_finite({k: v for k, v in means.items() if k == "policy_loss"}, actor)
+                runlog.check_finite({k: v for k, v in stats.items() if k == "policy_loss"}, actor)
 
                 # ── log, evaluate, checkpoint ───────────────────────────────────────────────────────
-                group_returns = torch.cat(all_returns)  # (every collected group, G)
-                lengths = torch.cat([e.lengths for e in collected]).float()
-                truncated = torch.cat([e.truncated for e in collected]).float()
-                env_steps = sum(e.env_steps for e in collected)
-                episode_returns = np.concatenate(prefix_returns).tolist()
-                recent_returns.extend(episode_returns)
+                recent_returns.extend(groups.episode_returns)
                 sps = (global_step - start_step) / (time.perf_counter() - start_time)
-                metrics: dict[str, float | None] = {
-                    "charts/episodic_return": float(np.mean(episode_returns)), "charts/episodic_length": float(lengths.mean()),
-                    "charts/SPS": sps, "charts/learning_rate": lr,
-                    "losses/policy_loss": means.get("policy_loss"), "losses/entropy": means.get("entropy"),
-                    "losses/approx_kl": means.get("approx_kl"),
-                    "losses/clipfrac": means["clipfrac_low"] + means["clipfrac_high"] if means else None,
-                    "grpo/frac_zero_std_groups": float((group_returns.amax(1) == group_returns.amin(1)).float().mean()),
-                    "grpo/group_return_std": float(group_returns.std(1).mean()),
-                    "grpo/clipfrac_low": means.get("clipfrac_low"), "grpo/clipfrac_high": means.get("clipfrac_high"),
-                    "grpo/kl_ref": means.get("kl_ref"), "grpo/ratio_mean": means.get("ratio_mean"),
-                    "grpo/episode_length_mean": float(lengths.mean()), "grpo/episode_length_min": float(lengths.min()),
-                    "grpo/episode_length_max": float(lengths.max()), "grpo/truncated_fraction": float(truncated.mean()),
-                    "grpo/wasted_step_fraction": sum(e.wasted_steps for e in collected) / env_steps,
-                    "grpo/dropped_groups": float(group_returns.shape[0] - kept_groups),
-                    "grpo/restore_time_s": restore_time, "grpo/step_time_s": sum(e.step_time_s for e in collected),
-                }  # fmt: skip
+                metrics = diagnostics(groups, stats)
+                metrics.update({"charts/SPS": sps, "charts/learning_rate": lr})
                 metrics.update(evals.maybe_run(actor, envs, global_step))
                 log.scalars(global_step, metrics)
                 log.row(global_step, wall_time(), metrics)
@@ -407,4 +445,5 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
                 trunk_env.close()
     sps = (global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
     extra = memory_report(optimizer, actor=actor, reference=reference)
-    return finish_run(run_dir, log, "grpo", cfg, actor, envs, evals, status, error, global_step, wall_time(), sps, extra)
+    return finish_run(run_dir, log, "grpo", cfg, actor, envs, evals, status, error, global_step, wall_time(), sps,
+                      extra)  # fmt: skip

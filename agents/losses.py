@@ -28,7 +28,8 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_h
     ρ back. Minimizing L therefore maximizes that lower bound.
     """
     if ratio.shape != advantages.shape:
-        raise ValueError(f"clipped_surrogate: ratio {tuple(ratio.shape)} and advantages {tuple(advantages.shape)} differ")
+        shapes = f"ratio {tuple(ratio.shape)} and advantages {tuple(advantages.shape)}"
+        raise ValueError(f"clipped_surrogate: {shapes} differ")
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     return -torch.min(unclipped, clipped)

@@ -15,8 +15,6 @@ from torch import Tensor, nn
 
 from agents import distributions as D
 
-
-
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 

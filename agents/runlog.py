@@ -171,7 +171,7 @@ def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
         raise BadInput(f"{path} has an incompatible checkpoint format; start a new run.")
     for key, value in expected.items():
         if payload.get(key) != value:
-            raise BadInput(f"{path} was written for {key}={payload.get(key)!r}, not {value!r}; it cannot be resumed here.")
+            raise BadInput(f"{path} was written for {key}={payload.get(key)!r}, not {value!r}; it cannot be used here.")
     return _from_safe(payload)
 
 

@@ -111,7 +111,9 @@ class EvalSchedule:
         return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
 
 
-def log_episodes(log: runlog.MetricLog, state: RolloutState, step: int, recent: deque[float]) -> dict[str, float | None]:
+def log_episodes(
+    log: runlog.MetricLog, state: RolloutState, step: int, recent: deque[float]
+) -> dict[str, float | None]:
     """Each finished training episode to TensorBoard; their means for progress.csv; drains ``state``."""
     for ret, length in zip(state.episode_returns, state.episode_lengths, strict=True):
         log.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
