@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -374,7 +375,7 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     actor = Actor(spec).to(cfg.device)
     reference = copy.deepcopy(actor).requires_grad_(False)
     flat_params = flatten_parameters(actor)  # one tensor for Adam and the gradient clip: less overhead
-    optimizer = torch.optim.Adam([flat_params], lr=cfg.learning_rate, eps=1e-5, fused=cfg.device == "cpu" or None)
+    optimizer = torch.optim.Adam([flat_params], lr=cfg.learning_rate, eps=1e-5, fused=True)
     buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)  # (H, B·G)
     global_step, iteration, wall_offset = 0, 0, 0.0
     if resume:
@@ -439,6 +440,9 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
                 checkpoint()
         except runlog.NonFiniteError as exc:
             status, error = "failed", str(exc)
+        except Exception as exc:  # noqa: BLE001  any crash is recorded in summary.json, then shown in full
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
         finally:
             progress.close()
             if trunk_env is not None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,6 +315,9 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
                 checkpoint()
         except runlog.NonFiniteError as exc:
             status, error = "failed", str(exc)
+        except Exception as exc:  # noqa: BLE001  any crash is recorded in summary.json, then shown in full
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
         finally:
             progress.close()
     sps = (global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)

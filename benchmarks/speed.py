@@ -58,30 +58,21 @@ CASES = {
     "halfcheetah": Case("halfcheetah", "HalfCheetah-v5", 50_000),
 }
 
-# The Stable-Baselines3 side: built from the JSON of ``sb3_arguments``; prints one JSON line at the end.
+# The Stable-Baselines3 side: agents.sb3 builds the env and PPO's arguments from our config (JSON in argv[1];
+# argv[2] is 1 for continuous actions); prints one JSON line at the end.
 SB3_SCRIPT = """
 import json, sys, time
 import torch
 torch.set_num_threads(1)
-from torch import nn
 from stable_baselines3 import PPO
-from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.vec_env import VecNormalize
+from agents import sb3
+from agents.config import build_config
+from agents.ppo import PPOConfig
 
-a = json.loads(sys.argv[1])
-env = make_vec_env(a["env_id"], n_envs=a["n_envs"], seed=a["seed"])
-if a["vec_normalize"] is not None:
-    env = VecNormalize(env, **a["vec_normalize"])
-kwargs = dict(a["ppo"])
-for key, annealed in a["linear_schedules"].items():
-    if annealed:
-        start = kwargs[key]
-        kwargs[key] = lambda progress_remaining, start=start: progress_remaining * start
-policy_kwargs = dict(a["policy_kwargs"])
-policy_kwargs["activation_fn"] = {"tanh": nn.Tanh, "relu": nn.ReLU}[policy_kwargs["activation_fn"]]
-model = PPO("MlpPolicy", env, policy_kwargs=policy_kwargs, seed=a["seed"], device="cpu", verbose=0, **kwargs)
+cfg = build_config(PPOConfig, json.loads(sys.argv[1]))
+model = PPO("MlpPolicy", sb3.make_sb3_env(cfg), **sb3.sb3_arguments(cfg, continuous=sys.argv[2] == "1"))
 start = time.perf_counter()
-model.learn(total_timesteps=a["total_steps"])
+model.learn(total_timesteps=cfg.total_steps)
 print(json.dumps({"total_steps": int(model.num_timesteps), "loop_s": time.perf_counter() - start}))
 """
 
@@ -179,57 +170,21 @@ def resolve(case: Case) -> tuple[Any, bool]:
     return cfg, continuous
 
 
-def sb3_arguments(cfg: Any, continuous: bool) -> dict[str, Any]:
-    """Our PPOConfig as SB3 arguments (JSON; ``linear_schedules`` marks which start values SB3 anneals)."""
-    if cfg.shared_trunk:
-        raise ValueError("SB3 2.x has no shared actor-critic trunk; compare with shared_trunk=false")
-    hidden = list(cfg.hidden_sizes)
-    policy_kwargs: dict[str, Any] = {
-        "net_arch": {"pi": hidden, "vf": hidden},
-        "activation_fn": cfg.activation,
-        "ortho_init": cfg.ortho_init,
-    }
-    if continuous:
-        policy_kwargs["log_std_init"] = cfg.log_std_init
+def describe(cfg: Any, continuous: bool) -> str:
+    """One line of the SB3 arguments (``agents.sb3.sb3_arguments``) and env, for the report."""
+    from agents.sb3 import LinearSchedule, sb3_arguments
+
+    arguments = sb3_arguments(cfg, continuous)
+    parts = [f"n_envs={cfg.n_envs}"]
+    for key, value in arguments.items():
+        if key in ("policy_kwargs", "seed", "device", "verbose"):
+            continue
+        parts.append(f"{key}=linear from {value.start}" if isinstance(value, LinearSchedule) else f"{key}={value}")
+    for key, value in arguments["policy_kwargs"].items():
+        parts.append(f"{key}={value.__name__ if isinstance(value, type) else value}")
     normalize = cfg.normalize_obs or cfg.normalize_reward
-    return {
-        "env_id": cfg.env_id,
-        "seed": cfg.seed,
-        "total_steps": cfg.total_steps,
-        "n_envs": cfg.n_envs,
-        "vec_normalize": (
-            {"norm_obs": cfg.normalize_obs, "norm_reward": cfg.normalize_reward, "gamma": cfg.gamma}
-            if normalize
-            else None
-        ),
-        "ppo": {
-            "n_steps": cfg.n_steps,
-            "batch_size": cfg.minibatch_size,
-            "n_epochs": cfg.n_epochs,
-            "gamma": cfg.gamma,
-            "gae_lambda": cfg.gae_lambda,
-            "learning_rate": cfg.learning_rate,
-            "clip_range": cfg.clip_range,
-            "ent_coef": cfg.ent_coef,
-            "vf_coef": cfg.vf_coef,
-            "max_grad_norm": cfg.max_grad_norm,
-            "clip_range_vf": cfg.clip_range_vf,
-            "target_kl": cfg.target_kl,
-            "normalize_advantage": cfg.normalize_advantage,
-        },
-        "linear_schedules": {"learning_rate": cfg.anneal_lr, "clip_range": cfg.anneal_clip_range},
-        "policy_kwargs": policy_kwargs,
-    }
-
-
-def describe(arguments: dict[str, Any]) -> str:
-    """One line of the SB3 arguments, for the report."""
-    parts = [f"n_envs={arguments['n_envs']}"]
-    for key, value in arguments["ppo"].items():
-        linear = arguments["linear_schedules"].get(key)
-        parts.append(f"{key}={'linear from ' if linear else ''}{value}")
-    parts += [f"{key}={value}" for key, value in arguments["policy_kwargs"].items()]
-    parts.append(f"VecNormalize({arguments['vec_normalize']})" if arguments["vec_normalize"] else "no VecNormalize")
+    parts.append(f"VecNormalize(norm_obs={cfg.normalize_obs}, norm_reward={cfg.normalize_reward}, "
+                 f"clip 10, gamma={cfg.gamma})" if normalize else "no VecNormalize")  # fmt: skip
     return ", ".join(parts)
 
 
@@ -265,8 +220,11 @@ def run_ours(case: Case, repeat: int) -> Timed:
                  summary.get("wall_time_s") if ok else None, proc.returncode)  # fmt: skip
 
 
-def run_sb3(case: Case, arguments: dict[str, Any], repeat: int) -> Timed:
-    wall, proc = time_process([sys.executable, "-c", SB3_SCRIPT, json.dumps(arguments)])
+def run_sb3(case: Case, cfg: Any, continuous: bool, repeat: int) -> Timed:
+    from agents.runlog import config_to_dict
+
+    config_json = json.dumps(config_to_dict(cfg))
+    wall, proc = time_process([sys.executable, "-c", SB3_SCRIPT, config_json, "1" if continuous else "0"])
     result: dict[str, Any] = {}
     if proc.returncode == 0 and proc.stdout.strip():
         result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -519,14 +477,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.cases:
         case = Case(name, CASES[name].env_id, steps[name])
         cfg, continuous = resolve(case)
-        arguments = sb3_arguments(cfg, continuous)
-        result = CaseResult(case, describe(arguments), cfg.eval_episodes)
+        result = CaseResult(case, describe(cfg, continuous), cfg.eval_episodes)
         results.append(result)
         result.ceiling, result.ceiling_vector = ceiling(cfg, args.ceiling_seconds)
         write_outputs(out, results, command, machine)
         for repeat in range(1, args.repeats + 1):
             for impl in ("ours", "sb3"):  # alternating, so slow spells of the machine hit both
-                timed = run_ours(case, repeat) if impl == "ours" else run_sb3(case, arguments, repeat)
+                timed = run_ours(case, repeat) if impl == "ours" else run_sb3(case, cfg, continuous, repeat)
                 result.timed.append(timed)
                 print(f"  {name} {timed.impl} #{repeat}: {timed.wall_s:.2f} s", flush=True)
                 write_outputs(out, results, command, machine)

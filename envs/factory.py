@@ -15,6 +15,7 @@ Every env it makes:
 from __future__ import annotations
 
 import difflib
+import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,7 +51,18 @@ class EnvOptions:
 
 
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
-    """Return the spec of a registered id, or raise BadInput naming the closest registered ids."""
+    """Return the spec of a registered id, or raise BadInput naming the closest registered ids.
+
+    ``module:EnvId`` first imports ``module`` (which registers its envs), as ``gym.make`` does.
+    """
+    module, colon, name = env_id.rpartition(":")
+    if colon:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            fix = "install the package that provides it"
+            raise BadInput(f"{env_id}: cannot import {module!r} ({error}); {fix}") from None
+        env_id = name
     if env_id in gym.registry:
         return gym.spec(env_id)
     closest = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,25 +18,42 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from agents import grpo, ppo, runlog
+from agents import grpo, ppo, runlog, sb3
 from agents.config import build_config, parse_overrides, resolve_config
+from agents.networks import Actor, ActorCritic, NetworkSpec
 from envs import action_space_of
 from envs.errors import BadInput
+
+
+def _load_actor_critic(cfg: Any, spec: NetworkSpec, weights: dict[str, Any]) -> Any:
+    model = ActorCritic(spec)
+    model.load_state_dict(weights)
+    return model
+
+
+def _load_actor(cfg: Any, spec: NetworkSpec, weights: dict[str, Any]) -> Any:
+    model = Actor(spec)
+    model.load_state_dict(weights)
+    return model
 
 
 @dataclass(frozen=True)
 class Algo:
     config: type
     train: Callable[..., dict[str, Any]]
+    load_policy: Callable[[Any, NetworkSpec, dict[str, Any]], Any]
+    """Rebuilds the checkpoint's policy for ``testbed eval``."""
     validate: Callable[[Any], None] = lambda cfg: None
     """Checks that need the env (run before anything is written)."""
-    critic: bool = True
-    """Whether the checkpoint's model is an ActorCritic (else an Actor)."""
+    preset: str | None = None
+    """The presets file, ``agents/presets/<preset>.yaml``; None: the algo's own name."""
 
 
 ALGOS: dict[str, Algo] = {
-    "ppo": Algo(ppo.PPOConfig, ppo.train),
-    "grpo": Algo(grpo.GRPOConfig, grpo.train, grpo.validate, critic=False),
+    "ppo": Algo(ppo.PPOConfig, ppo.train, _load_actor_critic),
+    "grpo": Algo(grpo.GRPOConfig, grpo.train, _load_actor, grpo.validate),
+    "sb3-ppo": Algo(ppo.PPOConfig, sb3.train, lambda cfg, spec, weights: sb3.load_policy(cfg, weights), sb3.validate,
+                    preset="ppo"),  # fmt: skip
 }
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
@@ -82,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         action_space = action_space_of(args.env)
         continuous = isinstance(action_space, gym.spaces.Box)
-        cfg, preset_name = resolve_config(algo.config, args.algo, args.env, continuous, overrides)
+        cfg, preset_name = resolve_config(algo.config, algo.preset or args.algo, args.env, continuous, overrides)
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, cfg.seed)
     algo.validate(cfg)
     runlog.prepare_run_dir(run_dir, args.resume)
@@ -103,7 +121,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from agents.networks import Actor, ActorCritic, NetworkSpec
     from agents.training import EVAL_SEED_BASE, evaluate_policy
     from envs import EnvOptions, freeze_normalizers, load_normalizer_state, make_vector
 
@@ -129,8 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         continuous=continuous, hidden_sizes=cfg.hidden_sizes, activation=cfg.activation,
         shared_trunk=getattr(cfg, "shared_trunk", False), ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init,
     )  # fmt: skip
-    model = ActorCritic(spec) if ALGOS[algo_name].critic else Actor(spec)
-    model.load_state_dict(ckpt["model"])
+    model = ALGOS[algo_name].load_policy(cfg, spec, ckpt["model"])
     seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
     returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
     env.close()
@@ -142,6 +158,46 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         path = record_episode(model, cfg.env_id, ckpt["normalizers"], Path(args.video), seeds[0], not args.stochastic)
         print(f"video of the first episode: {path}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from lab import bench
+
+    if args.workers is not None and args.workers < 1:
+        raise BadInput(f"--workers must be at least 1, got {args.workers}")
+    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name,
+                           ALGOS)  # fmt: skip
+    workers = args.workers or os.cpu_count() or 1
+    cells = len(grid.cells())
+    print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {len(grid.seeds)} seeds = {cells} runs, "
+          f"{args.backend} backend, {workers} workers → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
+    try:
+        bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address)
+    except KeyboardInterrupt:
+        print("interrupted: running cells saved checkpoints; rerun the same command to continue", file=sys.stderr)
+        return 130
+    failed = [o for o in outcomes if o.status != "completed"]
+    print(f"{len(outcomes) - len(failed)} of {cells} runs completed; report: {bench_dir / 'report.md'}; "
+          f"TensorBoard: tensorboard --logdir {bench_dir}")  # fmt: skip
+    for outcome in failed:
+        print(f"  {outcome.status}: {outcome.cell.env_id} {outcome.cell.algo} seed {outcome.cell.seed}: {outcome.error}")
+    return 1 if failed else 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from lab.plot import plot_runs
+
+    paths = plot_runs([Path(p) for p in args.paths], x=args.x, out=Path(args.out) if args.out else None)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from lab.report import build_report
+
+    written = build_report(Path(args.bench_dir))
+    print(f"wrote {written['markdown']} and {written['html']}")
     return 0
 
 
@@ -168,6 +224,33 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of the policy's mode")
     evaluate.add_argument("--video", default=None, metavar="DIR", help="also record the first episode as a GIF in DIR")
     evaluate.set_defaults(func=cmd_eval)
+
+    from lab.bench import SUITES
+
+    grid = sub.add_parser("bench", help="run a grid of algos × envs × seeds and report it", formatter_class=fmt)
+    grid.add_argument("--suite", choices=None, default=None, help=f"a named grid: {', '.join(SUITES)}")
+    grid.add_argument("--algos", nargs="+", default=None, help="algos (default: the suite's, else ppo grpo sb3-ppo)")
+    grid.add_argument("--envs", nargs="+", default=None, help="gymnasium ids (default: the suite's)")
+    grid.add_argument("--seeds", type=int, default=None, help="number of seeds, 0 … N−1 (default: the suite's, 3)")
+    grid.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
+    grid.add_argument("--set", action="append", default=[], metavar="ALGO.KEY=VALUE",
+                      help="override one algo's config key; repeatable")  # fmt: skip
+    grid.add_argument("--workers", type=int, default=None, help="runs at a time (default: the number of cores)")
+    grid.add_argument("--backend", choices=["local", "ray"], default="local", help="where the runs execute")
+    grid.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port); "
+                      "default: start a local instance")  # fmt: skip
+    grid.add_argument("--name", default=None, help="bench name: runs/bench/NAME (default: the suite's name)")
+    grid.set_defaults(func=cmd_bench)
+
+    plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=fmt)
+    plot.add_argument("paths", nargs="+", help="run directories or folders holding them (benches)")
+    plot.add_argument("--x", choices=["steps", "time"], default="steps", help="x-axis: env steps or wall-clock")
+    plot.add_argument("--out", default=None, help="image file (PNG; an SVG is written beside it)")
+    plot.set_defaults(func=cmd_plot)
+
+    report = sub.add_parser("report", help="rebuild a bench's report from disk", formatter_class=fmt)
+    report.add_argument("bench_dir", help="runs/bench/NAME")
+    report.set_defaults(func=cmd_report)
     return parser
 
 

@@ -51,9 +51,25 @@ class Noisy(ConstantReward):
         return np.full(1, noise, np.float32), float(noise), False, False, {}
 
 
+class Crash(ConstantReward):
+    """Raises after 300 steps: a run on it crashes part-way."""
+
+    steps = 0
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        Crash.steps += 1
+        if Crash.steps > 300:
+            raise RuntimeError("the toy env crashed on purpose")
+        return super().step(action)
+
+
 def register() -> None:
     if "testbed-toy/ConstantReward-v0" not in gym.registry:
         gym.register("testbed-toy/ConstantReward-v0", entry_point=ConstantReward, max_episode_steps=20)
         gym.register("testbed-toy/TwoArms-v0", entry_point=TwoArms, max_episode_steps=1)
         gym.register("testbed-toy/Noisy-v0", entry_point=Noisy, max_episode_steps=50)
         gym.register("testbed-toy/Unlimited-v0", entry_point=ConstantReward)
+        gym.register("testbed-toy/Crash-v0", entry_point=Crash, max_episode_steps=20)
+
+
+register()  # importing this module registers its envs, so `tests.toy_envs:testbed-toy/…` ids work anywhere

@@ -1,0 +1,198 @@
+"""Learning-curve plots of any set of runs, and the interval plot of normalized scores.
+
+Curves: one subplot per env, one line per algo. A line is the mean over that algo's runs of the
+evaluation return, on a common x grid: each run is interpolated on the grid only inside the range it
+covers, and each grid point averages the runs that cover it. So runs of different lengths (a bench
+still running, runs from two benches) still share one line, which ends where the longest run ends. The
+shaded band is the 95% percentile bootstrap CI over runs, where at least two runs cover the point.
+
+Figures are built on matplotlib's Agg canvas directly, never through pyplot, so plotting sets no
+global state and needs no display.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from envs.errors import BadInput
+from lab.results import Run, bootstrap_ci, find_runs
+
+XAxis = Literal["steps", "time"]
+X_LABELS: dict[str, str] = {"steps": "env steps", "time": "wall-clock (s)"}
+Y_LABEL = "eval return (deterministic)"
+GRID_POINTS = 200
+"""The most points a curve is drawn with; fewer when the runs evaluate at fewer distinct x."""
+
+
+@dataclass
+class Curve:
+    """The mean over runs of evaluation return on a grid, with its bootstrap band."""
+
+    x: np.ndarray
+    """(P,) grid."""
+    mean: np.ndarray
+    """(P,) mean over the runs covering each point; NaN where none does."""
+    low: np.ndarray
+    """(P,) lower end of the 95% CI; NaN where fewer than two runs cover the point."""
+    high: np.ndarray
+    """(P,) upper end of the 95% CI; NaN likewise."""
+    n_runs: int
+    """Runs with at least one evaluation."""
+
+
+def run_xy(run: Run, x: XAxis) -> tuple[np.ndarray, np.ndarray]:
+    """The run's evaluations as (x, return), sorted by x."""
+    xs = run.steps.astype(np.float64) if x == "steps" else run.wall_time_s
+    keep = np.isfinite(xs)
+    order = np.argsort(xs[keep], kind="stable")
+    return xs[keep][order], run.eval_return[keep][order]
+
+
+def mean_curve(runs: Sequence[Run], x: XAxis = "steps", grid_points: int = GRID_POINTS) -> Curve | None:
+    """Mean and 95% bootstrap CI over ``runs`` on a common grid; None when no run has an evaluation."""
+    series = [xy for xy in (run_xy(r, x) for r in runs) if xy[0].size]
+    if not series:
+        return None
+    # Runs of one bench evaluate at the same steps: the union of their x is then the exact grid.
+    grid = np.unique(np.concatenate([xs for xs, _ in series]))
+    if grid.size > grid_points:
+        grid = np.linspace(grid[0], grid[-1], grid_points)
+    values = np.full((len(series), grid.size), np.nan)  # (R, P)
+    for i, (xs, ys) in enumerate(series):
+        inside = (grid >= xs[0]) & (grid <= xs[-1])
+        values[i, inside] = np.interp(grid[inside], xs, ys)
+    covered = np.isfinite(values)  # (R, P)
+    count = covered.sum(axis=0)  # (P,)
+    mean = np.full(grid.size, np.nan)
+    low, high = np.full(grid.size, np.nan), np.full(grid.size, np.nan)
+    for p in np.flatnonzero(count):
+        column = values[covered[:, p], p]
+        mean[p] = column.mean()
+        if column.size >= 2:
+            low[p], high[p] = bootstrap_ci(column)
+    return Curve(grid, mean, low, high, len(series))
+
+
+def algo_colors(algos: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    """One colour per algo, the same in every subplot and figure of a report."""
+    palette = matplotlib.colormaps["tab10"]
+    return {algo: palette(i % 10) for i, algo in enumerate(sorted(set(algos)))}
+
+
+def draw_env(ax: Axes, runs: Sequence[Run], x: XAxis, colors: dict[str, tuple[float, ...]]) -> None:
+    """One env's runs on ``ax``: a mean line and CI band per algo."""
+    drawn = False
+    for algo in sorted({r.algo for r in runs}):
+        curve = mean_curve([r for r in runs if r.algo == algo], x)
+        if curve is None:
+            continue
+        drawn = True
+        color = colors[algo]
+        label = f"{algo} ({curve.n_runs} run{'s' if curve.n_runs != 1 else ''})"
+        # A curve of one point would be invisible as a line.
+        marker = "o" if np.isfinite(curve.mean).sum() < 2 else None
+        ax.plot(curve.x, curve.mean, color=color, label=label, marker=marker, linewidth=1.6)
+        band = np.isfinite(curve.low)
+        if band.any():
+            ax.fill_between(curve.x, curve.low, curve.high, where=band, color=color, alpha=0.2, linewidth=0)
+    if drawn:
+        ax.legend(fontsize="small", loc="best")
+    else:
+        ax.text(0.5, 0.5, "no evaluations yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(X_LABELS[x])
+    ax.set_ylabel(Y_LABEL)
+    ax.grid(alpha=0.3)
+
+
+def new_figure(n_panels: int, panel_size: tuple[float, float] = (5.0, 3.6)) -> tuple[Figure, list[Axes]]:
+    """A figure on the Agg canvas with ``n_panels`` axes, at most three a row; spare axes hidden."""
+    ncols = max(1, min(3, n_panels))
+    nrows = max(1, math.ceil(n_panels / ncols))
+    fig = Figure(figsize=(panel_size[0] * ncols, panel_size[1] * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).reshape(-1))
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    return fig, axes[:n_panels]
+
+
+def save_figure(fig: Figure, out: Path) -> list[Path]:
+    """Write ``out`` as PNG and the same stem as SVG; returns both paths.
+
+    The SVG carries no date and a fixed id salt, so rebuilding from the same runs gives the same file.
+    """
+    png, svg = out.with_suffix(".png"), out.with_suffix(".svg")
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, format="png", dpi=110)
+    with matplotlib.rc_context({"svg.hashsalt": "testbed"}):
+        fig.savefig(svg, format="svg", metadata={"Date": None})
+    return [png, svg]
+
+
+def plot_env_runs(
+    runs: Sequence[Run], x: XAxis, out: Path, colors: dict[str, tuple[float, ...]] | None = None
+) -> list[Path]:
+    """Plot runs (of one env or many) one subplot per env; write ``out`` as PNG and SVG."""
+    envs = sorted({r.env_id for r in runs})
+    colors = colors or algo_colors([r.algo for r in runs])
+    fig, axes = new_figure(len(envs))
+    for ax, env_id in zip(axes, envs, strict=True):
+        draw_env(ax, [r for r in runs if r.env_id == env_id], x, colors)
+        ax.set_title(env_id)
+    return save_figure(fig, out)
+
+
+def plot_runs(paths: Sequence[Path], x: XAxis = "steps", out: Path | None = None) -> list[Path]:
+    """Learning curves of every run found in ``paths``: one subplot per env, one line per algo.
+
+    Writes ``out`` (default ``plots/curves-<x>.png`` in the working directory) as PNG and SVG and
+    returns both paths.
+    """
+    if x not in X_LABELS:
+        raise BadInput(f"x must be one of {', '.join(X_LABELS)}, not {x!r}")
+    runs = find_runs(paths)
+    return plot_env_runs(runs, x, Path(out) if out is not None else Path("plots") / f"curves-{x}.png")
+
+
+def plot_intervals(
+    rows: Sequence[tuple[str, float, float, float]],
+    xlabel: str,
+    out: Path,
+    colors: dict[str, tuple[float, ...]] | None = None,
+    title: str | None = None,
+    references: Sequence[float] = (),
+) -> list[Path]:
+    """rliable-style interval estimates: one horizontal bar (CI) per label, a tick at the point estimate.
+
+    ``rows`` holds ``(label, point, low, high)``, drawn top to bottom in the given order; ``references``
+    are x values marked with dashed lines (e.g. 0 = random, 1 = target).
+    """
+    colors = colors or algo_colors([label for label, *_ in rows])
+    fig = Figure(figsize=(6.0, 0.6 * len(rows) + 1.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for i, (label, point, low, high) in enumerate(rows):
+        y = len(rows) - 1 - i
+        color = colors.get(label, "tab:gray")
+        ax.barh(y, max(high - low, 0.0), left=low, height=0.6, color=color, alpha=0.75)
+        ax.vlines(point, y - 0.3, y + 0.3, color="black", linewidth=2)
+    for value in references:
+        ax.axvline(value, color="gray", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(rows)), [label for label, *_ in reversed(rows)])
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    for edge in ("top", "right", "left"):
+        ax.spines[edge].set_visible(False)
+    if title:
+        ax.set_title(title)
+    return save_figure(fig, out)

@@ -1,0 +1,427 @@
+"""A bench's report, rebuilt from what is on disk: summary.csv, report.md, report.html and plots.
+
+Everything is derived from the run directories under the bench (``lab.results.find_runs``), so a
+report can be rebuilt at any time, while cells are still running or after more seeds are added;
+rebuilding overwrites the previous report. The Markdown and the HTML are rendered from one list of
+blocks, so they always say the same thing; the HTML carries its PNGs inline and needs no other file.
+
+Conventions, stated in every report:
+- a run's score is its final evaluation (deterministic policy, one episode per fixed seed, raw env
+  return), as ``summary.json`` records it; only completed runs have one;
+- CIs are 95% percentile bootstraps over seeds; the IQM is the mean of the middle 50% of seeds;
+- normalized score = (score − random) / (target − random), with ``lab/reference_scores.yaml``;
+- time to threshold: the first evaluation whose mean return reaches gymnasium's ``reward_threshold``.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import yaml
+
+from envs.errors import BadInput
+from lab.plot import X_LABELS, algo_colors, plot_env_runs, plot_intervals
+from lab.results import Run, bootstrap_ci, find_runs, iqm
+
+REFERENCE_SCORES = Path(__file__).with_name("reference_scores.yaml")
+SUMMARY_COLUMNS = (
+    "algo", "env_id", "seed", "status", "final_eval_return_mean", "final_eval_return_std",
+    "total_steps", "wall_time_s", "sps", "run_dir",
+)  # fmt: skip
+# What finish_run records; used only for runs whose summary.json predates the eval_convention key.
+DEFAULT_EVAL_CONVENTION = "deterministic policy, one episode per fixed seed 1000000+i, raw env return"
+DASH = "—"
+
+
+# ── reference scores and thresholds ──────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An env's normalization anchors: 0 = ``random``, 1 = ``target``."""
+
+    random: float
+    target: float
+
+    def normalize(self, score: float) -> float:
+        return (score - self.random) / (self.target - self.random)
+
+
+def load_reference_scores(path: Path = REFERENCE_SCORES) -> dict[str, Reference]:
+    """The table of random and target scores per env id; BadInput naming the entry that is malformed."""
+    table = yaml.safe_load(path.read_text()) or {}
+    refs: dict[str, Reference] = {}
+    for env_id, entry in table.items():
+        try:
+            ref = Reference(float(entry["random"]), float(entry["target"]))
+        except (TypeError, KeyError, ValueError):
+            raise BadInput(f"{path.name}: {env_id} needs numeric 'random' and 'target' entries") from None
+        if ref.target == ref.random:
+            raise BadInput(f"{path.name}: {env_id} has target == random; normalized scores would divide by zero")
+        refs[str(env_id)] = ref
+    return refs
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """gymnasium's spec ``reward_threshold``; None when the env has none or is not registered here."""
+    import gymnasium as gym
+
+    try:
+        threshold = gym.spec(env_id).reward_threshold
+    except Exception:  # noqa: BLE001  an unknown or unimportable id simply has no threshold to report
+        return None
+    return None if threshold is None else float(threshold)
+
+
+def first_reach(run: Run, threshold: float) -> tuple[int, float] | None:
+    """(env steps, wall-clock s) at the run's first evaluation with mean return ≥ ``threshold``."""
+    hits = np.flatnonzero(run.eval_return >= threshold)
+    if hits.size == 0:
+        return None
+    return int(run.steps[hits[0]]), float(run.wall_time_s[hits[0]])
+
+
+# ── the document: one list of blocks, rendered as Markdown and as HTML ───────────────────────────
+
+
+@dataclass
+class Heading:
+    level: int
+    text: str
+
+
+@dataclass
+class Para:
+    text: str
+    """Plain text; `backticks` mark code."""
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Image:
+    path: str
+    """Relative to the bench directory."""
+    alt: str
+
+
+Block = Heading | Para | Bullets | Table | Image
+
+
+def _md_cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def render_markdown(blocks: Sequence[Block]) -> str:
+    out: list[str] = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            out.append(f"{'#' * block.level} {block.text}")
+        elif isinstance(block, Para):
+            out.append(block.text)
+        elif isinstance(block, Bullets):
+            out.append("\n".join(f"- {item}" for item in block.items))
+        elif isinstance(block, Table):
+            lines = ["| " + " | ".join(map(_md_cell, block.header)) + " |"]
+            lines.append("|" + "|".join("---" for _ in block.header) + "|")
+            lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in block.rows]
+            out.append("\n".join(lines))
+        elif isinstance(block, Image):
+            out.append(f"![{block.alt}]({quote(block.path)})")
+    return "\n\n".join(out) + "\n"
+
+
+def _html_text(text: str) -> str:
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+HTML_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 70em; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
+th { background: #f3f3f3; }
+img { max-width: 100%; }
+code { background: #f3f3f3; padding: 0 0.2em; }
+"""
+
+
+def render_html(blocks: Sequence[Block], title: str, base_dir: Path) -> str:
+    """The same document as HTML; PNGs inline as base64 data URIs, so the file stands alone."""
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{HTML_STYLE}</style></head><body>",
+    ]
+    for block in blocks:
+        if isinstance(block, Heading):
+            out.append(f"<h{block.level}>{_html_text(block.text)}</h{block.level}>")
+        elif isinstance(block, Para):
+            out.append(f"<p>{_html_text(block.text)}</p>")
+        elif isinstance(block, Bullets):
+            out.append("<ul>" + "".join(f"<li>{_html_text(item)}</li>" for item in block.items) + "</ul>")
+        elif isinstance(block, Table):
+            head = "".join(f"<th>{_html_text(cell)}</th>" for cell in block.header)
+            body = "".join(
+                "<tr>" + "".join(f"<td>{_html_text(cell)}</td>" for cell in row) + "</tr>" for row in block.rows
+            )
+            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        elif isinstance(block, Image):
+            data = base64.b64encode((base_dir / block.path).read_bytes()).decode("ascii")
+            out.append(f'<figure><img alt="{html.escape(block.alt)}" src="data:image/png;base64,{data}"></figure>')
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+# ── numbers as the report prints them ────────────────────────────────────────────────────────────
+
+
+def fmt_return(value: float | None) -> str:
+    return DASH if value is None or not math.isfinite(value) else f"{value:.2f}"
+
+
+def fmt_ci(low: float, high: float) -> str:
+    return f"[{low:.2f}, {high:.2f}]"
+
+
+def fmt_steps(value: float | None) -> str:
+    return DASH if value is None else f"{round(value):,}"
+
+
+def fmt_seconds(value: float | None) -> str:
+    return DASH if value is None else f"{value:.1f} s"
+
+
+def safe_name(env_id: str) -> str:
+    """An env id as a file name: ids may contain '/', which benches write as '_'."""
+    return env_id.replace("/", "_")
+
+
+def _relative(run: Run, bench_dir: Path) -> str:
+    try:
+        return run.run_dir.resolve().relative_to(bench_dir.resolve()).as_posix()
+    except ValueError:  # a symlinked cell outside the bench: its name is all we can say without an absolute path
+        return run.run_dir.name
+
+
+def _clean_error(error: Any, bench_dir: Path) -> str:
+    """An error message on one line, with the bench's absolute location replaced by a relative one."""
+    text = " ".join(str(error).split()) if error else "no error recorded"
+    return text.replace(str(bench_dir.resolve()), ".")
+
+
+# ── the parts of a report ────────────────────────────────────────────────────────────────────────
+
+
+def write_summary_csv(runs: Sequence[Run], bench_dir: Path, path: Path) -> None:
+    """One row per run. A run without summary.json shows its steps and wall-clock so far."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for run in runs:
+        s = run.summary
+        row = {
+            "algo": run.algo,
+            "env_id": run.env_id,
+            "seed": run.seed,
+            "status": run.status,
+            "final_eval_return_mean": s.get("final_eval_return_mean"),
+            "final_eval_return_std": s.get("final_eval_return_std"),
+            "total_steps": s.get("total_steps", run.last_step),
+            "wall_time_s": s.get("wall_time_s", run.last_wall_time_s),
+            "sps": s.get("sps"),
+            "run_dir": _relative(run, bench_dir),
+        }
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    path.write_text(buffer.getvalue())
+
+
+def env_table(runs: Sequence[Run], threshold: float | None) -> Table:
+    """One env's table: a row per algo, statistics over its seeds."""
+    header = [
+        "algo", "seeds completed", "final return (mean)", "95% CI", "IQM",
+        "steps to threshold (median)", "wall-clock to threshold (median)", "seeds reaching threshold", "steps/s",
+    ]  # fmt: skip
+    rows = []
+    for algo in sorted({r.algo for r in runs}):
+        mine = [r for r in runs if r.algo == algo]
+        completed = [r for r in mine if r.status == "completed"]
+        finals = np.array([r.final_return for r in completed if r.final_return is not None])
+        if finals.size:
+            mean, ci, middle = fmt_return(float(finals.mean())), fmt_ci(*bootstrap_ci(finals)), fmt_return(iqm(finals))
+        else:
+            mean = ci = middle = DASH
+        if threshold is None:
+            to_steps = to_time = reached = DASH
+        else:
+            hits = [hit for hit in (first_reach(r, threshold) for r in mine) if hit is not None]
+            reached = f"{len(hits)}/{len(mine)}"
+            to_steps = fmt_steps(float(np.median([h[0] for h in hits]))) if hits else DASH
+            to_time = fmt_seconds(float(np.median([h[1] for h in hits]))) if hits else DASH
+        sps = [float(r.summary["sps"]) for r in mine if r.summary.get("sps") is not None]
+        rows.append([
+            algo, f"{len(completed)}/{len(mine)}", mean, ci, middle, to_steps, to_time, reached,
+            f"{np.mean(sps):,.0f}" if sps else DASH,
+        ])  # fmt: skip
+    return Table(header, rows)
+
+
+def normalized_scores(runs: Sequence[Run], refs: dict[str, Reference]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Normalized final scores of completed runs per algo (one per env × seed), and the envs left out."""
+    scores: dict[str, list[float]] = {}
+    for run in runs:
+        if run.env_id in refs and run.status == "completed" and run.final_return is not None:
+            scores.setdefault(run.algo, []).append(refs[run.env_id].normalize(run.final_return))
+    missing = sorted({r.env_id for r in runs} - set(refs))
+    return {algo: np.array(values) for algo, values in sorted(scores.items())}, missing
+
+
+def _what_was_run(runs: Sequence[Run]) -> list[Block]:
+    envs = sorted({r.env_id for r in runs})
+    algos = sorted({r.algo for r in runs})
+    seeds = sorted({r.seed for r in runs})
+    statuses = {s: sum(r.status == s for r in runs) for s in sorted({r.status for r in runs})}
+    episodes = sorted({int(r.summary["final_eval_episodes"]) for r in runs if r.summary.get("final_eval_episodes")})
+    if not episodes:  # nothing completed yet: the configured number
+        episodes = sorted({int(r.config["eval_episodes"]) for r in runs if r.config.get("eval_episodes")})
+    conventions = sorted({str(r.summary["eval_convention"]) for r in runs if r.summary.get("eval_convention")})
+    steps_rows = []
+    for env_id in envs:
+        for algo in algos:
+            mine = [r for r in runs if r.env_id == env_id and r.algo == algo]
+            if mine:
+                budgets = sorted({int(r.config["total_steps"]) for r in mine if r.config.get("total_steps")})
+                steps_rows.append([env_id, algo, ", ".join(str(r.seed) for r in mine),
+                                   ", ".join(fmt_steps(b) for b in budgets) or DASH])  # fmt: skip
+    episodes_text = ", ".join(map(str, episodes)) or "the configured number of"
+    conventions_text = "; ".join(conventions) or DEFAULT_EVAL_CONVENTION
+    facts = [
+        f"Envs: {', '.join(envs)}",
+        f"Algos: {', '.join(algos)}",
+        f"Seeds: {', '.join(map(str, seeds))}",
+        f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})",
+        (
+            f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. "
+            "A run's score is its final evaluation."
+        ),
+        (
+            "CI: 95% percentile bootstrap over seeds (2000 resamples, fixed resampling seed). "
+            "IQM: interquartile mean over seeds (mean of the middle 50%)."
+        ),
+        (
+            "Threshold: gymnasium's spec `reward_threshold`; a seed reaches it at its first evaluation whose "
+            "mean return is at least the threshold. Steps and wall-clock to it are medians over the seeds "
+            "that reached it."
+        ),
+    ]
+    return [
+        Heading(2, "What was run"),
+        Bullets(facts),
+        Table(["env", "algo", "seeds", "env steps per run (configured)"], steps_rows),
+    ]
+
+
+def build_report(bench_dir: Path) -> dict[str, Path]:
+    """Write summary.csv, report.md, report.html and plots/ for the bench at ``bench_dir``.
+
+    Returns the paths: ``summary``, ``markdown``, ``html``, and each plot under its path relative to
+    ``bench_dir`` (e.g. ``plots/CartPole-v1-steps.png``). BadInput if ``bench_dir`` holds no run.
+    """
+    bench_dir = Path(bench_dir)
+    runs = find_runs([bench_dir])
+    refs = load_reference_scores()
+    plots_dir = bench_dir / "plots"
+    colors = algo_colors([r.algo for r in runs])
+    written: dict[str, Path] = {
+        "summary": bench_dir / "summary.csv",
+        "markdown": bench_dir / "report.md",
+        "html": bench_dir / "report.html",
+    }
+    write_summary_csv(runs, bench_dir, written["summary"])
+
+    def add_plots(paths: list[Path]) -> str:
+        for path in paths:
+            written[path.relative_to(bench_dir).as_posix()] = path
+        return paths[0].relative_to(bench_dir).as_posix()
+
+    blocks: list[Block] = [Heading(1, f"Bench report: {bench_dir.resolve().name}"), *_what_was_run(runs)]
+    images: list[Image] = []
+
+    # Per env: the table, and the curves against env steps and wall-clock.
+    for env_id in sorted({r.env_id for r in runs}):
+        env_runs = [r for r in runs if r.env_id == env_id]
+        threshold = reward_threshold(env_id)
+        blocks.append(Heading(2, env_id))
+        blocks.append(Para(
+            f"Threshold: {threshold:g} (gymnasium `reward_threshold`)." if threshold is not None
+            else "Threshold: none (gymnasium's spec has no `reward_threshold` for this env)."
+        ))  # fmt: skip
+        blocks.append(env_table(env_runs, threshold))
+        for x in ("steps", "time"):
+            png = add_plots(plot_env_runs(env_runs, x, plots_dir / f"{safe_name(env_id)}-{x}.png", colors))
+            images.append(Image(png, f"{env_id}: eval return vs {X_LABELS[x]}, mean over seeds and 95% CI"))
+
+    # Across envs: normalized final scores per algo.
+    scores, missing = normalized_scores(runs, refs)
+    blocks.append(Heading(2, "Normalized scores across envs"))
+    blocks.append(Para(
+        "Normalized score = (score − random) / (target − random), per completed run, with the reference scores "
+        "of `lab/reference_scores.yaml` (0 = uniformly random actions, 1 = target). IQM and its 95% percentile "
+        "bootstrap CI are over all (env, seed) runs of the algo."
+    ))  # fmt: skip
+    if scores:
+        intervals = [(algo, iqm(v), *bootstrap_ci(v, iqm)) for algo, v in scores.items()]
+        blocks.append(Table(
+            ["algo", "runs (env × seed)", "IQM normalized score", "95% CI"],
+            [[algo, str(scores[algo].size), f"{point:.3f}", f"[{low:.3f}, {high:.3f}]"]
+             for algo, point, low, high in intervals],
+        ))  # fmt: skip
+        used = sorted({r.env_id for r in runs} & set(refs))
+        blocks.append(Bullets([f"{e}: random {refs[e].random:g}, target {refs[e].target:g}" for e in used]))
+        png = add_plots(plot_intervals(intervals, "IQM normalized score (0 = random, 1 = target)",
+                                       plots_dir / "normalized-scores.png", colors, references=(0.0, 1.0)))  # fmt: skip
+        images.append(Image(png, "IQM of normalized scores per algo, 95% bootstrap CI"))
+    else:
+        blocks.append(Para("No completed run of an env with reference scores yet: nothing to normalize."))
+    if missing:
+        blocks.append(Para(f"Left out (no reference scores in `lab/reference_scores.yaml`): {', '.join(missing)}."))
+
+    # Runs that did not complete, with their errors.
+    unfinished = [r for r in runs if r.status != "completed"]
+    blocks.append(Heading(2, "Runs that did not complete"))
+    if unfinished:
+        listed = [
+            [r.env_id, r.algo, str(r.seed), r.status, _clean_error(r.summary.get("error"), bench_dir)
+             if r.summary else "no summary.json yet (running, or killed)", _relative(r, bench_dir)]
+            for r in unfinished
+        ]  # fmt: skip
+        blocks.append(Table(["env", "algo", "seed", "status", "error", "run dir"], listed))
+    else:
+        blocks.append(Para("None: every run completed."))
+
+    blocks.append(Heading(2, "Plots"))
+    blocks.append(Para("SVG versions of every plot sit beside the PNGs in `plots/`."))
+    blocks.extend(images)
+
+    written["markdown"].write_text(render_markdown(blocks))
+    written["html"].write_text(render_html(blocks, f"Bench report: {bench_dir.resolve().name}", bench_dir))
+    return written

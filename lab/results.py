@@ -1,0 +1,230 @@
+"""Reading runs back from disk, and the statistics that reports put on them.
+
+A run directory is recognised by its ``config.yaml`` holding ``algo`` and ``env_id`` (see
+``runs/README.md``). Everything else is optional, because a run may still be running or may have
+crashed: without ``summary.json`` its status is ``running`` and its curve is whatever ``progress.csv``
+holds so far.
+
+The env id always comes from ``config.yaml``, never from the path: a bench writes ids that contain
+``/`` with ``_`` in their place.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy import stats
+
+from envs.errors import BadInput
+
+RUN_DIR_CONTENTS = (
+    "a run directory holds config.yaml (with keys algo and env_id), and, once it has started, progress.csv "
+    "and, once it has ended, summary.json"
+)
+EVAL_COLUMN = "eval/return_mean"
+
+
+@dataclass
+class Run:
+    """One run as read from disk. Arrays hold only the progress.csv rows that carry an evaluation."""
+
+    run_dir: Path
+    algo: str
+    env_id: str
+    seed: int
+    status: str
+    """``completed``, ``failed`` or ``interrupted`` from summary.json; ``running`` when it is missing."""
+    summary: dict[str, Any]
+    """summary.json as written; ``{}`` when it is missing."""
+    steps: np.ndarray
+    """(E,) global_step of each evaluation."""
+    wall_time_s: np.ndarray
+    """(E,) wall-clock seconds since the run started, at each evaluation."""
+    eval_return: np.ndarray
+    """(E,) mean deterministic evaluation return at each evaluation."""
+    final_return: float | None
+    """summary.json's final_eval_return_mean: None unless the run completed."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """config.yaml as written (the resolved config, with ``algo``)."""
+    last_step: int = 0
+    """global_step of the last progress.csv row: how far the run got, evaluated or not."""
+    last_wall_time_s: float = 0.0
+    """wall_time_s of the last progress.csv row."""
+
+
+def _float(text: str | None) -> float:
+    """A CSV cell as a float; empty or unparsable cells (no evaluation on that row) are NaN."""
+    try:
+        return float(text) if text else math.nan
+    except ValueError:
+        return math.nan
+
+
+def read_progress(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float]:
+    """``(steps, wall_time_s, eval_return)`` of the rows with an evaluation, then the last row's step and time.
+
+    A running run may be caught mid-write: a row whose ``global_step`` does not parse is skipped.
+    """
+    steps: list[int] = []
+    times: list[float] = []
+    returns: list[float] = []
+    last_step, last_time = 0, 0.0
+    if path.exists():
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    step = int(row["global_step"])
+                except (TypeError, ValueError, KeyError):
+                    continue
+                time_s = _float(row.get("wall_time_s"))
+                last_step, last_time = step, (time_s if math.isfinite(time_s) else last_time)
+                value = _float(row.get(EVAL_COLUMN))
+                if math.isfinite(value):
+                    steps.append(step)
+                    times.append(time_s)
+                    returns.append(value)
+    return (
+        np.asarray(steps, dtype=np.int64),
+        np.asarray(times, dtype=np.float64),
+        np.asarray(returns, dtype=np.float64),
+        last_step,
+        last_time,
+    )
+
+
+def _run_config(run_dir: Path) -> dict[str, Any] | None:
+    """config.yaml's contents if ``run_dir`` is a run directory, else None."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return None
+    if not isinstance(config, dict) or "algo" not in config or "env_id" not in config:
+        return None
+    return config
+
+
+def read_run(run_dir: Path, config: dict[str, Any] | None = None) -> Run:
+    """Read one run directory; BadInput if it is not one or its summary.json is unreadable."""
+    config = config if config is not None else _run_config(run_dir)
+    if config is None:
+        raise BadInput(f"{run_dir} is not a run directory: {RUN_DIR_CONTENTS}.")
+    summary: dict[str, Any] = {}
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        try:
+            summary = json.loads(summary_path.read_text())
+        except json.JSONDecodeError as error:
+            raise BadInput(f"{summary_path} is not valid JSON ({error}); delete it, or rerun that cell.") from None
+    steps, times, returns, last_step, last_time = read_progress(run_dir / "progress.csv")
+    final = summary.get("final_eval_return_mean")
+    return Run(
+        run_dir=run_dir,
+        algo=str(config["algo"]),
+        env_id=str(config["env_id"]),
+        seed=int(config.get("seed", summary.get("seed", 0))),
+        status=str(summary.get("status", "running")),
+        summary=summary,
+        steps=steps,
+        wall_time_s=times,
+        eval_return=returns,
+        final_return=None if final is None else float(final),
+        config=config,
+        last_step=int(summary.get("total_steps") or last_step),
+        last_wall_time_s=float(summary.get("wall_time_s") or last_time),
+    )
+
+
+def _walk(path: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Run directories at or below ``path``; a run directory's own subfolders are not searched."""
+    config = _run_config(path)
+    if config is not None:
+        yield path, config
+        return
+    for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        yield from _walk(child)
+
+
+def find_runs(paths: Sequence[Path]) -> list[Run]:
+    """Every run in ``paths`` (each a run directory or any directory holding some), sorted by env, algo, seed.
+
+    A run named twice (a bench and one of its cells) is read once.
+    """
+    seen: dict[Path, Run] = {}
+    for path in map(Path, paths):
+        if not path.exists():
+            raise BadInput(f"{path} does not exist; give a run directory or a directory holding run directories.")
+        if not path.is_dir():
+            raise BadInput(f"{path} is not a directory; give a run directory or a directory holding run directories.")
+        found = False
+        for run_dir, config in _walk(path):
+            found = True
+            key = run_dir.resolve()
+            if key not in seen:
+                seen[key] = read_run(run_dir, config)
+        if not found:
+            raise BadInput(f"no run found under {path}: {RUN_DIR_CONTENTS}.")
+    return sorted(seen.values(), key=lambda r: (r.env_id, r.algo, r.seed, str(r.run_dir)))
+
+
+# ── statistics ───────────────────────────────────────────────────────────────────────────────────
+
+
+def iqm(values: np.ndarray) -> float:
+    """Interquartile mean: the mean of the middle 50% of the values (25% trimmed from each end).
+
+    IQM = mean{ x_(i) : ⌊0.25·n⌋ ≤ i < n − ⌊0.25·n⌋ } over the sorted values x_(0) ≤ … ≤ x_(n−1).
+    Robust to an outlier seed, yet uses more of the data than the median (Agarwal et al. 2021,
+    "Deep RL at the Edge of the Statistical Precipice").
+    """
+    return float(stats.trim_mean(np.asarray(values, dtype=np.float64), 0.25))
+
+
+def _iqm_along(values: np.ndarray, axis: int) -> np.ndarray:
+    return stats.trim_mean(values, 0.25, axis=axis)
+
+
+# Vectorized forms of statistics that take no ``axis``: scipy then resamples in one array operation
+# instead of calling the statistic 2000 times.
+_VECTORIZED: dict[Callable[..., Any], Callable[..., Any]] = {iqm: _iqm_along}
+
+
+def bootstrap_ci(
+    values: np.ndarray,
+    statistic: Callable[..., Any] = np.mean,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of ``statistic`` over ``values`` (e.g. one value per seed).
+
+    Resample the n values with replacement ``n_resamples`` times; the interval is the
+    ((1−c)/2, (1+c)/2) quantiles of the statistic over the resamples. Deterministic: the resampling
+    uses its own generator seeded with ``seed``. One value gives ``(v, v)``: there is no spread to
+    resample.
+    """
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if values.size == 0:
+        raise BadInput("bootstrap_ci needs at least one value")
+    if values.size == 1 or np.all(values == values[0]):
+        value = float(statistic(values))
+        return value, value
+    result = stats.bootstrap(
+        (values,),
+        _VECTORIZED.get(statistic, statistic),
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -1,0 +1,310 @@
+"""Tests for lab/results.py, lab/plot.py and lab/report.py, on run directories written by hand.
+
+No training: each run directory is fabricated with known numbers (config.yaml, summary.json,
+progress.csv), so every figure in a report can be checked against a hand computation.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from envs.errors import BadInput
+from lab.plot import mean_curve, plot_runs
+from lab.report import build_report, load_reference_scores
+from lab.results import bootstrap_ci, find_runs, iqm
+
+COLUMNS = ["global_step", "wall_time_s", "charts/episodic_return", "eval/return_mean", "eval/return_std"]
+CONVENTION = "deterministic policy, one episode per fixed seed 1000000+i, raw env return"
+
+
+def make_run(
+    run_dir: Path,
+    env_id: str,
+    algo: str,
+    seed: int,
+    evals: list[tuple[int, float, float]],
+    status: str | None = "completed",
+    final: float | None = None,
+    error: str | None = None,
+    sps: float = 1000.0,
+) -> Path:
+    """A run directory as ``testbed train`` leaves it; ``evals`` holds (step, wall_time_s, return).
+
+    Between evaluations sits a row without one (empty eval cells), as in real progress.csv files.
+    ``status=None`` leaves out summary.json: a run still running.
+    """
+    run_dir.mkdir(parents=True)
+    total_steps = evals[-1][0] if evals else 0
+    config = {"algo": algo, "env_id": env_id, "seed": seed, "total_steps": total_steps, "eval_episodes": 10}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    with open(run_dir / "progress.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        for step, time_s, ret in evals:
+            writer.writerow([step - 1, time_s - 0.01, 9.0, "", ""])
+            writer.writerow([step, time_s, 10.0, ret, 1.0])
+    if status is not None:
+        if status == "completed" and final is None:
+            final = evals[-1][2]
+        summary: dict[str, Any] = {
+            "algo": algo, "env_id": env_id, "seed": seed, "status": status, "total_steps": total_steps,
+            "wall_time_s": evals[-1][1] if evals else 0.0, "sps": sps,
+            "final_eval_return_mean": final if status == "completed" else None,
+            "final_eval_return_std": 0.0 if status == "completed" else None,
+            "final_eval_episodes": 10 if status == "completed" else 0,
+            "eval_convention": CONVENTION, "error": error,
+        }  # fmt: skip
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def linear_evals(n: int, every: int = 1024, start: float = 20.0, slope: float = 50.0) -> list[tuple[int, float, float]]:
+    """n evaluations every ``every`` steps, one second apart, with returns rising by ``slope`` each."""
+    return [(every * (i + 1), float(i + 1), start + slope * i) for i in range(n)]
+
+
+# ── results: finding and reading runs ────────────────────────────────────────────────────────────
+
+
+def test_find_runs_reads_a_single_run_dir(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "one", "CartPole-v1", "ppo", 3, [(100, 1.0, 20.0), (200, 2.0, 40.0)], final=41.0)
+    [run] = find_runs([run_dir])
+    assert (run.algo, run.env_id, run.seed, run.status) == ("ppo", "CartPole-v1", 3, "completed")
+    # Only the rows with an evaluation: the rows between them have empty eval cells.
+    np.testing.assert_array_equal(run.steps, [100, 200])
+    np.testing.assert_array_equal(run.wall_time_s, [1.0, 2.0])
+    np.testing.assert_array_equal(run.eval_return, [20.0, 40.0])
+    assert run.final_return == 41.0
+    assert run.summary["sps"] == 1000.0
+
+
+def test_find_runs_walks_a_bench_and_takes_env_ids_from_config(tmp_path: Path) -> None:
+    bench = tmp_path / "bench"
+    # An env id with '/' sits in a path with '_': the id must come from config.yaml.
+    make_run(bench / "MyNS_Toy-v0" / "ppo" / "seed1", "MyNS/Toy-v0", "ppo", 1, linear_evals(2))
+    make_run(bench / "MyNS_Toy-v0" / "ppo" / "seed0", "MyNS/Toy-v0", "ppo", 0, linear_evals(2))
+    make_run(bench / "CartPole-v1" / "grpo" / "seed0", "CartPole-v1", "grpo", 0, linear_evals(2))
+    make_run(bench / "CartPole-v1" / "ppo" / "seed0", "CartPole-v1", "ppo", 0, linear_evals(3), status=None)
+    runs = find_runs([bench])
+    assert [(r.env_id, r.algo, r.seed) for r in runs] == [
+        ("CartPole-v1", "grpo", 0), ("CartPole-v1", "ppo", 0), ("MyNS/Toy-v0", "ppo", 0), ("MyNS/Toy-v0", "ppo", 1),
+    ]  # fmt: skip
+    running = runs[1]
+    assert (running.status, running.summary, running.final_return) == ("running", {}, None)
+    assert running.steps.size == 3 and running.last_step == 3072
+
+
+def test_find_runs_on_a_mix_reads_each_run_once(tmp_path: Path) -> None:
+    cell = make_run(tmp_path / "b1" / "CartPole-v1" / "ppo" / "seed0", "CartPole-v1", "ppo", 0, linear_evals(2))
+    make_run(tmp_path / "b1" / "CartPole-v1" / "ppo" / "seed1", "CartPole-v1", "ppo", 1, linear_evals(2))
+    single = make_run(tmp_path / "elsewhere" / "run", "Acrobot-v1", "grpo", 7, linear_evals(2))
+    runs = find_runs([tmp_path / "b1", single, cell])
+    assert [(r.env_id, r.seed) for r in runs] == [("Acrobot-v1", 7), ("CartPole-v1", 0), ("CartPole-v1", 1)]
+
+
+def test_find_runs_refuses_missing_paths_and_dirs_without_runs(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="does not exist"):
+        find_runs([tmp_path / "nope"])
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(BadInput, match=r"config\.yaml"):
+        find_runs([tmp_path / "empty"])
+
+
+# ── statistics ───────────────────────────────────────────────────────────────────────────────────
+
+
+def test_iqm_is_the_mean_of_the_middle_half() -> None:
+    # Sorted: 1 2 | 3 4 5 6 | 7 100: the outlier is trimmed away with the lowest and highest quarter.
+    assert iqm(np.array([1, 2, 3, 4, 100, 5, 6, 7])) == pytest.approx(4.5)
+    assert iqm(np.array([2.0, 8.0])) == pytest.approx(5.0)
+
+
+def test_bootstrap_ci_brackets_the_statistic_and_is_deterministic() -> None:
+    values = np.array([1.0, 2.0, 3.0, 4.0, 10.0])
+    low, high = bootstrap_ci(values)
+    assert low < values.mean() < high
+    assert low >= values.min() and high <= values.max()
+    assert bootstrap_ci(values) == (low, high)
+    assert bootstrap_ci(values, seed=1) != (low, high)
+    low_iqm, high_iqm = bootstrap_ci(values, iqm)
+    assert low_iqm <= iqm(values) <= high_iqm
+
+
+def test_bootstrap_ci_special_cases() -> None:
+    assert bootstrap_ci(np.array([7.5])) == (7.5, 7.5)
+    assert bootstrap_ci(np.array([3.0, 3.0, 3.0])) == (3.0, 3.0)
+    # Two values: resampled means are 480, 490 or 500, with P(480) = P(500) = 1/4 > 2.5%.
+    assert bootstrap_ci(np.array([480.0, 500.0])) == (480.0, 500.0)
+    with pytest.raises(BadInput):
+        bootstrap_ci(np.array([]))
+
+
+# ── plots ────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_mean_curve_averages_only_the_runs_covering_each_point(tmp_path: Path) -> None:
+    make_run(tmp_path / "a", "CartPole-v1", "ppo", 0, [(100, 1.0, 0.0), (200, 2.0, 10.0), (300, 3.0, 20.0)])
+    make_run(tmp_path / "b", "CartPole-v1", "ppo", 1, [(150, 1.0, 10.0), (250, 2.0, 30.0)])
+    curve = mean_curve(find_runs([tmp_path]), "steps")
+    assert curve is not None and curve.n_runs == 2
+    np.testing.assert_array_equal(curve.x, [100, 150, 200, 250, 300])
+    # a interpolates to 5 at 150 and 15 at 250; b covers only 150..250, interpolating to 20 at 200.
+    np.testing.assert_allclose(curve.mean, [0.0, 7.5, 15.0, 22.5, 20.0])
+    assert np.isnan(curve.low[[0, 4]]).all() and np.isfinite(curve.low[1:4]).all()
+    assert (curve.low[1:4] <= curve.mean[1:4]).all() and (curve.mean[1:4] <= curve.high[1:4]).all()
+
+
+def _check_images(paths: list[Path]) -> None:
+    assert [p.suffix for p in paths] == [".png", ".svg"]
+    assert paths[0].read_bytes().startswith(b"\x89PNG")
+    assert b"<svg" in paths[1].read_bytes()
+
+
+def test_plot_runs_one_run_with_the_default_output(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "r", "CartPole-v1", "ppo", 0, linear_evals(4))
+    paths = plot_runs([run_dir])
+    assert paths == [Path("plots/curves-steps.png"), Path("plots/curves-steps.svg")]
+    _check_images(paths)
+
+
+def test_plot_runs_of_different_lengths_and_benches(tmp_path: Path) -> None:
+    for seed, n in enumerate((3, 5, 8)):  # different last global_step
+        make_run(tmp_path / "b1" / f"seed{seed}", "CartPole-v1", "ppo", seed, linear_evals(n))
+    make_run(tmp_path / "b2" / "grpo" / "seed0", "CartPole-v1", "grpo", 0, linear_evals(6, every=2048))
+    make_run(tmp_path / "b2" / "grpo-lunar" / "seed0", "LunarLander-v3", "grpo", 0, linear_evals(1))
+    _check_images(plot_runs([tmp_path / "b1"], out=tmp_path / "three.png"))
+    _check_images(plot_runs([tmp_path / "b1", tmp_path / "b2"], out=tmp_path / "two-benches.png"))
+    paths = plot_runs([tmp_path / "b1", tmp_path / "b2"], x="time", out=tmp_path / "out" / "time.png")
+    assert paths == [tmp_path / "out" / "time.png", tmp_path / "out" / "time.svg"]
+    _check_images(paths)
+
+
+# ── report ───────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.fixture
+def bench(tmp_path: Path) -> Path:
+    """CartPole-v1: ppo reaches 475 at step 2048 (seed 0) and 3072 (seed 1); grpo never does; one grpo run fails."""
+    bench = tmp_path / "bench" / "demo"
+    cell = bench / "CartPole-v1"
+    ppo0 = [(1024, 1.0, 100.0), (2048, 2.0, 480.0), (3072, 3.0, 470.0), (4096, 4.0, 500.0)]
+    ppo1 = [(1024, 1.5, 100.0), (2048, 2.5, 300.0), (3072, 3.5, 475.0), (4096, 4.5, 490.0)]
+    make_run(cell / "ppo" / "seed0", "CartPole-v1", "ppo", 0, ppo0, final=500.0, sps=2000.0)
+    make_run(cell / "ppo" / "seed1", "CartPole-v1", "ppo", 1, ppo1, final=480.0, sps=1000.0)
+    make_run(cell / "grpo" / "seed0", "CartPole-v1", "grpo", 0, linear_evals(4, slope=10), final=200.0)
+    make_run(cell / "grpo" / "seed1", "CartPole-v1", "grpo", 1, linear_evals(4, slope=10), final=300.0)
+    make_run(cell / "grpo" / "seed2", "CartPole-v1", "grpo", 2, linear_evals(2), status="failed",
+             error="non-finite values in losses/policy_loss; training stopped")  # fmt: skip
+    return bench
+
+
+def _table_row(markdown: str, section: str, first_cell: str) -> list[str]:
+    """The cells of the row starting with ``first_cell`` in the first table of section ``## section``."""
+    text = markdown.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    line = next(line for line in text.splitlines() if line.startswith(f"| {first_cell} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_build_report_writes_every_part(bench: Path) -> None:
+    written = build_report(bench)
+    assert written["summary"] == bench / "summary.csv"
+
+    with open(written["summary"], newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == ["algo", "env_id", "seed", "status", "final_eval_return_mean",
+                                 "final_eval_return_std", "total_steps", "wall_time_s", "sps", "run_dir"]  # fmt: skip
+    assert len(rows) == 5
+    assert [(r["algo"], r["seed"], r["status"]) for r in rows] == [
+        ("grpo", "0", "completed"), ("grpo", "1", "completed"), ("grpo", "2", "failed"),
+        ("ppo", "0", "completed"), ("ppo", "1", "completed"),
+    ]  # fmt: skip
+    assert rows[3]["run_dir"] == "CartPole-v1/ppo/seed0"
+    assert rows[2]["final_eval_return_mean"] == ""
+
+    markdown = written["markdown"].read_text()
+    # ppo: mean and IQM of 500 and 480 are 490; the bootstrap CI is [480, 500] (see the two-value case).
+    # Threshold 475 first reached at 2048 (2.0 s) and 3072 (3.5 s): medians 2560 steps and 2.75 s.
+    # steps/s: mean of 2000 and 1000.
+    assert _table_row(markdown, "CartPole-v1", "ppo") == [
+        "ppo", "2/2", "490.00", "[480.00, 500.00]", "490.00", "2,560", "2.8 s", "2/2", "1,500",
+    ]  # fmt: skip
+    # grpo: 2 of 3 seeds completed, mean 250; its curves top out at 50, far below the threshold.
+    grpo = _table_row(markdown, "CartPole-v1", "grpo")
+    assert grpo[:3] == ["grpo", "2/3", "250.00"] and grpo[4] == "250.00"
+    assert grpo[5:8] == ["—", "—", "0/3"]
+    assert "Threshold: 475" in markdown
+    assert "non-finite values in losses/policy_loss; training stopped" in markdown
+    assert "10 episodes per evaluation" in markdown and "1000000+i" in markdown
+
+    # Normalized with CartPole's reference (random 22.15, target 475): IQM over 2 runs is their mean.
+    ref = load_reference_scores()["CartPole-v1"]
+    ppo_norm = (ref.normalize(500.0) + ref.normalize(480.0)) / 2
+    assert _table_row(markdown, "Normalized scores across envs", "ppo")[:3] == ["ppo", "2", f"{ppo_norm:.3f}"]
+
+    html = written["html"].read_text()
+    assert html.count("data:image/png;base64,") == 3  # the env's two curves and the normalized scores
+    assert "<table>" in html and 'src="plots/' not in html
+    for name in ("CartPole-v1-steps", "CartPole-v1-time", "normalized-scores"):
+        for ext in ("png", "svg"):
+            path = bench / "plots" / f"{name}.{ext}"
+            assert written[f"plots/{name}.{ext}"] == path and path.stat().st_size > 0
+        assert f"](plots/{name}.png)" in markdown
+    # No absolute path leaks into the outputs.
+    for key in ("summary", "markdown", "html"):
+        assert str(bench.parent) not in written[key].read_text()
+
+
+def test_build_report_is_idempotent(bench: Path) -> None:
+    first = build_report(bench)
+    texts = {key: first[key].read_text() for key in ("summary", "markdown", "html")}
+    svg = (bench / "plots" / "CartPole-v1-steps.svg").read_text()
+    second = build_report(bench)
+    assert second == first
+    assert {key: second[key].read_text() for key in texts} == texts
+    assert (bench / "plots" / "CartPole-v1-steps.svg").read_text() == svg
+
+
+def test_build_report_leaves_out_envs_without_references(tmp_path: Path) -> None:
+    bench = tmp_path / "b"
+    make_run(bench / "MyNS_Toy-v0" / "ppo" / "seed0", "MyNS/Toy-v0", "ppo", 0, linear_evals(3))
+    make_run(bench / "MyNS_Toy-v0" / "ppo" / "seed1", "MyNS/Toy-v0", "ppo", 1, linear_evals(2), status=None)
+    written = build_report(bench)
+    markdown = written["markdown"].read_text()
+    assert "Left out (no reference scores in `lab/reference_scores.yaml`): MyNS/Toy-v0." in markdown
+    assert "nothing to normalize" in markdown
+    assert "Threshold: none" in markdown
+    assert _table_row(markdown, "MyNS/Toy-v0", "ppo") == ["ppo", "1/2", "120.00", "[120.00, 120.00]", "120.00",
+                                               "—", "—", "—", "1,000"]  # fmt: skip
+    assert "no summary.json yet" in markdown
+    assert (bench / "plots" / "MyNS_Toy-v0-steps.png").stat().st_size > 0
+    assert "plots/normalized-scores.png" not in written
+    # The running run reports its progress so far in summary.csv.
+    with open(written["summary"], newline="") as f:
+        running = list(csv.DictReader(f))[1]
+    assert (running["status"], running["total_steps"], running["sps"]) == ("running", "2048", "")
+
+
+def test_build_report_refuses_a_dir_without_runs(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    with pytest.raises(BadInput, match="no run found"):
+        build_report(tmp_path / "b")
+
+
+def test_reference_scores_cover_the_envs_we_benchmark() -> None:
+    refs = load_reference_scores()
+    benchmarked = (
+        "CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3", "Pendulum-v1", "HalfCheetah-v5",
+        "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5", "Swimmer-v5", "InvertedPendulum-v5",
+    )  # fmt: skip
+    for env_id in benchmarked:
+        assert math.isfinite(refs[env_id].random) and refs[env_id].target > refs[env_id].random
+    assert refs["CartPole-v1"].target == 475.0 and refs["Acrobot-v1"].target == -100.0
