@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import time
 import traceback
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +35,7 @@ from agents.config import check
 from agents.networks import Actor, NetworkSpec, flatten_parameters
 from agents.rollout import Episodes, SegmentBuffers, collect_episodes, concat_episodes
 from agents.seeding import seed_everything
-from agents.training import EvalSchedule, finish_run, memory_report, open_envs
+from agents.training import RunTracker, memory_report, open_envs
 from envs import EnvOptions, load_normalizer_state, make_vector, normalizer_state
 from envs import start_states as starts
 from envs.errors import BadInput
@@ -332,15 +331,13 @@ def update(
 
 
 def diagnostics(groups: Groups, stats: dict[str, float]) -> dict[str, float | None]:
-    """PPO's tags where they mean the same thing, and the grpo/ group statistics."""
+    """PPO's loss tags where they mean the same thing, and the grpo/ group statistics."""
     lengths = torch.cat([e.lengths for e in groups.rounds]).float()  # every collected trajectory
     truncated = torch.cat([e.truncated for e in groups.rounds]).float()
     tied = groups.group_returns.amax(1) == groups.group_returns.amin(1)
     member_steps = sum(e.env_steps for e in groups.rounds)
     clipfrac = stats["clipfrac_low"] + stats["clipfrac_high"] if stats else None
     return {
-        "charts/episodic_return": float(np.mean(groups.episode_returns)),
-        "charts/episodic_length": float(lengths.mean()),
         "losses/policy_loss": stats.get("policy_loss"), "losses/entropy": stats.get("entropy"),
         "losses/approx_kl": stats.get("approx_kl"), "losses/clipfrac": clipfrac,
         "grpo/frac_zero_std_groups": float(tied.float().mean()),
@@ -386,20 +383,13 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
         load_normalizer_state(env, ckpt["normalizers"])
         global_step, iteration, wall_offset = ckpt["global_step"], ckpt["iteration"], ckpt["wall_time_s"]
         runlog.load_rng_state(ckpt["rng"])
-    log = runlog.MetricLog(run_dir, TAGS, resume_step=global_step if resume else None)
-    evals = EvalSchedule(cfg.eval_interval, cfg.device, global_step)
-    progress = runlog.Progress(cfg.total_steps, global_step, f"grpo {cfg.env_id} seed {cfg.seed}")
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_time, start_step = time.perf_counter(), global_step
-    last_checkpoint_step, status, error = global_step, "completed", None
-
-    def wall_time() -> float:
-        return wall_offset + time.perf_counter() - start_time
+    run = RunTracker(run_dir, "grpo", cfg, TAGS, global_step, wall_offset, resume)
+    status, error = "completed", None
 
     def checkpoint() -> None:
         runlog.save_checkpoint(run_dir, {
             "algo": "grpo", "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
-            "wall_time_s": wall_time(), "model": actor.state_dict(), "reference": reference.state_dict(),
+            "wall_time_s": run.wall_time(), "model": actor.state_dict(), "reference": reference.state_dict(),
             "optimizer": optimizer.state_dict(), "rng": runlog.rng_state(), "normalizers": normalizer_state(env),
         })  # fmt: skip
 
@@ -421,18 +411,11 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
                 runlog.check_finite({k: v for k, v in stats.items() if k == "policy_loss"}, actor)
 
                 # ── log, evaluate, checkpoint ───────────────────────────────────────────────────────
-                recent_returns.extend(groups.episode_returns)
-                sps = (global_step - start_step) / (time.perf_counter() - start_time)
-                metrics = diagnostics(groups, stats)
-                metrics.update({"charts/SPS": sps, "charts/learning_rate": lr})
-                metrics.update(evals.maybe_run(actor, envs, global_step))
-                log.scalars(global_step, metrics)
-                log.row(global_step, wall_time(), metrics)
-                progress.update(global_step, sps, float(np.mean(recent_returns)))
-                due = cfg.checkpoint_interval and global_step - last_checkpoint_step >= cfg.checkpoint_interval
-                if due or stop.raised:
+                metrics = {**diagnostics(groups, stats), "charts/learning_rate": lr}
+                lengths = torch.cat([e.lengths for e in groups.rounds]).tolist()
+                run.record(global_step, metrics, actor, envs, groups.episode_returns, lengths)
+                if run.checkpoint_due(global_step, stop.raised):
                     checkpoint()
-                    last_checkpoint_step = global_step
                 if stop.raised:
                     status = "interrupted"
                     break
@@ -444,10 +427,7 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
         finally:
-            progress.close()
             if trunk_env is not None:
                 trunk_env.close()
-    sps = (global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
     extra = memory_report(optimizer, actor=actor, reference=reference)
-    return finish_run(run_dir, log, "grpo", cfg, actor, envs, evals, status, error, global_step, wall_time(), sps,
-                      extra)  # fmt: skip
+    return run.finish(actor, envs, status, error, global_step, extra)

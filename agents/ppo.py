@@ -29,9 +29,7 @@ Deliberate deviations:
 from __future__ import annotations
 
 import math
-import time
 import traceback
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,7 +44,7 @@ from agents.config import check
 from agents.networks import ActorCritic, NetworkSpec, flatten_parameters
 from agents.rollout import RolloutState, Segment, SegmentBuffers, collect_segment
 from agents.seeding import seed_everything
-from agents.training import EvalSchedule, finish_run, log_episodes, memory_report, open_envs, restore_envs, save_envs
+from agents.training import RunTracker, memory_report, open_envs, restore_envs, save_envs
 
 TAGS = [
     "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
@@ -249,20 +247,13 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
     else:
         obs, _ = env.reset(seed=cfg.seed)
         state = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool))
-    log = runlog.MetricLog(run_dir, TAGS, resume_step=global_step if resume else None)
-    evals = EvalSchedule(cfg.eval_interval, cfg.device, global_step)
-    progress = runlog.Progress(cfg.total_steps, global_step, f"ppo {cfg.env_id} seed {cfg.seed}")
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_time, start_step = time.perf_counter(), global_step
-    last_checkpoint_step, status, error = global_step, "completed", None
-
-    def wall_time() -> float:
-        return wall_offset + time.perf_counter() - start_time
+    run = RunTracker(run_dir, "ppo", cfg, TAGS, global_step, wall_offset, resume)
+    status, error = "completed", None
 
     def checkpoint() -> None:
         runlog.save_checkpoint(run_dir, {
             "algo": "ppo", "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
-            "wall_time_s": wall_time(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "wall_time_s": run.wall_time(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "rng": runlog.rng_state(), **save_envs(env, state),
         })  # fmt: skip
 
@@ -296,18 +287,13 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
 
                 # ── log, evaluate, checkpoint ───────────────────────────────────────────────────────
                 valid = segment.sample_mask
-                sps = (global_step - start_step) / (time.perf_counter() - start_time)
                 metrics["losses/explained_variance"] = losses.explained_variance(segment.values[valid], returns[valid])
-                metrics.update({"charts/SPS": sps, "charts/learning_rate": lr})
-                metrics.update(log_episodes(log, state, global_step, recent_returns))
-                metrics.update(evals.maybe_run(model, envs, global_step))
-                log.scalars(global_step, {k: v for k, v in metrics.items() if not k.startswith("charts/episodic")})
-                log.row(global_step, wall_time(), metrics)
-                progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
-                due = cfg.checkpoint_interval and global_step - last_checkpoint_step >= cfg.checkpoint_interval
-                if due or stop.raised:
+                metrics["charts/learning_rate"] = lr
+                run.record(global_step, metrics, model, envs, state.episode_returns, state.episode_lengths)
+                state.episode_returns.clear()
+                state.episode_lengths.clear()
+                if run.checkpoint_due(global_step, stop.raised):
                     checkpoint()
-                    last_checkpoint_step = global_step
                 if stop.raised:
                     status = "interrupted"
                     break
@@ -318,8 +304,5 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
         except Exception as exc:  # noqa: BLE001  any crash is recorded in summary.json, then shown in full
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
-        finally:
-            progress.close()
-    sps = (global_step - start_step) / max(time.perf_counter() - start_time, 1e-9)
     extra = memory_report(optimizer, actor_critic=model)
-    return finish_run(run_dir, log, "ppo", cfg, model, envs, evals, status, error, global_step, wall_time(), sps, extra)
+    return run.finish(model, envs, status, error, global_step, extra)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -57,9 +56,8 @@ import envs as envs_pkg
 from agents import runlog
 from agents.config import check
 from agents.ppo import TAGS, PPOConfig
-from agents.rollout import RolloutState
 from agents.seeding import seed_everything
-from agents.training import Envs, EvalSchedule, finish_run, log_episodes, memory_report
+from agents.training import Envs, RunTracker, memory_report
 
 ALGO = "sb3-ppo"
 # SB3's logger keys → our tags; SB3 logs the entropy *loss*, −H, so its sign flips.
@@ -219,7 +217,7 @@ def load_policy(cfg: PPOConfig, state_dict: dict[str, Tensor]) -> SB3Policy:
 
 @dataclass
 class SB3Envs(Envs):
-    """``training.Envs`` for an SB3 run, so that ``EvalSchedule`` and ``finish_run`` work unchanged.
+    """``training.Envs`` for an SB3 run, so that ``RunTracker`` evaluates it unchanged.
 
     ``training.evaluate`` copies the observation statistics of ``train`` into ``eval``. SB3 trains on
     its own VecEnv, not a gymnasium vector env, so here ``train`` is the eval env itself, and
@@ -262,22 +260,11 @@ class RunCallback(BaseCallback):
                  global_step: int, iteration: int, wall_offset: float) -> None:  # fmt: skip
         super().__init__()
         self.cfg, self.run_dir, self.envs, self.stop = cfg, run_dir, envs, stop
-        self.global_step, self.iteration, self.wall_offset = global_step, iteration, wall_offset
-        self.start_step, self.last_checkpoint_step = global_step, global_step
-        self.log = runlog.MetricLog(run_dir, TAGS, resume_step=global_step if resumed else None)
-        self.evals = EvalSchedule(cfg.eval_interval, cfg.device, global_step)
-        self.progress = runlog.Progress(cfg.total_steps, global_step, f"{ALGO} {cfg.env_id} seed {cfg.seed}")
-        # log_episodes drains the episode lists of a RolloutState; SB3 owns the observations, so they stay empty.
-        self.episodes = RolloutState(np.empty((0,), np.float32), np.empty((0,), bool))
-        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.global_step, self.iteration = global_step, iteration
+        self.run = RunTracker(run_dir, ALGO, cfg, TAGS, global_step, wall_offset, resumed)
+        self.episode_returns: list[float] = []  # Monitor's raw returns and lengths since the last row
+        self.episode_lengths: list[int] = []
         self.update_pending = False  # SB3 runs train() after on_rollout_end; its row is not yet written
-        self.start_time = time.perf_counter()
-
-    def wall_time(self) -> float:
-        return self.wall_offset + time.perf_counter() - self.start_time
-
-    def sps(self) -> float:
-        return (self.global_step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
 
     def policy(self) -> SB3Policy:
         return SB3Policy(self.model.policy)
@@ -285,20 +272,19 @@ class RunCallback(BaseCallback):
     def checkpoint(self) -> None:
         runlog.save_checkpoint(self.run_dir, {
             "algo": ALGO, "env_id": self.cfg.env_id, "global_step": self.global_step, "iteration": self.iteration,
-            "wall_time_s": self.wall_time(), "model": self.model.policy.state_dict(),
+            "wall_time_s": self.run.wall_time(), "model": self.model.policy.state_dict(),
             "normalizers": normalizer_state(self.envs.sb3), "rng": runlog.rng_state(),
         })  # fmt: skip
-        self.last_checkpoint_step = self.global_step
 
     def _on_training_start(self) -> None:
-        self.start_time = time.perf_counter()  # after PPO's construction, as ours starts after its setup
+        self.run.start_time = time.perf_counter()  # after PPO's construction, as ours starts after its setup
 
     def _on_step(self) -> bool:
         for info in self.locals["infos"]:  # Monitor's raw return and length of each finished episode
             episode = info.get("episode")
             if episode is not None:
-                self.episodes.episode_returns.append(float(episode["r"]))
-                self.episodes.episode_lengths.append(int(episode["l"]))
+                self.episode_returns.append(float(episode["r"]))
+                self.episode_lengths.append(int(episode["l"]))
         return not self.stop.raised
 
     def _on_rollout_end(self) -> None:
@@ -319,18 +305,13 @@ class RunCallback(BaseCallback):
         metrics: dict[str, float | None] = {tag: sign * float(values[key]) for tag, (key, sign) in LOSS_KEYS.items()}
         runlog.check_finite(metrics, self.model.policy)  # type: ignore[arg-type]
         self.global_step, self.iteration = self.model.num_timesteps, self.iteration + 1
-        sps = self.sps()
         metrics["losses/explained_variance"] = float(values["train/explained_variance"])
-        metrics.update({"charts/SPS": sps, "charts/learning_rate": float(values["train/learning_rate"])})
-        metrics.update(log_episodes(self.log, self.episodes, self.global_step, self.recent_returns))
-        self.envs.sync()
-        metrics.update(self.evals.maybe_run(self.policy(), self.envs, self.global_step))
-        self.log.scalars(self.global_step, {k: v for k, v in metrics.items() if not k.startswith("charts/episodic")})
-        self.log.row(self.global_step, self.wall_time(), metrics)
-        recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
-        self.progress.update(self.global_step, sps, recent)
-        interval = self.cfg.checkpoint_interval
-        if interval and self.global_step - self.last_checkpoint_step >= interval:
+        metrics["charts/learning_rate"] = float(values["train/learning_rate"])
+        self.envs.sync()  # the evaluation env normalizes with VecNormalize's current statistics
+        self.run.record(self.global_step, metrics, self.policy(), self.envs, self.episode_returns, self.episode_lengths)
+        self.episode_returns.clear()
+        self.episode_lengths.clear()
+        if self.run.checkpoint_due(self.global_step, stopping=False):
             self.checkpoint()
 
 
@@ -380,9 +361,6 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
             if error is None:
                 error = f"{type(exc).__name__}: {exc}"
                 traceback.print_exc()
-        finally:
-            callback.progress.close()
     envs.sync()
     extra = memory_report(model.policy.optimizer, actor_critic=model.policy)
-    return finish_run(run_dir, callback.log, ALGO, cfg, callback.policy(), envs, callback.evals, status, error,
-                      callback.global_step, callback.wall_time(), callback.sps(), extra)  # fmt: skip
+    return callback.run.finish(callback.policy(), envs, status, error, callback.global_step, extra)

@@ -5,7 +5,9 @@ checkpoints, and the end of a run. The algorithms themselves stay in ``ppo.py`` 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,22 +113,6 @@ class EvalSchedule:
         return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
 
 
-def log_episodes(
-    log: runlog.MetricLog, state: RolloutState, step: int, recent: deque[float]
-) -> dict[str, float | None]:
-    """Each finished training episode to TensorBoard; their means for progress.csv; drains ``state``."""
-    for ret, length in zip(state.episode_returns, state.episode_lengths, strict=True):
-        log.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
-    recent.extend(state.episode_returns)
-    means: dict[str, float | None] = {
-        "charts/episodic_return": float(np.mean(state.episode_returns)) if state.episode_returns else None,
-        "charts/episodic_length": float(np.mean(state.episode_lengths)) if state.episode_lengths else None,
-    }
-    state.episode_returns.clear()
-    state.episode_lengths.clear()
-    return means
-
-
 def save_envs(env: VectorEnv, state: RolloutState) -> dict[str, Any]:
     """The env part of a checkpoint: the full env state where supported, always the normalizers."""
     return {
@@ -152,47 +138,99 @@ def restore_envs(env: VectorEnv, ckpt: dict[str, Any], seed: int) -> RolloutStat
     return RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(env.num_envs, dtype=bool))
 
 
-def finish_run(
-    run_dir: Path,
-    log: runlog.MetricLog,
-    algo: str,
-    cfg: Any,
-    model: torch.nn.Module,
-    envs: Envs,
-    evals: EvalSchedule,
-    status: str,
-    error: str | None,
-    global_step: int,
-    wall_time_s: float,
-    sps: float,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs."""
-    final: dict[str, float] = {}
-    if status == "completed":
-        final = evals.run(model, envs, global_step)
-        log.scalars(global_step, final)
-    summary = {
-        "algo": algo,
-        "env_id": cfg.env_id,
-        "seed": cfg.seed,
-        "status": status,
-        "total_steps": global_step,
-        "wall_time_s": round(wall_time_s, 3),
-        "sps": round(sps, 1),
-        "final_eval_return_mean": final.get("eval/return_mean"),
-        "final_eval_return_std": final.get("eval/return_std"),
-        "final_eval_episodes": cfg.eval_episodes if final else 0,
-        "eval_convention": "deterministic policy, one episode per fixed seed 1000000+i, raw env return",
-        "error": error,
-        **(extra or {}),
-    }
-    if final:
-        log.hparams(runlog.config_to_dict(cfg), {"final_eval_return_mean": final["eval/return_mean"]})
-    log.close()
-    runlog.write_summary(run_dir, summary)
-    envs.close()
-    return summary
+class RunTracker:
+    """What every training loop does around its algorithm: the TensorBoard and CSV rows, periodic
+    evaluation, the progress line, the checkpoint schedule, the wall clock, and the end of the run."""
+
+    def __init__(
+        self, run_dir: Path, algo: str, cfg: Any, tags: list[str], global_step: int, wall_offset: float, resume: bool
+    ) -> None:
+        self.run_dir, self.algo, self.cfg = run_dir, algo, cfg
+        self.log = runlog.MetricLog(run_dir, tags, resume_step=global_step if resume else None)
+        self.evals = EvalSchedule(cfg.eval_interval, cfg.device, global_step)
+        self.progress = runlog.Progress(cfg.total_steps, global_step, f"{algo} {cfg.env_id} seed {cfg.seed}")
+        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.start_step = self.last_checkpoint_step = global_step
+        self.wall_offset = wall_offset
+        self.start_time = time.perf_counter()
+
+    def wall_time(self) -> float:
+        """Training time of the whole run, earlier sessions of a resumed run included."""
+        return self.wall_offset + time.perf_counter() - self.start_time
+
+    def sps(self, step: int) -> float:
+        """Env steps per second in this session."""
+        return (step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
+
+    def record(
+        self,
+        step: int,
+        metrics: dict[str, float | None],
+        policy: torch.nn.Module,
+        envs: Envs,
+        episode_returns: Sequence[float],
+        episode_lengths: Sequence[float],
+    ) -> None:
+        """One iteration: every finished episode and the metrics to TensorBoard, a CSV row with the
+        episodes' means, an evaluation when one is due, and the progress line."""
+        for ret, length in zip(episode_returns, episode_lengths, strict=True):
+            self.log.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
+        self.recent_returns.extend(episode_returns)
+        sps = self.sps(step)
+        metrics = {**metrics, "charts/SPS": sps, **self.evals.maybe_run(policy, envs, step)}
+        self.log.scalars(step, metrics)
+        self.log.row(step, self.wall_time(), {
+            **metrics,
+            "charts/episodic_return": float(np.mean(episode_returns)) if len(episode_returns) else None,
+            "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
+        })  # fmt: skip
+        self.progress.update(step, sps, float(np.mean(self.recent_returns)) if self.recent_returns else None)
+
+    def checkpoint_due(self, step: int, stopping: bool) -> bool:
+        """Every ``checkpoint_interval`` env steps, and when the run is being stopped."""
+        interval = self.cfg.checkpoint_interval
+        if stopping or (interval and step - self.last_checkpoint_step >= interval):
+            self.last_checkpoint_step = step
+            return True
+        return False
+
+    def finish(
+        self,
+        policy: torch.nn.Module,
+        envs: Envs,
+        status: str,
+        error: str | None,
+        step: int,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs."""
+        self.progress.close()
+        wall_time_s, sps = self.wall_time(), self.sps(step)
+        final: dict[str, float] = {}
+        if status == "completed":
+            final = self.evals.run(policy, envs, step)
+            self.log.scalars(step, final)
+        summary = {
+            "algo": self.algo,
+            "env_id": self.cfg.env_id,
+            "seed": self.cfg.seed,
+            "status": status,
+            "total_steps": step,
+            "wall_time_s": round(wall_time_s, 3),
+            "sps": round(sps, 1),
+            "final_eval_return_mean": final.get("eval/return_mean"),
+            "final_eval_return_std": final.get("eval/return_std"),
+            "final_eval_episodes": self.cfg.eval_episodes if final else 0,
+            "eval_convention": "deterministic policy, one episode per fixed seed 1000000+i, raw env return",
+            "error": error,
+            **(extra or {}),
+        }
+        if final:
+            self.log.hparams(runlog.config_to_dict(self.cfg), {"final_eval_return_mean": final["eval/return_mean"]})
+        self.log.close()
+        runlog.write_summary(self.run_dir, summary)
+        envs.close()
+        return summary
 
 
 def memory_report(optimizer: torch.optim.Optimizer, **modules: torch.nn.Module) -> dict[str, int]:

@@ -195,6 +195,8 @@ def _set_aside(run_dir: Path) -> None:
     """Keep a failed attempt's directory, renamed, so the retry starts clean and nothing is lost.
 
     The name is hidden (``.seed0.failed1``), so reports and plots read only the current attempt."""
+    if not run_dir.exists():  # the attempt failed before creating its directory (its input was refused)
+        return
     attempt = 1
     while run_dir.with_name(f".{run_dir.name}.failed{attempt}").exists():
         attempt += 1

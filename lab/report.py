@@ -39,7 +39,7 @@ SUMMARY_COLUMNS = (
     "algo", "env_id", "seed", "status", "final_eval_return_mean", "final_eval_return_std",
     "total_steps", "wall_time_s", "sps", "run_dir",
 )  # fmt: skip
-# What finish_run records; used only for runs whose summary.json predates the eval_convention key.
+# What RunTracker.finish records; used only for runs whose summary.json predates the eval_convention key.
 DEFAULT_EVAL_CONVENTION = "deterministic policy, one episode per fixed seed 1000000+i, raw env return"
 DASH = "—"
 
