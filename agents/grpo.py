@@ -32,10 +32,10 @@ from torch import Tensor, nn
 from agents import advantages as adv
 from agents import losses, runlog
 from agents.config import check
-from agents.networks import Actor, NetworkSpec, flatten_parameters
+from agents.networks import Actor, flatten_parameters
 from agents.rollout import Episodes, SegmentBuffers, collect_episodes, concat_episodes
 from agents.seeding import seed_everything
-from agents.training import RunTracker, memory_report, open_envs
+from agents.training import RunTracker, memory_report, network_spec, open_envs
 from envs import EnvOptions, load_normalizer_state, make_vector, normalizer_state
 from envs import start_states as starts
 from envs.errors import BadInput
@@ -364,12 +364,7 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     mode = starts.restore_mode(cfg.env_id) if cfg.start_mode == "branch" else None
     trunk_env = None if mode is None else make_vector(cfg.env_id, cfg.num_groups, EnvOptions(vectorization="sync"),
                                                       **env_kwargs)  # B raw envs, no normalization  # fmt: skip
-    spec = NetworkSpec(
-        obs_dim=envs.obs_dim, action_dim=envs.action_dim, continuous=envs.continuous,
-        hidden_sizes=cfg.hidden_sizes, activation=cfg.activation, ortho_init=cfg.ortho_init,
-        log_std_init=cfg.log_std_init,
-    )  # fmt: skip
-    actor = Actor(spec).to(cfg.device)
+    actor = Actor(network_spec(env, cfg)).to(cfg.device)
     reference = copy.deepcopy(actor).requires_grad_(False)
     flat_params = flatten_parameters(actor)  # one tensor for Adam and the gradient clip: less overhead
     optimizer = torch.optim.Adam([flat_params], lr=cfg.learning_rate, eps=1e-5, fused=True)

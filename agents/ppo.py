@@ -41,10 +41,10 @@ from torch import nn
 from agents import advantages as adv
 from agents import losses, runlog
 from agents.config import check
-from agents.networks import ActorCritic, NetworkSpec, flatten_parameters
+from agents.networks import ActorCritic, flatten_parameters
 from agents.rollout import RolloutState, Segment, SegmentBuffers, collect_segment
 from agents.seeding import seed_everything
-from agents.training import RunTracker, memory_report, open_envs, restore_envs, save_envs
+from agents.training import RunTracker, memory_report, network_spec, open_envs, restore_envs, save_envs
 
 TAGS = [
     "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
@@ -227,12 +227,7 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
     envs = open_envs(cfg.env_id, cfg.n_envs, cfg.eval_episodes, cfg.normalize_obs, cfg.normalize_reward,
                      cfg.gamma, cfg.vectorization)  # fmt: skip
     env = envs.train
-    spec = NetworkSpec(
-        obs_dim=envs.obs_dim, action_dim=envs.action_dim, continuous=envs.continuous,
-        hidden_sizes=cfg.hidden_sizes, activation=cfg.activation, shared_trunk=cfg.shared_trunk,
-        ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init,
-    )  # fmt: skip
-    model = ActorCritic(spec).to(cfg.device)
+    model = ActorCritic(network_spec(env, cfg)).to(cfg.device)
     flat_params = flatten_parameters(model)  # one tensor for Adam and the gradient clip: less overhead
     optimizer = torch.optim.Adam([flat_params], lr=cfg.learning_rate, eps=1e-5, fused=True)
     buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)

@@ -19,6 +19,7 @@ from gymnasium.vector import VectorEnv
 
 import envs as envs_pkg
 from agents import runlog
+from agents.networks import NetworkSpec
 from agents.rollout import RolloutState, evaluate_policy
 from envs.errors import BadInput
 
@@ -71,15 +72,27 @@ def open_envs(
     eval_options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, vectorization="sync")
     evaluation = envs_pkg.make_vector(env_id, eval_episodes, eval_options)
     envs_pkg.freeze_normalizers(evaluation)
+    obs_dim, action_dim, continuous = space_dims(train)
+    action_shape = tuple(action_space.shape) if continuous else ()
+    return Envs(train, evaluation, continuous, obs_dim, action_dim, action_shape)
+
+
+def space_dims(env: VectorEnv) -> tuple[int, int, bool]:
+    """(obs_dim, action_dim, continuous) of one sub-env: action_dim counts actions or action dimensions."""
+    action_space = env.single_action_space
     continuous = isinstance(action_space, gym.spaces.Box)
-    return Envs(
-        train=train,
-        eval=evaluation,
-        continuous=continuous,
-        obs_dim=int(np.prod(train.single_observation_space.shape)),
-        action_dim=int(action_space.shape[0]) if continuous else int(action_space.n),
-        action_shape=tuple(action_space.shape) if continuous else (),
-    )
+    action_dim = int(action_space.shape[0]) if continuous else int(action_space.n)
+    return int(np.prod(env.single_observation_space.shape)), action_dim, continuous
+
+
+def network_spec(env: VectorEnv, cfg: Any) -> NetworkSpec:
+    """The networks' shape for this env's spaces and the config's network fields (PPO, GRPO, sb3-ppo)."""
+    obs_dim, action_dim, continuous = space_dims(env)
+    return NetworkSpec(
+        obs_dim=obs_dim, action_dim=action_dim, continuous=continuous, hidden_sizes=cfg.hidden_sizes,
+        activation=cfg.activation, shared_trunk=getattr(cfg, "shared_trunk", False), ortho_init=cfg.ortho_init,
+        log_std_init=cfg.log_std_init,
+    )  # fmt: skip
 
 
 def evaluate(model: torch.nn.Module, envs: Envs, deterministic: bool = True, device: str = "cpu") -> np.ndarray:

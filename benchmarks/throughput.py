@@ -24,22 +24,17 @@ sys.path.insert(0, str(REPO))
 
 from agents import grpo, ppo  # noqa: E402
 from agents.config import resolve_config  # noqa: E402
-from agents.networks import Actor, ActorCritic, NetworkSpec, flatten_parameters  # noqa: E402
+from agents.networks import Actor, ActorCritic, flatten_parameters  # noqa: E402
 from agents.rollout import RolloutState, SegmentBuffers, collect_episodes, collect_segment  # noqa: E402
-from agents.training import memory_report, open_envs  # noqa: E402
+from agents.training import memory_report, network_spec, open_envs  # noqa: E402
 from envs import action_space_of  # noqa: E402
 from envs import start_states as starts  # noqa: E402
-
-
-def spec_for(envs, cfg) -> NetworkSpec:  # type: ignore[no-untyped-def]
-    return NetworkSpec(envs.obs_dim, envs.action_dim, envs.continuous, cfg.hidden_sizes, cfg.activation,
-                       getattr(cfg, "shared_trunk", False), cfg.ortho_init, cfg.log_std_init)  # fmt: skip
 
 
 def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict[str, int]]:
     cfg, _ = resolve_config(ppo.PPOConfig, "ppo", env_id, continuous, {})
     envs = open_envs(env_id, cfg.n_envs, 1, cfg.normalize_obs, cfg.normalize_reward, cfg.gamma, cfg.vectorization)
-    model = ActorCritic(spec_for(envs, cfg))
+    model = ActorCritic(network_spec(envs.train, cfg))
     obs, _ = envs.train.reset(seed=0)
     state = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool))
     buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)
@@ -58,8 +53,8 @@ def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, flo
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, {})
     H, M = grpo.horizon(cfg), cfg.batch_trajectories
     envs = open_envs(env_id, M, 1, cfg.normalize_obs, False, 1.0, cfg.vectorization)
-    actor = Actor(spec_for(envs, cfg))
-    reference = Actor(spec_for(envs, cfg))
+    actor = Actor(network_spec(envs.train, cfg))
+    reference = Actor(network_spec(envs.train, cfg))
     buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)
     steps, wasted, iteration, started = 0, 0, 0, time.perf_counter()
     while time.perf_counter() - started < seconds:

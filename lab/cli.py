@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from agents import grpo, ppo, runlog, sb3
 from agents.config import build_config, parse_overrides, resolve_config
@@ -121,7 +120,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from agents.training import EVAL_SEED_BASE, evaluate_policy
+    from agents.training import EVAL_SEED_BASE, evaluate_policy, network_spec
     from envs import EnvOptions, freeze_normalizers, load_normalizer_state, make_vector
 
     torch.set_num_threads(1)
@@ -139,14 +138,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     stats.pop("return_rms", None)
     load_normalizer_state(env, stats)
     freeze_normalizers(env)
-    continuous = isinstance(env.single_action_space, gym.spaces.Box)
-    spec = NetworkSpec(
-        obs_dim=int(np.prod(env.single_observation_space.shape)),
-        action_dim=int(env.single_action_space.shape[0]) if continuous else int(env.single_action_space.n),
-        continuous=continuous, hidden_sizes=cfg.hidden_sizes, activation=cfg.activation,
-        shared_trunk=getattr(cfg, "shared_trunk", False), ortho_init=cfg.ortho_init, log_std_init=cfg.log_std_init,
-    )  # fmt: skip
-    model = ALGOS[algo_name].load_policy(cfg, spec, ckpt["model"])
+    model = ALGOS[algo_name].load_policy(cfg, network_spec(env, cfg), ckpt["model"])
     seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
     returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
     env.close()
