@@ -152,3 +152,38 @@ def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
         raise ValueError("discounted_returns: rewards and mask must share one (T, M) shape")
     discounts = gamma ** torch.arange(rewards.shape[0], dtype=rewards.dtype).unsqueeze(1)  # (T, 1)
     return (rewards * mask * discounts).sum(0)
+
+
+def vine(rewards: Tensor, mask: Tensor, values: Tensor, interval: int, gamma: float) -> Tensor:
+    """Advantages from Monte-Carlo values at vine points (TRPO's vine, Schulman et al. 2015; VinePPO,
+    Kazemnejad et al. 2024, arXiv 2410.01679), one value every ``interval`` steps of each trajectory.
+
+        A_t = Σ_{u=jm}^{jm+m−1} γ^{u−jm} r_u + γ^m · V̂_{j+1} − V̂_j,      j = ⌊t / m⌋
+
+    Every step of segment j gets the segment's advantage: what the segment's steps earned, plus the
+    value of where they led, minus the value of where they started. With m = 1 this is VinePPO's
+    A_t = r_t + γ V̂(s_{t+1}) − V̂(s_t). For t > jm the baseline V̂_j, less the rewards already earned in
+    the segment, is a function of the history before a_t, so the estimate stays unbiased.
+
+    Symbols:
+        r_u     reward of step u of a trajectory                          ``rewards``  (T, M)
+        V̂_j     mean discounted return of K branches rolled out from the  ``values``   (J, M)
+                state at step jm; 0 where jm is at or past the episode's
+                end (an ended episode has no future rewards)
+        m       steps between vine points                                 ``interval``
+        γ       discount                                                  ``gamma``
+        mask    True on a trajectory's steps before its episode ended     ``mask``     (T, M)
+
+    Returns (T, M), zero on invalid steps. J must be ⌈T / m⌉ or more.
+    """
+    T, M = rewards.shape
+    J = values.shape[0]
+    if mask.shape != (T, M) or values.shape[1] != M or J * interval < T or interval < 1:
+        raise ValueError("vine: rewards and mask (T, M), values (J, M) with J·interval ≥ T, interval ≥ 1")
+    t = torch.arange(T)
+    segment = t // interval  # (T,)
+    weights = gamma ** (t - segment * interval).to(rewards.dtype)  # γ^{u−jm}, (T,)
+    earned = torch.zeros(J, M, dtype=rewards.dtype).index_add_(0, segment, weights[:, None] * rewards * mask)
+    next_values = torch.cat([values[1:], values.new_zeros(1, M)])  # V̂_{j+1}, (J, M)
+    segment_advantages = earned + gamma**interval * next_values - values  # (J, M)
+    return segment_advantages[segment] * mask

@@ -59,7 +59,17 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             return None
-        return _coerce(key, value, next(a for a in args if a is not type(None)))
+        arms = [a for a in args if a is not type(None)]
+        if len(arms) == 1:
+            return _coerce(key, value, arms[0])
+        for arm in arms:  # the first arm that takes the value wins: int | Literal["end"] takes 20 and "end"
+            try:
+                return _coerce(key, value, arm)
+            except BadInput:
+                pass
+        names = [" or ".join(map(repr, typing.get_args(a))) if typing.get_origin(a) is Literal else a.__name__
+                 for a in arms]  # fmt: skip
+        raise BadInput(f"{key}={value!r} is not valid: give {', or '.join(names)}, or none")
     if origin is Literal:
         if str(value) not in args:
             raise BadInput(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
@@ -83,6 +93,14 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
             return float(value)
         if kind is str:
             return str(value)
+        if origin is dict:
+            # YAML gives a mapping; the command line gives key:value,key:value (RL Zoo's --env-kwargs).
+            if isinstance(value, dict):
+                return dict(value)
+            pairs = [item.partition(":") for item in str(value).strip("{} ").split(",") if item.strip()]
+            if any(not sep or not k.strip() for k, sep, _ in pairs):
+                raise ValueError
+            return {k.strip(): yaml.safe_load(v.strip()) for k, _, v in pairs}
         if origin is tuple:
             items = value if isinstance(value, (list, tuple)) else str(value).strip("[]() ").split(",")
             return tuple(_coerce(key, item, args[0]) for item in items if str(item).strip() != "")

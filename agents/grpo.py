@@ -20,23 +20,23 @@ from __future__ import annotations
 import copy
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from agents import advantages as adv
-from agents import losses, runlog
+from agents import losses, runlog, vine
 from agents.config import check
 from agents.networks import Actor, flatten_parameters
 from agents.rollout import Episodes, SegmentBuffers, collect_episodes, concat_episodes
 from agents.seeding import seed_everything
 from agents.training import RunTracker, memory_report, network_spec, open_envs
-from envs import EnvOptions, load_normalizer_state, make_vector, normalizer_state
+from agents.vine import VineValues
+from envs import EnvOptions, episode_limit, load_normalizer_state, make_vector, normalizer_state
 from envs import start_states as starts
 from envs.errors import BadInput
 from envs.snapshot import NotRestorable
@@ -47,7 +47,8 @@ TAGS = [
     "grpo/frac_zero_std_groups", "grpo/group_return_std", "grpo/clipfrac_low", "grpo/clipfrac_high",
     "grpo/kl_ref", "grpo/ratio_mean", "grpo/episode_length_mean", "grpo/episode_length_min",
     "grpo/episode_length_max", "grpo/truncated_fraction", "grpo/wasted_step_fraction", "grpo/dropped_groups",
-    "grpo/restore_time_s", "grpo/step_time_s", "eval/return_mean", "eval/return_std",
+    "grpo/restore_time_s", "grpo/step_time_s", "grpo/vine_points", "grpo/vine_branch_step_fraction",
+    "eval/return_mean", "eval/return_std",
 ]  # fmt: skip
 
 
@@ -59,6 +60,17 @@ class GRPOConfig:
     """Any registered gymnasium id."""
     seed: int = 0
     """Seeds torch, numpy and the start states."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env (RL Zoo's ``--env-kwargs``), e.g. ``horizon: 300`` for the testbed's
+    tasks; the training and the evaluation envs both get them."""
+    eval_env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Env keyword arguments that differ at evaluation, on top of ``env_kwargs`` (RL Zoo's
+    ``--eval-env-kwargs``), e.g. the tasks' ``distractor_scale: 0``: their distractor rewards are
+    zero-mean and blind to actions, so dropping them keeps a policy's expected return and removes noise."""
+    reward_delay: int | Literal["end"] | None = None
+    """k: release the rewards accumulated every k steps, or ``end``: only at the episode's end
+    (``envs/delay.py``); none: as the env gives them. Training only: the return evaluation reports is
+    the same sum either way."""
     total_steps: int = 1_000_000
     """Env steps to train for; every sub-env step counts, wasted and replayed ones included."""
     group_size: int = 8
@@ -71,8 +83,13 @@ class GRPOConfig:
     """reset: groups start from a seeded reset; branch: from a state part-way along a trunk episode."""
     branch_max_depth: int = 100
     """branch: the trunk runs a uniformly drawn 0 … branch_max_depth steps before the branch point."""
-    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process"] = "outcome"
-    """How a trajectory is scored against its group (see agents/advantages.py)."""
+    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process", "vine"] = "outcome"
+    """How a trajectory is scored against its group (see agents/advantages.py); vine: from Monte-Carlo
+    values of branches at states along it instead (agents/vine.py, the ``grpo-vine`` algo)."""
+    vine_points: int = 4
+    """vine: a value every ⌈H / vine_points⌉ steps of each trajectory, from its first step on."""
+    vine_branches: int = 4
+    """vine: K branches per value; K must divide B·G, the members that branch at once."""
     gamma: float = 1.0
     """Discount of the return R that scores a trajectory (1: the plain sum, as DeepSeekMath)."""
     aggregation: Literal["trajectory", "step", "constant"] = "trajectory"
@@ -130,6 +147,8 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         check(self.total_steps > 0, f"total_steps must be positive, got {self.total_steps}")
+        check(self.reward_delay in (None, "end") or self.reward_delay >= 1,
+              f"reward_delay must be a number of steps >= 1, end or none; got {self.reward_delay}")  # fmt: skip
         check(self.group_size >= 2, f"group_size (G) must be at least 2 to compare members, got {self.group_size}")
         check(self.num_groups >= 1, f"num_groups (B) must be at least 1, got {self.num_groups}")
         check(self.max_episode_steps is None or self.max_episode_steps >= 1, "max_episode_steps must be positive")
@@ -148,6 +167,14 @@ class GRPOConfig:
         check(self.ref_update_interval >= 1, "ref_update_interval must be at least 1")
         check(0.0 <= self.ref_ema < 1.0, f"ref_ema must be in [0, 1), got {self.ref_ema}")
         check(self.max_resample_rounds >= 0, "max_resample_rounds must be >= 0")
+        check(self.vine_points >= 1, f"vine_points must be at least 1, got {self.vine_points}")
+        check(
+            self.vine_branches >= 1 and self.batch_trajectories % self.vine_branches == 0,
+            f"vine_branches (K) must divide B·G = {self.batch_trajectories}, got {self.vine_branches}",
+        )
+        check(self.advantage != "vine" or not self.dynamic_sampling, "advantage=vine does not drop groups: "
+              "set dynamic_sampling=false")  # fmt: skip
+        check(self.advantage != "vine" or self.vectorization == "sync", "advantage=vine needs vectorization=sync")
         check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1, "hidden_sizes must be positive widths")
         check(self.start_mode == "reset" or self.vectorization == "sync", "start_mode=branch needs vectorization=sync")
         check(self.eval_interval >= 0, f"eval_interval must be >= 0, got {self.eval_interval}")
@@ -162,8 +189,8 @@ class GRPOConfig:
 
 def horizon(cfg: GRPOConfig) -> int:
     """H: the longest an episode can run in training (the time limit)."""
-    registered = gym.spec(cfg.env_id).max_episode_steps
-    H = cfg.max_episode_steps or registered
+    limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    H = episode_limit(cfg.env_id, **cfg.env_kwargs, **limit)
     if H is None:
         raise BadInput(f"{cfg.env_id} has no time limit; GRPO needs whole episodes: --set max_episode_steps=N")
     return H
@@ -180,14 +207,40 @@ def validate(cfg: GRPOConfig) -> None:
         )
     if cfg.start_mode == "branch":
         try:
-            starts.restore_mode(cfg.env_id)
+            starts.restore_mode(cfg.env_id, **cfg.env_kwargs)
         except NotRestorable as error:
             raise BadInput(f"start_mode=branch: {error}") from None
+    if cfg.advantage == "vine":
+        J = -(-H // vine_interval(cfg, H))
+        # Point j of a full-length trunk has H − j·m steps left: K branches of them on average (J + 1)/2 · H.
+        per_iteration = cfg.batch_trajectories * H * (1 + cfg.vine_branches * (J + 1) // 2)
+        if per_iteration > cfg.total_steps:
+            raise BadInput(
+                f"one iteration with vine values takes about B·G·H·(1 + K·(J + 1)/2) = {per_iteration} env steps "
+                f"(J = {J} points per trajectory, K = {cfg.vine_branches} branches each), more than total_steps = "
+                f"{cfg.total_steps}. Lower vine_points, vine_branches, num_groups or group_size, or raise --total-steps."
+            )
+    if cfg.advantage == "vine" and not starts.settable(cfg.env_id, **cfg.env_kwargs):
+        raise BadInput(f"advantage=vine restores states along trajectories, which needs an env whose state can be "
+                       f"set (MuJoCo, classic control, the testbed's tasks); {cfg.env_id}'s cannot")  # fmt: skip
 
 
-def group_advantages(cfg: GRPOConfig, batch: Episodes, returns: Tensor) -> Tensor:
-    """Per-step advantages (T, M) of the batch's B·G trajectories; returns (B, G)."""
+def vine_interval(cfg: GRPOConfig, H: int) -> int:
+    """m: steps between vine points, ⌈H / vine_points⌉."""
+    return -(-H // cfg.vine_points)
+
+
+def group_advantages(
+    cfg: GRPOConfig, batch: Episodes, returns: Tensor, vine_values: Tensor | None, H: int
+) -> Tensor:
+    """Per-step advantages (T, M) of the batch's B·G trajectories; returns (B, G), vine values (J, M)."""
     T, M = batch.mask.shape
+    if cfg.advantage == "vine":
+        A = adv.vine(batch.rewards, batch.mask, vine_values, vine_interval(cfg, H), cfg.gamma)  # (T, M)
+        valid = batch.mask.nonzero(as_tuple=True)
+        # Standardized over the batch's steps, as PPO's: returns of control tasks run into the hundreds.
+        A[valid] = adv.normalize(A[valid])
+        return A
     if cfg.advantage == "process":
         rewards = batch.rewards.view(T, -1, cfg.group_size)  # (T, B, G)
         return adv.group_process(rewards, batch.mask.view(T, -1, cfg.group_size)).view(T, M)
@@ -254,8 +307,9 @@ class Groups:
     rounds: list[Episodes]  # every collection, dropped groups included
     group_returns: Tensor  # (every collected group, G)
     episode_returns: list[float]  # raw, undiscounted, from the episode's start (a trunk prefix included)
-    env_steps: int  # all env steps: members, trunks and replays
+    env_steps: int  # all env steps: members, trunks, replays and vine branches
     restore_time_s: float
+    vine: VineValues | None = None  # advantage=vine: the values along the batch's trajectories
 
     @property
     def kept_groups(self) -> int:
@@ -265,8 +319,10 @@ class Groups:
 def collect_groups(
     cfg: GRPOConfig, env: Any, trunk_env: Any, mode: str | None, actor: Actor, buffers: SegmentBuffers, iteration: int
 ) -> Groups:
-    """B groups of G trajectories; with dynamic sampling, tied groups are dropped and more collected."""
-    B, G = cfg.num_groups, cfg.group_size
+    """B groups of G trajectories; with dynamic sampling, tied groups are dropped and more collected.
+    With advantage=vine, the trajectories' states every m steps are recorded, then branched from."""
+    B, G, H = cfg.num_groups, cfg.group_size, buffers.rewards.shape[0]
+    recorder = vine.PointRecorder(env, vine_interval(cfg, H)) if cfg.advantage == "vine" else None
 
     def policy_on_raw(raw_obs: np.ndarray) -> np.ndarray:
         """The trunk's policy: raw observations through the members' normalizer, then π_θ."""
@@ -287,7 +343,8 @@ def collect_groups(
             env_steps += trunk_steps + replay_steps
             prefix_returns = np.array([p.prefix_return for p in points])
         restore_time += time.perf_counter() - started
-        episodes = collect_episodes(env, actor, np.asarray(first_obs, dtype=np.float32), buffers, cfg.device)
+        episodes = collect_episodes(env, actor, np.asarray(first_obs, dtype=np.float32), buffers, cfg.device,
+                                    recorder.record if recorder else None)  # fmt: skip
         env_steps += episodes.env_steps
         rounds.append(episodes)
         returns = adv.discounted_returns(episodes.rewards, episodes.mask, cfg.gamma).view(B, G)  # (B, G)
@@ -300,16 +357,25 @@ def collect_groups(
         kept += len(groups)
         if kept >= B:
             break
-    return Groups(concat_episodes(parts), rounds, torch.cat(group_returns), episode_returns, env_steps, restore_time)
+    values = None
+    if recorder is not None:
+        J = -(-H // recorder.interval)
+        values = vine.branch_values(env, actor, recorder, J, cfg.vine_branches, cfg.gamma, buffers, cfg.device)
+        env_steps += values.branch_steps
+        restore_time += values.restore_time_s
+    batch = concat_episodes(parts)
+    return Groups(batch, rounds, torch.cat(group_returns), episode_returns, env_steps, restore_time, values)
 
 
 def update(
-    actor: Actor, reference: Actor, optimizer: torch.optim.Optimizer, batch: Episodes, cfg: GRPOConfig, H: int
+    actor: Actor, reference: Actor, optimizer: torch.optim.Optimizer, groups: Groups, cfg: GRPOConfig, H: int
 ) -> dict[str, float]:
     """Epochs × minibatches of trajectories; returns the means of the minibatch statistics."""
+    batch = groups.batch
     G, M = cfg.group_size, batch.mask.shape[1]
     returns = adv.discounted_returns(batch.rewards, batch.mask, cfg.gamma).view(M // G, G)  # (B', G)
-    advantages = group_advantages(cfg, batch, returns)  # (T, M)
+    vine_values = groups.vine.values if groups.vine else None
+    advantages = group_advantages(cfg, batch, returns, vine_values, H)  # (T, M)
     loss_mask = batch.mask & ~batch.truncated if cfg.mask_truncated else batch.mask  # (T, M)
     with torch.no_grad():
         valid = batch.mask.nonzero(as_tuple=True)
@@ -349,21 +415,25 @@ def diagnostics(groups: Groups, stats: dict[str, float]) -> dict[str, float | No
         "grpo/wasted_step_fraction": sum(e.wasted_steps for e in groups.rounds) / member_steps,
         "grpo/dropped_groups": float(len(tied) - groups.kept_groups),
         "grpo/restore_time_s": groups.restore_time_s, "grpo/step_time_s": sum(e.step_time_s for e in groups.rounds),
+        "grpo/vine_points": groups.vine.points if groups.vine else None,
+        "grpo/vine_branch_step_fraction": groups.vine.branch_steps / groups.env_steps if groups.vine else None,
     }  # fmt: skip
 
 
-def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False, name: str = "grpo") -> dict[str, Any]:
     """Train the GRPO agent into ``run_dir``; returns the summary also written to ``summary.json``."""
     # ── setup ───────────────────────────────────────────────────────────────────────────────────────
     validate(cfg)
     seed_everything(cfg.seed)
     H, M = horizon(cfg), cfg.batch_trajectories
-    env_kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
-    envs = open_envs(cfg.env_id, M, cfg.eval_episodes, cfg.normalize_obs, False, 1.0, cfg.vectorization, **env_kwargs)
+    limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    envs = open_envs(cfg.env_id, M, cfg.eval_episodes, cfg.normalize_obs, False, 1.0, cfg.vectorization,
+                     cfg.env_kwargs, cfg.reward_delay, cfg.eval_env_kwargs, **limit)  # fmt: skip
     env = envs.train
-    mode = starts.restore_mode(cfg.env_id) if cfg.start_mode == "branch" else None
-    trunk_env = None if mode is None else make_vector(cfg.env_id, cfg.num_groups, EnvOptions(vectorization="sync"),
-                                                      **env_kwargs)  # B raw envs, no normalization  # fmt: skip
+    mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs) if cfg.start_mode == "branch" else None
+    trunk_options = EnvOptions(vectorization="sync", reward_delay=cfg.reward_delay)  # B raw envs, no normalization
+    trunk_env = None if mode is None else make_vector(cfg.env_id, cfg.num_groups, trunk_options, **cfg.env_kwargs,
+                                                      **limit)  # fmt: skip
     actor = Actor(network_spec(env, cfg)).to(cfg.device)
     reference = copy.deepcopy(actor).requires_grad_(False)
     flat_params = flatten_parameters(actor)  # one tensor for Adam and the gradient clip: less overhead
@@ -371,19 +441,19 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)  # (H, B·G)
     global_step, iteration, wall_offset = 0, 0, 0.0
     if resume:
-        ckpt = runlog.load_checkpoint(run_dir, {"algo": "grpo", "env_id": cfg.env_id})
+        ckpt = runlog.load_checkpoint(run_dir, {"algo": name, "env_id": cfg.env_id})
         actor.load_state_dict(ckpt["model"])
         reference.load_state_dict(ckpt["reference"])
         optimizer.load_state_dict(ckpt["optimizer"])
         load_normalizer_state(env, ckpt["normalizers"])
         global_step, iteration, wall_offset = ckpt["global_step"], ckpt["iteration"], ckpt["wall_time_s"]
         runlog.load_rng_state(ckpt["rng"])
-    run = RunTracker(run_dir, "grpo", cfg, TAGS, global_step, wall_offset, resume)
+    run = RunTracker(run_dir, name, cfg, TAGS, global_step, wall_offset, resume)
     status, error = "completed", None
 
     def checkpoint() -> None:
         runlog.save_checkpoint(run_dir, {
-            "algo": "grpo", "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
+            "algo": name, "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
             "wall_time_s": run.wall_time(), "model": actor.state_dict(), "reference": reference.state_dict(),
             "optimizer": optimizer.state_dict(), "rng": runlog.rng_state(), "normalizers": normalizer_state(env),
         })  # fmt: skip
@@ -401,7 +471,7 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 # Without an informative group (every group tied in every round) there is nothing to learn.
-                stats = update(actor, reference, optimizer, groups.batch, cfg, H) if groups.kept_groups else {}
+                stats = update(actor, reference, optimizer, groups, cfg, H) if groups.kept_groups else {}
                 refresh_reference(reference, actor, cfg, iteration)
                 runlog.check_finite({k: v for k, v in stats.items() if k == "policy_loss"}, actor)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +61,17 @@ class PPOConfig:
     """Any registered gymnasium id."""
     seed: int = 0
     """Seeds torch, numpy and the training envs."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env (RL Zoo's ``--env-kwargs``), e.g. ``horizon: 300`` for the testbed's
+    tasks; the training and the evaluation envs both get them."""
+    eval_env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Env keyword arguments that differ at evaluation, on top of ``env_kwargs`` (RL Zoo's
+    ``--eval-env-kwargs``), e.g. the tasks' ``distractor_scale: 0``: their distractor rewards are
+    zero-mean and blind to actions, so dropping them keeps a policy's expected return and removes noise."""
+    reward_delay: int | Literal["end"] | None = None
+    """k: release the rewards accumulated every k steps, or ``end``: only at the episode's end
+    (``envs/delay.py``); none: as the env gives them. Training only: the return evaluation reports is
+    the same sum either way."""
     total_steps: int = 1_000_000
     """Env steps to train for (every sub-env step counts)."""
     n_envs: int = 1
@@ -122,6 +133,8 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check(self.total_steps > 0, f"total_steps must be positive, got {self.total_steps}")
+        check(self.reward_delay in (None, "end") or self.reward_delay >= 1,
+              f"reward_delay must be a number of steps >= 1, end or none; got {self.reward_delay}")  # fmt: skip
         check(self.n_envs >= 1, f"n_envs must be at least 1, got {self.n_envs}")
         check(self.n_steps >= 1, f"n_steps must be at least 1, got {self.n_steps}")
         check(
@@ -220,12 +233,12 @@ def update(
     return UpdateStats(*means)
 
 
-def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = "ppo") -> dict[str, Any]:
     """Train PPO into ``run_dir``; returns the summary also written to ``summary.json``."""
     # ── setup ───────────────────────────────────────────────────────────────────────────────────────
     seed_everything(cfg.seed)
-    envs = open_envs(cfg.env_id, cfg.n_envs, cfg.eval_episodes, cfg.normalize_obs, cfg.normalize_reward,
-                     cfg.gamma, cfg.vectorization)  # fmt: skip
+    envs = open_envs(cfg.env_id, cfg.n_envs, cfg.eval_episodes, cfg.normalize_obs, cfg.normalize_reward, cfg.gamma,
+                     cfg.vectorization, cfg.env_kwargs, cfg.reward_delay, cfg.eval_env_kwargs)  # fmt: skip
     env = envs.train
     model = ActorCritic(network_spec(env, cfg)).to(cfg.device)
     flat_params = flatten_parameters(model)  # one tensor for Adam and the gradient clip: less overhead
@@ -233,7 +246,7 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
     buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)
     global_step, iteration, wall_offset = 0, 0, 0.0
     if resume:
-        ckpt = runlog.load_checkpoint(run_dir, {"algo": "ppo", "env_id": cfg.env_id})
+        ckpt = runlog.load_checkpoint(run_dir, {"algo": name, "env_id": cfg.env_id})
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         global_step, iteration, wall_offset = ckpt["global_step"], ckpt["iteration"], ckpt["wall_time_s"]
@@ -242,12 +255,12 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]
     else:
         obs, _ = env.reset(seed=cfg.seed)
         state = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool))
-    run = RunTracker(run_dir, "ppo", cfg, TAGS, global_step, wall_offset, resume)
+    run = RunTracker(run_dir, name, cfg, TAGS, global_step, wall_offset, resume)
     status, error = "completed", None
 
     def checkpoint() -> None:
         runlog.save_checkpoint(run_dir, {
-            "algo": "ppo", "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
+            "algo": name, "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
             "wall_time_s": run.wall_time(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "rng": runlog.rng_state(), **save_envs(env, state),
         })  # fmt: skip

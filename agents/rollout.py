@@ -13,6 +13,7 @@ observation. So:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -145,11 +146,18 @@ class Episodes:
 
 
 def collect_episodes(
-    env: VectorEnv, actor: Actor, first_obs: np.ndarray, buffers: SegmentBuffers, device: str = "cpu"
+    env: VectorEnv,
+    actor: Actor,
+    first_obs: np.ndarray,
+    buffers: SegmentBuffers,
+    device: str = "cpu",
+    before_step: Callable[[int, np.ndarray], None] | None = None,
 ) -> Episodes:
     """Step all M sub-envs from ``first_obs`` (M, obs_dim) with π_θ until each has ended once.
 
     ``buffers`` is (T_max, M): T_max must bound the episode length (the env's time limit).
+    ``before_step(t, alive (M,))`` runs before step t, while the sub-envs are in the states s_t (the
+    vine takes its snapshots there).
     """
     T_max, M = buffers.rewards.shape
     alive = np.ones(M, dtype=bool)  # (M,)
@@ -160,6 +168,8 @@ def collect_episodes(
         while alive.any():
             if t == T_max:
                 raise RuntimeError(f"an episode outlived max_episode_steps={T_max}; the env's time limit is longer")
+            if before_step is not None:
+                before_step(t, alive)
             buffers.obs[t] = obs
             buffers.sample_mask[t] = alive
             sample = actor.act(torch.from_numpy(buffers.obs[t]).to(device))

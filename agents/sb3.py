@@ -57,7 +57,8 @@ from agents import runlog
 from agents.config import check
 from agents.ppo import TAGS, PPOConfig
 from agents.seeding import seed_everything
-from agents.training import Envs, RunTracker, memory_report
+from agents.training import Envs, RunTracker, make_eval_env, memory_report
+from envs.delay import DelayedReward
 
 ALGO = "sb3-ppo"
 # SB3's logger keys → our tags; SB3 logs the entropy *loss*, −H, so its sign flips.
@@ -151,7 +152,9 @@ def make_sb3_env(cfg: PPOConfig, seed: int | None = None) -> VecEnv:
     with our factory's settings when either normalization is on. Sub-env i is seeded ``seed + i``
     (default ``cfg.seed``) at its first reset."""
     vec_env_cls = SubprocVecEnv if cfg.vectorization == "async" else DummyVecEnv  # SB3 has no native vector envs
-    env = make_vec_env(cfg.env_id, n_envs=cfg.n_envs, seed=cfg.seed if seed is None else seed, vec_env_cls=vec_env_cls)
+    delay = {"wrapper_class": DelayedReward, "wrapper_kwargs": {"delay": cfg.reward_delay}} if cfg.reward_delay else {}
+    env = make_vec_env(cfg.env_id, n_envs=cfg.n_envs, seed=cfg.seed if seed is None else seed, vec_env_cls=vec_env_cls,
+                       env_kwargs=cfg.env_kwargs, **delay)  # fmt: skip
     if cfg.normalize_obs or cfg.normalize_reward:
         env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=10.0,
                            clip_reward=10.0, gamma=cfg.gamma)  # fmt: skip
@@ -229,10 +232,8 @@ class SB3Envs(Envs):
 
     @classmethod
     def open(cls, cfg: PPOConfig, sb3_env: VecEnv) -> SB3Envs:
-        # As training.open_envs: sync so each sub-env takes its own seed; raw rewards; statistics frozen.
-        options = envs_pkg.EnvOptions(normalize_obs=cfg.normalize_obs, vectorization="sync")
-        evaluation = envs_pkg.make_vector(cfg.env_id, cfg.eval_episodes, options)
-        envs_pkg.freeze_normalizers(evaluation)
+        evaluation = make_eval_env(cfg.env_id, cfg.eval_episodes, cfg.normalize_obs, cfg.env_kwargs,
+                                   cfg.eval_env_kwargs)  # fmt: skip
         space = evaluation.single_action_space
         continuous = isinstance(space, gym.spaces.Box)
         return cls(train=evaluation, eval=evaluation, continuous=continuous,

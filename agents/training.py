@@ -52,29 +52,46 @@ def open_envs(
     normalize_reward: bool,
     gamma: float,
     vectorization: str,
-    **env_kwargs: Any,
+    env_kwargs: dict[str, Any] | None = None,
+    reward_delay: int | str | None = None,
+    eval_env_kwargs: dict[str, Any] | None = None,
+    **train_kwargs: Any,
 ) -> Envs:
     """Build the training and evaluation envs; refuse action spaces the agents cannot handle.
 
-    ``env_kwargs`` (e.g. ``max_episode_steps``) go to the training env only: evaluation always uses the
-    env as registered, so scores stay comparable across agents.
+    ``env_kwargs`` define the env (a task's ``horizon``, say) and go to both envs. ``reward_delay`` and
+    ``train_kwargs`` (e.g. ``max_episode_steps``) shape training only: evaluation uses the env as the
+    kwargs define it (``eval_env_kwargs`` on top), with its own time limit, so scores stay comparable
+    across agents. A delayed reward does not change an episode's return, which is what evaluation reports.
     """
+    env_kwargs = env_kwargs or {}
     options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, normalize_reward=normalize_reward, gamma=gamma,
-                                  vectorization=vectorization)  # fmt: skip
-    train = envs_pkg.make_vector(env_id, n_envs, options, **env_kwargs)
+                                  vectorization=vectorization, reward_delay=reward_delay)  # fmt: skip
+    train = envs_pkg.make_vector(env_id, n_envs, options, **env_kwargs, **train_kwargs)
     action_space = train.single_action_space
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or (
         isinstance(action_space, gym.spaces.Box) and len(action_space.shape) != 1
     ):
         train.close()
         raise BadInput(f"{env_id} has action space {action_space}; the agents support Discrete and 1-D Box actions")
-    # Evaluation: sync so each sub-env takes its own seed; raw rewards; normalization frozen at use.
-    eval_options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, vectorization="sync")
-    evaluation = envs_pkg.make_vector(env_id, eval_episodes, eval_options)
-    envs_pkg.freeze_normalizers(evaluation)
+    evaluation = make_eval_env(env_id, eval_episodes, normalize_obs, env_kwargs, eval_env_kwargs)
     obs_dim, action_dim, continuous = space_dims(train)
     action_shape = tuple(action_space.shape) if continuous else ()
     return Envs(train, evaluation, continuous, obs_dim, action_dim, action_shape)
+
+
+def make_eval_env(
+    env_id: str,
+    episodes: int,
+    normalize_obs: bool,
+    env_kwargs: dict[str, Any],
+    eval_env_kwargs: dict[str, Any] | None = None,
+) -> VectorEnv:
+    """One sub-env per evaluation episode: sync so each takes its own seed; raw rewards; statistics frozen."""
+    options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, vectorization="sync")
+    evaluation = envs_pkg.make_vector(env_id, episodes, options, **{**env_kwargs, **(eval_env_kwargs or {})})
+    envs_pkg.freeze_normalizers(evaluation)
+    return evaluation
 
 
 def space_dims(env: VectorEnv) -> tuple[int, int, bool]:

@@ -6,8 +6,11 @@ Every env it makes:
   ``step`` call ignores its action, resets that sub-env and returns the first observation of the new
   episode with reward 0. Rollouts mark that autoreset step as not a training sample.
 - records episode statistics (``info["episode"]``) of the raw rewards, inside any reward scaling;
-- uses gymnasium's native vectorized implementation where one exists (CartPole), else ``sync`` or
-  ``async`` vectorization;
+- uses the native vectorized implementation where one exists (gymnasium's CartPole without kwargs, the
+  testbed's tasks of :mod:`envs.tasks` with any kwargs but a time limit), else ``sync`` or ``async``
+  vectorization;
+- optionally delays rewards in each sub-env (:class:`envs.delay.DelayedReward`), which needs ``sync`` or
+  ``async``: a native vector env has no sub-envs to wrap;
 - optionally clips actions, normalizes observations and scales rewards with vector-level wrappers, so
   every sub-env shares one set of running statistics.
 """
@@ -15,6 +18,7 @@ Every env it makes:
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,6 +28,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.wrappers import vector as vector_wrappers
 
+from envs import tasks
+from envs.delay import Delay, DelayedReward, check_delay
 from envs.errors import BadInput
 
 Vectorization = Literal["auto", "native", "sync", "async"]
@@ -47,7 +53,13 @@ class EnvOptions:
     clip_reward: float = 10.0
     """Scaled rewards are clipped to [-clip_reward, clip_reward]."""
     vectorization: Vectorization = "auto"
-    """``auto``: native if gymnasium has it, else sync."""
+    """``auto``: native if the env has it (see the module docstring) and no reward delay, else sync."""
+    reward_delay: Delay | None = None
+    """Release each sub-env's rewards every k steps or at the episode's end (``"end"``); None or 1: as given."""
+
+    def __post_init__(self) -> None:
+        if self.reward_delay is not None:
+            check_delay(self.reward_delay)
 
 
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -111,12 +123,18 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     check_env_installed(env_id)
     if num_envs < 1:
         raise BadInput(f"num_envs must be at least 1, got {num_envs}")
+    delayed = options.reward_delay not in (None, 1)
     mode = options.vectorization
     if mode == "auto":
-        mode = "native" if spec.vector_entry_point is not None and not env_kwargs else "sync"
+        # The testbed's vector tasks take the same kwargs as its single ones, but no time limit; gymnasium's
+        # native envs take few of their single envs' kwargs.
+        native_kwargs = not env_kwargs or (spec.id in tasks.TASK_IDS and "max_episode_steps" not in env_kwargs)
+        mode = "native" if spec.vector_entry_point is not None and native_kwargs and not delayed else "sync"
     if mode == "native":
         if spec.vector_entry_point is None:
             raise BadInput(f"{env_id} has no native vectorized implementation; use vectorization=sync or async")
+        if delayed:
+            raise BadInput("a reward delay wraps each sub-env, which native vector envs lack; use vectorization=sync")
         kwargs = dict(env_kwargs)
         if spec.max_episode_steps is not None:
             kwargs.setdefault("max_episode_steps", spec.max_episode_steps)
@@ -127,6 +145,7 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
             num_envs=num_envs,
             vectorization_mode=mode,
             vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP},
+            wrappers=[functools.partial(DelayedReward, delay=options.reward_delay)] if delayed else None,
             **env_kwargs,
         )
     else:
@@ -151,6 +170,20 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     if env.metadata.get("autoreset_mode") != AutoresetMode.NEXT_STEP:
         raise RuntimeError("a wrapper changed the autoreset mode")
     return env
+
+
+def episode_limit(env_id: str, **env_kwargs: Any) -> int | None:
+    """The most steps an episode of ``env_id`` can last: the least of its time limit (``max_episode_steps``
+    given, else the spec's) and the env's own ``horizon`` where it has one; None if it has neither."""
+    spec = check_env_id(env_id)
+    time_limit = env_kwargs.get("max_episode_steps") or spec.max_episode_steps
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        horizon = getattr(env.unwrapped, "horizon", None)
+    finally:
+        env.close()
+    limits = [int(n) for n in (time_limit, horizon) if n is not None]
+    return min(limits) if limits else None
 
 
 def find_wrapper(env: VectorEnv, kind: type) -> Any | None:

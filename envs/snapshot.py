@@ -10,8 +10,11 @@ Supported families:
   env's RNG and the time-limit counter.
 - classic control with a ``state`` array (CartPole, Acrobot, MountainCar, Pendulum): the array, the
   post-termination counter, the RNG and the time-limit counter.
+- tasks whose unwrapped env has ``get_state``/``set_state`` (the testbed's own, :mod:`envs.tasks`): that
+  state, the RNG and the time-limit counter.
 
-Anything else raises :class:`NotRestorable`, never a silently wrong state.
+For every kind, a :class:`envs.delay.DelayedReward` in the wrapper chain adds its buffered reward and its
+steps since the last release. Anything else raises :class:`NotRestorable`, never a silently wrong state.
 """
 
 from __future__ import annotations
@@ -22,18 +25,25 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from envs.delay import DelayedReward
+
 
 class NotRestorable(RuntimeError):
     """The environment's state cannot be captured and set exactly."""
 
 
-def _time_limit(env: gym.Env) -> gym.wrappers.TimeLimit | None:
+def _wrapper(env: gym.Env, kind: type) -> Any | None:
+    """The outermost wrapper of type ``kind`` in the env's chain, or None."""
     layer: Any = env
     while isinstance(layer, gym.Wrapper):
-        if isinstance(layer, gym.wrappers.TimeLimit):
+        if isinstance(layer, kind):
             return layer
         layer = layer.env
     return None
+
+
+def _time_limit(env: gym.Env) -> gym.wrappers.TimeLimit | None:
+    return _wrapper(env, gym.wrappers.TimeLimit)
 
 
 def _is_mujoco(base: gym.Env) -> bool:
@@ -46,19 +56,25 @@ def _is_classic(base: gym.Env) -> bool:
     return type(base).__module__.startswith("gymnasium.envs.classic_control") and hasattr(base, "state")
 
 
+def _is_task(base: gym.Env) -> bool:
+    return callable(getattr(base, "get_state", None)) and callable(getattr(base, "set_state", None))
+
+
 def is_restorable(env: gym.Env) -> bool:
     """Whether :func:`snapshot` supports this environment."""
     base = env.unwrapped
-    return _is_mujoco(base) or _is_classic(base)
+    return _is_mujoco(base) or _is_classic(base) or _is_task(base)
 
 
 def snapshot(env: gym.Env) -> dict[str, Any]:
     """Capture everything that decides the env's next observations and rewards, as plain data."""
     base = env.unwrapped
     time_limit = _time_limit(env)
+    delay: DelayedReward | None = _wrapper(env, DelayedReward)
     state: dict[str, Any] = {
         "rng": copy.deepcopy(base.np_random.bit_generator.state),
         "elapsed_steps": None if time_limit is None else time_limit._elapsed_steps,
+        "delay": None if delay is None else {"buffered": delay.buffered, "since_release": delay.since_release},
     }
     if _is_mujoco(base):
         import mujoco
@@ -72,10 +88,13 @@ def snapshot(env: gym.Env) -> dict[str, Any]:
         state["kind"] = "classic"
         state["state"] = np.array(base.state, copy=True)
         state["steps_beyond_terminated"] = getattr(base, "steps_beyond_terminated", None)
+    elif _is_task(base):
+        state["kind"] = "task"
+        state["task"] = copy.deepcopy(base.get_state())
     else:
         raise NotRestorable(
             f"{env.spec.id if env.spec else type(base).__name__} has no state that can be set directly; "
-            "only MuJoCo and classic-control environments are restorable by state"
+            "only MuJoCo, classic-control and get_state/set_state environments are restorable by state"
         )
     return state
 
@@ -83,10 +102,17 @@ def snapshot(env: gym.Env) -> dict[str, Any]:
 def restore(env: gym.Env, state: dict[str, Any]) -> None:
     """Set the env to a state taken by :func:`snapshot` on an env of the same id."""
     base = env.unwrapped
+    delay: DelayedReward | None = _wrapper(env, DelayedReward)
+    if (delay is None) != (state.get("delay") is None):
+        # Restoring across the mismatch would drop or invent buffered rewards.
+        raise NotRestorable("the snapshot and the env differ in having a DelayedReward wrapper")
     base.np_random.bit_generator.state = copy.deepcopy(state["rng"])
     time_limit = _time_limit(env)
     if time_limit is not None and state["elapsed_steps"] is not None:
         time_limit._elapsed_steps = state["elapsed_steps"]
+    if delay is not None:
+        delay.buffered = float(state["delay"]["buffered"])
+        delay.since_release = int(state["delay"]["since_release"])
     if state["kind"] == "mujoco":
         import mujoco
 
@@ -100,5 +126,9 @@ def restore(env: gym.Env, state: dict[str, Any]) -> None:
         base.state = np.array(state["state"], copy=True)
         if "steps_beyond_terminated" in state and hasattr(base, "steps_beyond_terminated"):
             base.steps_beyond_terminated = state["steps_beyond_terminated"]
+    elif state["kind"] == "task":
+        if not _is_task(base):
+            raise NotRestorable("a task snapshot cannot be restored into an env without set_state")
+        base.set_state(copy.deepcopy(state["task"]))
     else:
         raise NotRestorable(f"unknown snapshot kind {state['kind']!r}")

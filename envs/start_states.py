@@ -50,10 +50,12 @@ __all__ = [
     "RestoreMode",
     "branch_groups",
     "group_seeds",
+    "member_point",
     "observe",
     "reset_groups",
     "restore_mode",
     "run_trunks",
+    "settable",
 ]
 
 RestoreMode = Literal["direct", "replay"]
@@ -131,9 +133,9 @@ def _same(a: Any, b: Any) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=floating)
 
 
-def _replay_differs(env_id: str) -> str | None:
+def _replay_differs(env_id: str, **env_kwargs: Any) -> str | None:
     """Drive two fresh envs with the same seeds and random actions; describe the first difference, if any."""
-    first, second = gym.make(env_id), gym.make(env_id)
+    first, second = gym.make(env_id, **env_kwargs), gym.make(env_id, **env_kwargs)
     try:
         seed = 0
         obs_1, _ = first.reset(seed=seed)
@@ -161,23 +163,28 @@ def _replay_differs(env_id: str) -> str | None:
         second.close()
 
 
-def restore_mode(env_id: str) -> RestoreMode:
+def settable(env_id: str, **env_kwargs: Any) -> bool:
+    """Whether a fresh ``gym.make(env_id, **env_kwargs)`` (after reset) is :func:`envs.snapshot.is_restorable`."""
+    check_env_installed(env_id)
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        env.reset(seed=0)
+        return snapshot.is_restorable(env)
+    finally:
+        env.close()
+
+
+def restore_mode(env_id: str, **env_kwargs: Any) -> RestoreMode:
     """How branch points of ``env_id`` are restored exactly.
 
     ``direct`` if a fresh ``gym.make(env_id)`` (after reset) is :func:`envs.snapshot.is_restorable`;
     else ``replay`` if two fresh envs reset with the same seed and driven by the same 200 random actions
     (re-reset with the same new seed at each episode end) give bit-identical observations, rewards,
-    terminated and truncated. Otherwise raises NotRestorable.
+    terminated and truncated. Otherwise raises NotRestorable. ``env_kwargs`` go to ``gym.make``.
     """
-    check_env_installed(env_id)
-    env = gym.make(env_id)
-    try:
-        env.reset(seed=0)
-        if snapshot.is_restorable(env):
-            return "direct"
-    finally:
-        env.close()
-    difference = _replay_differs(env_id)
+    if settable(env_id, **env_kwargs):
+        return "direct"
+    difference = _replay_differs(env_id, **env_kwargs)
     if difference is not None:
         raise NotRestorable(
             f"{env_id} cannot be restored exactly: it has no settable state and is not deterministic "
@@ -329,6 +336,17 @@ def run_trunks(
                 points[b] = point_here(b, prefixes[b], returns[b])
                 pending[b] = False
     return points, steps
+
+
+def member_point(env: VectorEnv, i: int) -> BranchPoint:
+    """Sub-env i's current state as a branch point (mode ``direct``), for :func:`branch_groups` later.
+
+    The point holds a snapshot (env state, RNG, time-limit counter, buffered delayed reward) and the
+    sub-env's own observation. Its reset seed is 0: a direct restore overwrites all the reset sets.
+    """
+    base = _sync_base(env, "member_point")
+    return BranchPoint(seed=0, actions=[], raw_obs=np.array(base._env_obs[i], copy=True),
+                       state=snapshot.snapshot(base.envs[i]), prefix_return=0.0)  # fmt: skip
 
 
 def _clear_episode_bookkeeping(env: VectorEnv, base: SyncVectorEnv, members: np.ndarray) -> None:

@@ -73,6 +73,8 @@ def _base_state(base: VectorEnv) -> dict[str, Any] | None:
             "prev_done": np.array(base.prev_done, copy=True),
             "rng": copy.deepcopy(base.np_random.bit_generator.state),
         }
+    if hasattr(base, "get_state") and hasattr(base, "set_state"):  # the testbed's native task vector envs
+        return {"kind": "native_task", "state": base.get_state()}
     if isinstance(base, SyncVectorEnv) and all(snapshot.is_restorable(e) for e in base.envs):
         return {
             "kind": "sync",
@@ -88,6 +90,8 @@ def _load_base_state(base: VectorEnv, state: dict[str, Any]) -> None:
         base.steps = np.array(state["steps"], copy=True)
         base.prev_done = np.array(state["prev_done"], copy=True)
         base.np_random.bit_generator.state = copy.deepcopy(state["rng"])
+    elif state["kind"] == "native_task" and hasattr(base, "set_state"):
+        base.set_state(state["state"])
     elif state["kind"] == "sync" and isinstance(base, SyncVectorEnv):
         for sub_env, sub_state in zip(base.envs, state["envs"], strict=True):
             snapshot.restore(sub_env, sub_state)

@@ -62,10 +62,16 @@ class Cell:
     env_id: str
     seed: int
     total_steps: int | None
-    overrides: tuple[str, ...]  # key=value for this algo
+    overrides: tuple[str, ...]  # key=value for this algo (and this variant)
+    variant: str = ""  # a study's setting of the env, e.g. horizon300; "" in a plain grid
+
+    @property
+    def label(self) -> str:
+        return f"{self.env_id}[{self.variant}]" if self.variant else self.env_id
 
     def run_dir(self, bench_dir: Path) -> Path:
-        return bench_dir / self.env_id.replace("/", "_") / self.algo / f"seed{self.seed}"
+        env_dir = bench_dir / self.env_id.replace("/", "_")
+        return (env_dir / self.variant if self.variant else env_dir) / self.algo / f"seed{self.seed}"
 
     def command(self, run_dir: Path, resume: bool) -> list[str]:
         argv = [sys.executable, "-m", "lab", "train", "--algo", self.algo, "--env", self.env_id, "--seed",
@@ -94,10 +100,17 @@ class Grid:
     seeds: list[int]
     total_steps: int | None
     overrides: dict[str, list[str]] = field(default_factory=dict)  # algo → ["key=value", ...]
+    variants: dict[str, list[str]] = field(default_factory=lambda: {"": []})  # label → pairs for every algo
 
     def cells(self) -> list[Cell]:
-        return [Cell(a, e, s, self.total_steps, tuple(self.overrides.get(a, [])))
-                for e in self.envs for a in self.algos for s in self.seeds]  # fmt: skip
+        return [Cell(a, e, s, self.total_steps, tuple(self.overrides.get(a, []) + pairs), v)
+                for e in self.envs for v, pairs in self.variants.items() for a in self.algos
+                for s in self.seeds]  # fmt: skip
+
+    def definition(self) -> dict[str, Any]:
+        """What makes two runs of a bench the same grid: a rerun with another definition is refused."""
+        plain = {"total_steps": self.total_steps, "overrides": self.overrides}
+        return plain if self.variants == {"": []} else {**plain, "variants": self.variants}
 
 
 # ── planning and validation: everything is checked before the first cell starts ───────────────────
@@ -112,8 +125,12 @@ def plan_grid(
     sets: list[str],
     name: str | None,
     known_algos: dict[str, Any],
+    variants: dict[str, list[str]] | None = None,
 ) -> Grid:
-    """Resolve a suite and explicit options into a validated grid."""
+    """Resolve a suite and explicit options into a validated grid.
+
+    ``sets`` are ``ALGO.key=value`` (one algo) or ``key=value`` (every algo). ``variants`` (label →
+    key=value pairs for every algo) multiply the grid: a study's horizons or reward delays."""
     from agents.config import parse_overrides, resolve_config
 
     if suite is not None and suite not in SUITES:
@@ -125,6 +142,7 @@ def plan_grid(
         envs=list(envs or base.envs),
         seeds=list(range(seeds if seeds is not None else base.seeds)),
         total_steps=total_steps if total_steps is not None else base.total_steps,
+        variants=variants or {"": []},
     )
     if not grid.envs:
         raise BadInput("no environments: pass --envs ENV_ID ... or --suite quick|classic|mujoco")
@@ -136,34 +154,43 @@ def plan_grid(
     if unknown:
         raise BadInput(f"unknown algo {', '.join(unknown)}; choose from {', '.join(known_algos)}")
     for pair in sets:
-        algo, dot, rest = pair.partition(".")
-        if not dot or algo not in known_algos:
+        key, _, _ = pair.partition("=")
+        if "." not in key:  # key=value: every algo
+            for algo in grid.algos:
+                grid.overrides.setdefault(algo, []).append(pair)
+            continue
+        algo, _, rest = pair.partition(".")
+        if algo not in known_algos:
             choices = ", ".join(known_algos)
-            raise BadInput(f"--set in a bench takes ALGO.key=value (ALGO one of {choices}); got {pair!r}")
+            raise BadInput(f"--set in a bench takes ALGO.key=value (ALGO one of {choices}) or key=value; "
+                           f"got {pair!r}")  # fmt: skip
         grid.overrides.setdefault(algo, []).append(rest)
     for env_id in grid.envs:
         continuous = isinstance(action_space_of(env_id), gym.spaces.Box)
         for algo in grid.algos:
-            # Builds and validates every cell's config, as `testbed train` would, before any run.
-            values: dict[str, Any] = parse_overrides(grid.overrides.get(algo, []))
-            if grid.total_steps is not None:
-                values["total_steps"] = grid.total_steps
-            preset = known_algos[algo].preset or algo
-            cfg, _ = resolve_config(known_algos[algo].config, preset, env_id, continuous, values)
-            known_algos[algo].validate(cfg)
+            for pairs in grid.variants.values():
+                # Builds and validates every cell's config, as `testbed train` would, before any run.
+                values: dict[str, Any] = parse_overrides(grid.overrides.get(algo, []) + pairs)
+                if grid.total_steps is not None:
+                    values["total_steps"] = grid.total_steps
+                algo_spec = known_algos[algo]
+                cfg, _ = resolve_config(algo_spec.config, algo_spec.preset or algo, env_id, continuous,
+                                        {**algo_spec.fixed, **values})  # fmt: skip
+                algo_spec.validate(cfg)
     return grid
 
 
 def check_bench_dir(bench_dir: Path, grid: Grid) -> None:
     """A bench directory belongs to one grid definition; rerunning it with other settings is refused."""
     path = bench_dir / "bench.yaml"
-    definition = {"total_steps": grid.total_steps, "overrides": grid.overrides}
+    definition = grid.definition()
     if path.exists():
         saved = yaml.safe_load(path.read_text()) or {}
         if {k: saved.get(k) for k in definition} != definition:
             raise BadInput(
-                f"{bench_dir} was run with total_steps={saved.get('total_steps')} and overrides="
-                f"{saved.get('overrides')}; use another --name for different settings"
+                f"{bench_dir} was run with total_steps={saved.get('total_steps')}, overrides="
+                f"{saved.get('overrides')} and variants={saved.get('variants')}; use another --name for different "
+                "settings"
             )
 
 
@@ -172,8 +199,7 @@ def write_bench_yaml(bench_dir: Path, grid: Grid) -> None:
     saved = yaml.safe_load(path.read_text()) if path.exists() else {}
     merged = {
         "name": grid.name,
-        "total_steps": grid.total_steps,
-        "overrides": grid.overrides,
+        **grid.definition(),
         "algos": sorted(set(saved.get("algos", [])) | set(grid.algos)),
         "envs": sorted(set(saved.get("envs", [])) | set(grid.envs)),
         "seeds": sorted(set(saved.get("seeds", [])) | set(grid.seeds)),
@@ -305,14 +331,14 @@ class Board:
 
     def started(self, cell: Cell) -> None:
         self.running += 1
-        self._show(f"started  {cell.env_id} {cell.algo} seed {cell.seed}")
+        self._show(f"started  {cell.label} {cell.algo} seed {cell.seed}")
 
     def finished(self, outcome: Outcome) -> None:
         self.running -= 1
         self.done += 1
         self.failed += outcome.status == "failed"
         how = "skipped (done)" if outcome.attempts == 0 else outcome.status + (" (resumed)" if outcome.resumed else "")
-        self._show(f"{how:<21} {outcome.cell.env_id} {outcome.cell.algo} seed {outcome.cell.seed}"
+        self._show(f"{how:<21} {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}"
                    + (f": {outcome.error}" if outcome.error and outcome.status == "failed" else ""))  # fmt: skip
         if self.interactive:
             self.bar.update(1)

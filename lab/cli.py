@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,28 @@ class Algo:
     """Checks that need the env (run before anything is written)."""
     preset: str | None = None
     """The presets file, ``agents/presets/<preset>.yaml``; None: the algo's own name."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Config values that make this algo a variant of another (PPO with λ = 0, say); not overridable."""
 
 
+def _sb3_train(cfg: ppo.PPOConfig, run_dir: Path, resume: bool = False, name: str = "sb3-ppo") -> dict[str, Any]:
+    return sb3.train(cfg, run_dir, resume=resume)
+
+
+_PPO = {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": _load_actor_critic, "preset": "ppo"}
+_GRPO = {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": _load_actor, "validate": grpo.validate,
+         "preset": "grpo"}  # fmt: skip
 ALGOS: dict[str, Algo] = {
-    "ppo": Algo(ppo.PPOConfig, ppo.train, _load_actor_critic),
-    "grpo": Algo(grpo.GRPOConfig, grpo.train, _load_actor, grpo.validate),
-    "sb3-ppo": Algo(ppo.PPOConfig, sb3.train, lambda cfg, spec, weights: sb3.load_policy(cfg, weights), sb3.validate,
+    "ppo": Algo(**_PPO),
+    "grpo": Algo(**_GRPO),
+    "sb3-ppo": Algo(ppo.PPOConfig, _sb3_train, lambda cfg, spec, weights: sb3.load_policy(cfg, weights), sb3.validate,
                     preset="ppo"),  # fmt: skip
+    # The credit-assignment study's methods: GAE's λ at its ends (one-step TD, Monte Carlo), GRPO's
+    # per-step reward-to-go, and Monte-Carlo values from branches (agents/vine.py).
+    "ppo-lambda0": Algo(**_PPO, fixed={"gae_lambda": 0.0}),
+    "ppo-lambda1": Algo(**_PPO, fixed={"gae_lambda": 1.0}),
+    "grpo-process": Algo(**_GRPO, fixed={"advantage": "process"}),
+    "grpo-vine": Algo(**_GRPO, fixed={"advantage": "vine"}),
 }
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
@@ -77,6 +92,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise BadInput(f"unknown --algo {args.algo!r}; choose one of {', '.join(ALGOS)}")
     algo = ALGOS[args.algo]
     overrides: dict[str, Any] = parse_overrides(args.set)
+    if args.env_kwargs:
+        overrides["env_kwargs"] = ",".join(args.env_kwargs)
+    if args.reward_delay is not None:
+        overrides["reward_delay"] = args.reward_delay
+    clash = sorted(set(overrides) & set(algo.fixed))
+    if clash:
+        raise BadInput(f"{args.algo} fixes {', '.join(f'{k}={algo.fixed[k]}' for k in clash)}; "
+                       f"use --algo {args.algo.split('-')[0]} to set {', '.join(clash)}")  # fmt: skip
+    overrides = {**algo.fixed, **overrides}
     if args.seed is not None:
         overrides["seed"] = args.seed
     if args.total_steps is not None:
@@ -108,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"{args.algo} on {cfg.env_id}, seed {cfg.seed}, {cfg.total_steps} steps, preset {preset_name}")
     print(f"run directory: {run_dir}")
 
-    summary = algo.train(cfg, run_dir, resume=args.resume)
+    summary = algo.train(cfg, run_dir, resume=args.resume, name=args.algo)
 
     print(json.dumps(summary, indent=2))
     if summary["status"] == "failed":
@@ -120,8 +144,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from agents.training import EVAL_SEED_BASE, evaluate_policy, network_spec
-    from envs import EnvOptions, freeze_normalizers, load_normalizer_state, make_vector
+    from agents.training import EVAL_SEED_BASE, evaluate_policy, make_eval_env, network_spec
+    from envs import load_normalizer_state
 
     torch.set_num_threads(1)
     run_dir = Path(args.run_dir)
@@ -133,11 +157,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise BadInput(f"--episodes must be at least 1, got {args.episodes}")
     cfg = build_config(ALGOS[algo_name].config, values)
     ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
-    env = make_vector(cfg.env_id, args.episodes, EnvOptions(normalize_obs=cfg.normalize_obs, vectorization="sync"))
+    env = make_eval_env(cfg.env_id, args.episodes, cfg.normalize_obs, cfg.env_kwargs, cfg.eval_env_kwargs)
     stats = dict(ckpt["normalizers"])
     stats.pop("return_rms", None)
     load_normalizer_state(env, stats)
-    freeze_normalizers(env)
     model = ALGOS[algo_name].load_policy(cfg, network_spec(env, cfg), ckpt["model"])
     seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
     returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
@@ -177,6 +200,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_credit(args: argparse.Namespace) -> int:
+    from lab import bench, credit
+
+    if args.workers is not None and args.workers < 1:
+        raise BadInput(f"--workers must be at least 1, got {args.workers}")
+    study = credit.plan_study(args.task, args.horizons, args.env_kwargs)
+    name = args.name or "credit-" + args.task.replace(":", "-").replace("/", "_")
+    grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, args.set, name, ALGOS,
+                           variants=study.variants())  # fmt: skip
+    bench_dir = bench.BENCH_ROOT / grid.name
+    bench.check_bench_dir(bench_dir, grid)
+    credit.write_study(bench_dir, study)
+    workers = args.workers or os.cpu_count() or 1
+    print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × {len(grid.algos)} algos "
+          f"× {len(grid.seeds)} seeds = {len(grid.cells())} runs, {args.backend} backend, {workers} workers → {bench_dir}")  # fmt: skip
+    try:
+        bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address)
+    except KeyboardInterrupt:
+        print("interrupted: running cells saved checkpoints; rerun the same command to continue", file=sys.stderr)
+        return 130
+    failed = [o for o in outcomes if o.status != "completed"]
+    print(f"{len(outcomes) - len(failed)} of {len(grid.cells())} runs completed; study report: "
+          f"{bench_dir / 'credit.md'}; bench report: {bench_dir / 'report.md'}")  # fmt: skip
+    for outcome in failed:
+        print(f"  {outcome.status}: {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}: {outcome.error}")
+    return 1 if failed else 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from lab.plot import plot_runs
 
@@ -205,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--total-steps", type=int, default=None, help="env steps (default: the preset's)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key; repeatable. Keys: the fields of the algo's config")  # fmt: skip
+    train.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE",
+                       help="keyword arguments of the env, e.g. horizon:300 (config key env_kwargs)")  # fmt: skip
+    train.add_argument("--reward-delay", default=None, metavar="K|end",
+                       help="release rewards every K steps or at the episode's end (config key reward_delay)")  # fmt: skip
     train.add_argument("--run-dir", default=None, help="output directory (default: runs/ALGO/ENV/seedN-TIME)")
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     train.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="network device (default cpu)")
@@ -225,14 +280,33 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--envs", nargs="+", default=None, help="gymnasium ids (default: the suite's)")
     grid.add_argument("--seeds", type=int, default=None, help="number of seeds, 0 … N−1 (default: the suite's, 3)")
     grid.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
-    grid.add_argument("--set", action="append", default=[], metavar="ALGO.KEY=VALUE",
-                      help="override one algo's config key; repeatable")  # fmt: skip
+    grid.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
+                      help="override a config key of one algo (ALGO.KEY=VALUE) or of all (KEY=VALUE); repeatable")  # fmt: skip
     grid.add_argument("--workers", type=int, default=None, help="runs at a time (default: the number of cores)")
     grid.add_argument("--backend", choices=["local", "ray"], default="local", help="where the runs execute")
     grid.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port); "
                       "default: start a local instance")  # fmt: skip
     grid.add_argument("--name", default=None, help="bench name: runs/bench/NAME (default: the suite's name)")
     grid.set_defaults(func=cmd_bench)
+
+    study = sub.add_parser("credit", help="a credit-assignment study: sweep the horizon or reward delay",
+                           formatter_class=fmt)  # fmt: skip
+    study.add_argument("--task", required=True, metavar="chain|keydoor|delayed:ENV_ID",
+                       help="the testbed's chain or key-to-door task, or any env with delayed rewards")  # fmt: skip
+    study.add_argument("--horizons", nargs="+", default=None, metavar="H",
+                       help="episode lengths of chain/keydoor (default 10 30 100 300 1000); reward delays k of "
+                       "delayed:ENV_ID, integers or end (default 1 20 100 end)")  # fmt: skip
+    study.add_argument("--algos", nargs="+", default=["ppo", "grpo", "grpo-vine"], help=f"of: {', '.join(ALGOS)}")
+    study.add_argument("--seeds", type=int, default=3, help="number of seeds, 0 … N−1")
+    study.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
+    study.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE", help="more env keyword arguments")
+    study.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
+                       help="override a config key of one algo or of all; repeatable")  # fmt: skip
+    study.add_argument("--workers", type=int, default=None, help="runs at a time (default: the number of cores)")
+    study.add_argument("--backend", choices=["local", "ray"], default="local", help="where the runs execute")
+    study.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port)")
+    study.add_argument("--name", default=None, help="runs/bench/NAME (default: credit-TASK)")
+    study.set_defaults(func=cmd_credit)
 
     plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=fmt)
     plot.add_argument("paths", nargs="+", help="run directories or folders holding them (benches)")

@@ -32,7 +32,7 @@ import yaml
 
 from envs.errors import BadInput
 from lab.plot import X_LABELS, algo_colors, plot_env_runs, plot_intervals
-from lab.results import Run, bootstrap_ci, find_runs, iqm
+from lab.results import Run, base_env_id, bootstrap_ci, find_runs, iqm
 
 REFERENCE_SCORES = Path(__file__).with_name("reference_scores.yaml")
 SUMMARY_COLUMNS = (
@@ -74,11 +74,13 @@ def load_reference_scores(path: Path = REFERENCE_SCORES) -> dict[str, Reference]
 
 
 def reward_threshold(env_id: str) -> float | None:
-    """gymnasium's spec ``reward_threshold``; None when the env has none or is not registered here."""
+    """gymnasium's spec ``reward_threshold``; None when the env has none or is not registered here.
+
+    ``env_id`` may be an env label: a reward delay keeps the returns, and so the threshold, of its id."""
     import gymnasium as gym
 
     try:
-        threshold = gym.spec(env_id).reward_threshold
+        threshold = gym.spec(base_env_id(env_id)).reward_threshold
     except Exception:  # noqa: BLE001  an unknown or unimportable id simply has no threshold to report
         return None
     return None if threshold is None else float(threshold)
@@ -285,13 +287,21 @@ def env_table(runs: Sequence[Run], threshold: float | None) -> Table:
     return Table(header, rows)
 
 
+def reference_for(run: Run, refs: dict[str, Reference]) -> Reference | None:
+    """The reference scores of the run's env; a delayed reward keeps its id's (the returns are the same)."""
+    if run.env_id in refs:
+        return refs[run.env_id]
+    return None if run.config.get("env_kwargs") else refs.get(base_env_id(run.env_id))
+
+
 def normalized_scores(runs: Sequence[Run], refs: dict[str, Reference]) -> tuple[dict[str, np.ndarray], list[str]]:
     """Normalized final scores of completed runs per algo (one per env × seed), and the envs left out."""
     scores: dict[str, list[float]] = {}
     for run in runs:
-        if run.env_id in refs and run.status == "completed" and run.final_return is not None:
-            scores.setdefault(run.algo, []).append(refs[run.env_id].normalize(run.final_return))
-    missing = sorted({r.env_id for r in runs} - set(refs))
+        ref = reference_for(run, refs)
+        if ref is not None and run.status == "completed" and run.final_return is not None:
+            scores.setdefault(run.algo, []).append(ref.normalize(run.final_return))
+    missing = sorted({r.env_id for r in runs if reference_for(r, refs) is None})
     return {algo: np.array(values) for algo, values in sorted(scores.items())}, missing
 
 
@@ -395,8 +405,8 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
             [[algo, str(scores[algo].size), f"{point:.3f}", f"[{low:.3f}, {high:.3f}]"]
              for algo, point, low, high in intervals],
         ))  # fmt: skip
-        used = sorted({r.env_id for r in runs} & set(refs))
-        blocks.append(Bullets([f"{e}: random {refs[e].random:g}, target {refs[e].target:g}" for e in used]))
+        used = sorted({r.env_id: reference_for(r, refs) for r in runs if reference_for(r, refs)}.items())
+        blocks.append(Bullets([f"{e}: random {ref.random:g}, target {ref.target:g}" for e, ref in used]))
         png = add_plots(plot_intervals(intervals, "IQM normalized score (0 = random, 1 = target)",
                                        plots_dir / "normalized-scores.png", colors, references=(0.0, 1.0)))  # fmt: skip
         images.append(Image(png, "IQM of normalized scores per algo, 95% bootstrap CI"))
@@ -424,4 +434,8 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
 
     written["markdown"].write_text(render_markdown(blocks))
     written["html"].write_text(render_html(blocks, f"Bench report: {bench_dir.resolve().name}", bench_dir))
+    if (bench_dir / "credit.yaml").exists():  # a `testbed credit` study: its own report too
+        from lab.credit import build_credit_report
+
+        written.update({f"credit {k}": v for k, v in build_credit_report(bench_dir).items()})
     return written

@@ -39,6 +39,8 @@ class Run:
     run_dir: Path
     algo: str
     env_id: str
+    """The env the run trained on: its gymnasium id, plus ``[key=value,…]`` for the env kwargs and reward
+    delay that make it another env (see :func:`env_label`); reports group runs by it."""
     seed: int
     status: str
     """``completed``, ``failed`` or ``interrupted`` from summary.json; ``running`` when it is missing."""
@@ -114,6 +116,20 @@ def _run_config(run_dir: Path) -> dict[str, Any] | None:
     return config
 
 
+def env_label(config: dict[str, Any]) -> str:
+    """``HalfCheetah-v5``, ``HalfCheetah-v5[reward_delay=20]``, ``testbed/Chain-v0[horizon=300]``: the id,
+    with the settings that change the env, so runs on different horizons or delays are never pooled."""
+    extras = [f"{key}={value}" for key, value in sorted((config.get("env_kwargs") or {}).items())]
+    if config.get("reward_delay") is not None:
+        extras.append(f"reward_delay={config['reward_delay']}")
+    return f"{config['env_id']}[{','.join(extras)}]" if extras else str(config["env_id"])
+
+
+def base_env_id(label: str) -> str:
+    """The gymnasium id inside an :func:`env_label`."""
+    return label.partition("[")[0]
+
+
 def read_run(run_dir: Path, config: dict[str, Any] | None = None) -> Run:
     """Read one run directory; BadInput if it is not one or its summary.json is unreadable."""
     config = config if config is not None else _run_config(run_dir)
@@ -131,7 +147,7 @@ def read_run(run_dir: Path, config: dict[str, Any] | None = None) -> Run:
     return Run(
         run_dir=run_dir,
         algo=str(config["algo"]),
-        env_id=str(config["env_id"]),
+        env_id=env_label(config),
         seed=int(config.get("seed", summary.get("seed", 0))),
         status=str(summary.get("status", "running")),
         summary=summary,

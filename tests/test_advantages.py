@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from agents.advantages import gae, normalize
+from agents.advantages import gae, normalize, vine
 
 
 def column(values: list[float]) -> Tensor:
@@ -328,3 +328,46 @@ def test_normalize_single_element_gives_zero_not_nan() -> None:
 def test_normalize_constant_gives_zeros_not_nan() -> None:
     out = normalize(torch.full((8,), 3.0))
     assert torch.equal(out, torch.zeros(8))
+
+
+# --------------------------------------------------------------------------------------------------
+# vine: advantages from Monte-Carlo values every m steps
+# --------------------------------------------------------------------------------------------------
+
+
+def test_vine_hand_values_with_interval_two() -> None:
+    # One trajectory of 5 steps, m = 2, γ = 0.5, r = [1, 2, 3, 4, 5], V̂ at steps 0, 2, 4 = [10, 6, 4].
+    # Segment 0 (steps 0, 1): 1 + 0.5·2 + 0.5²·6 − 10 = 2 + 1.5 − 10 = −6.5
+    # Segment 1 (steps 2, 3): 3 + 0.5·4 + 0.5²·4 − 6 = 5 + 1 − 6 = 0
+    # Segment 2 (step 4, the last): 5 + 0 − 4 = 1 (nothing after the episode's end)
+    rewards = torch.tensor([[1.0], [2.0], [3.0], [4.0], [5.0]])
+    mask = torch.ones(5, 1, dtype=torch.bool)
+    values = torch.tensor([[10.0], [6.0], [4.0]])
+    A = vine(rewards, mask, values, interval=2, gamma=0.5)
+    torch.testing.assert_close(A.squeeze(1), torch.tensor([-6.5, -6.5, 0.0, 0.0, 1.0]))
+
+
+def test_vine_with_interval_one_is_vineppo_td_error() -> None:
+    # m = 1: A_t = r_t + γ V̂_{t+1} − V̂_t, with V̂ = 0 after the end. γ = 0.9.
+    # Member 0 (3 steps): r = [1, 0, 2], V̂ = [2, 1.5, 2]: A = [1 + 1.35 − 2, 0 + 1.8 − 1.5, 2 − 2] = [0.35, 0.3, 0]
+    # Member 1 (2 steps, then masked): r = [0, 1], V̂ = [0.9, 1, 0]: A = [0 + 0.9 − 0.9, 1 − 1, 0] = [0, 0, 0]
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 7.0]])
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    values = torch.tensor([[2.0, 0.9], [1.5, 1.0], [2.0, 0.0]])
+    A = vine(rewards, mask, values, interval=1, gamma=0.9)
+    torch.testing.assert_close(A, torch.tensor([[0.35, 0.0], [0.3, 0.0], [0.0, 0.0]]))
+
+
+def test_vine_with_exact_values_has_zero_mean_advantage() -> None:
+    # With V̂ the exact values of a deterministic reward sequence, every advantage is 0: the rewards
+    # from 0 to the end are 1 each, so V(s_t) = T − t with γ = 1.
+    T, m = 7, 3
+    rewards = torch.ones(T, 1)
+    values = torch.tensor([[7.0], [4.0], [1.0]])  # V at steps 0, 3, 6
+    A = vine(rewards, torch.ones(T, 1, dtype=torch.bool), values, interval=m, gamma=1.0)
+    assert torch.equal(A, torch.zeros(T, 1))
+
+
+def test_vine_refuses_too_few_values() -> None:
+    with pytest.raises(ValueError, match="J·interval ≥ T"):
+        vine(torch.zeros(5, 1), torch.ones(5, 1, dtype=torch.bool), torch.zeros(2, 1), interval=2, gamma=1.0)

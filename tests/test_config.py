@@ -144,6 +144,26 @@ def test_optional_float_coercion() -> None:
     assert ppo(target_kl="0.01").target_kl == 0.01
 
 
+def test_reward_delay_takes_a_number_of_steps_end_or_none() -> None:
+    assert ppo(reward_delay="20").reward_delay == 20
+    assert ppo(reward_delay="end").reward_delay == "end"
+    assert ppo(reward_delay="none").reward_delay is None
+    with pytest.raises(BadInput, match="reward_delay='soon' is not valid: give int, or 'end'"):
+        ppo(reward_delay="soon")
+    with pytest.raises(BadInput, match="reward_delay must be a number of steps >= 1"):
+        ppo(reward_delay="0")
+
+
+def test_env_kwargs_from_the_command_line_and_from_yaml() -> None:
+    # key:value pairs, each value read as YAML: 300 an int, 0.1 a float, abc a string.
+    cfg = ppo(env_kwargs="horizon:300, distractor_scale:0.1,name:abc")
+    assert cfg.env_kwargs == {"horizon": 300, "distractor_scale": 0.1, "name": "abc"}
+    assert ppo(env_kwargs={"horizon": 30}).env_kwargs == {"horizon": 30}
+    assert ppo().env_kwargs == {}
+    with pytest.raises(BadInput, match="env_kwargs='horizon=300' is not a valid dict"):
+        ppo(env_kwargs="horizon=300")
+
+
 def test_yaml_values_coerce() -> None:
     # YAML gives lists and native numbers: [256, 256] → (256, 256); an integral float → int.
     cfg = ppo(hidden_sizes=[256, 256], total_steps=2e5, anneal_lr=True)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-import agents.grpo as grpo
 from agents import advantages as adv
+import agents.grpo as grpo
 from agents import losses, runlog
 from agents.config import resolve_config
 from agents.networks import Actor, NetworkSpec
@@ -155,7 +155,7 @@ def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_bet
     members = torch.arange(4)
     for aggregation in ("trajectory", "step", "constant"):
         cfg = config(beta=0.0, aggregation=aggregation)
-        advantages = grpo.group_advantages(cfg, batch, returns)
+        advantages = grpo.group_advantages(cfg, batch, returns, None, H=500)
         assert torch.equal(advantages, torch.zeros(5, 4))
         ref = torch.zeros(5, 4)
         loss, _ = grpo.minibatch_loss(actor, batch, members, advantages, ref, batch.mask, cfg, H=500)

@@ -21,7 +21,15 @@ REPLAY = 30
 MAX_STEPS = 12
 """Time limit: WARMUP < MAX_STEPS < WARMUP + REPLAY, so truncation happens inside the replayed window."""
 
-RESTORABLE_IDS = ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "HalfCheetah-v5", "Hopper-v5"]
+RESTORABLE_IDS = [
+    "CartPole-v1",
+    "Pendulum-v1",
+    "Acrobot-v1",
+    "HalfCheetah-v5",
+    "Hopper-v5",
+    "testbed/Chain-v0",
+    "testbed/KeyDoor-v0",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -55,8 +63,8 @@ def _replay(env: gym.Env, actions: list[Any]) -> dict[str, np.ndarray]:
 
 
 def _assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    for key in want:
-        assert np.array_equal(got[key], want[key]), f"{key} differs after restore"
+    for key, value in want.items():
+        assert np.array_equal(got[key], value), f"{key} differs after restore"
 
 
 def _assert_plain_data(value: Any, where: str = "snapshot") -> None:
@@ -123,8 +131,6 @@ def test_snapshot_mid_episode_without_time_limit() -> None:
     got = [env.step(a)[:2] for a in actions]
     for (obs_got, r_got), (obs_want, r_want) in zip(got, want, strict=True):
         assert np.array_equal(obs_got, obs_want) and r_got == r_want
-
-
 
 
 @pytest.mark.parametrize(
