@@ -212,7 +212,8 @@ def validate(cfg: GRPOConfig) -> None:
             raise BadInput(f"start_mode=branch: {error}") from None
     if cfg.advantage == "vine":
         J = -(-H // vine_interval(cfg, H))
-        # Point j of a full-length trunk has H − j·m steps left: K branches of them on average (J + 1)/2 · H.
+        # Point j of a full-length trunk has H − j·m = H·(J − j)/J steps left; K branches from each of the J
+        # points take K·H·(J + 1)/2 steps in all.
         per_iteration = cfg.batch_trajectories * H * (1 + cfg.vine_branches * (J + 1) // 2)
         if per_iteration > cfg.total_steps:
             raise BadInput(

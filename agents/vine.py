@@ -8,7 +8,10 @@ member every m steps; afterwards restore each snapshot into K sub-envs and roll 
     V̂(s) = (1/K) Σ_{k=1}^{K} Σ_{u ≥ 0} γ^u r_u^{(k)}
 
 with r_u^{(k)} the u-th reward of branch k from s. ``advantages.vine`` turns the values into advantages.
-Restores are exact (``envs.snapshot``), so only envs whose state can be set are supported. Every env step
+Restores are exact (``envs.snapshot``), so only envs whose state can be set are supported. A restored
+state includes the env's random-number generator: the branches meet the same env randomness as the
+trunk (common random numbers), so noise that does not depend on actions, like the tasks' distractor
+rewards, cancels out of the advantages, as it does between GRPO's same-seed group members. Every env step
 of the branches counts toward the budget, also the steps a sub-env takes after its branch ended, while
 the others finish.
 """

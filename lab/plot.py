@@ -25,7 +25,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from envs.errors import BadInput
-from lab.results import Run, bootstrap_ci, find_runs
+from lab.results import Run, bootstrap_ci, find_runs, natural_key
 
 XAxis = Literal["steps", "time"]
 X_LABELS: dict[str, str] = {"steps": "env steps", "time": "wall-clock (s)"}
@@ -143,7 +143,7 @@ def plot_env_runs(
     runs: Sequence[Run], x: XAxis, out: Path, colors: dict[str, tuple[float, ...]] | None = None
 ) -> list[Path]:
     """Plot runs (of one env or many) one subplot per env; write ``out`` as PNG and SVG."""
-    envs = sorted({r.env_id for r in runs})
+    envs = sorted({r.env_id for r in runs}, key=natural_key)
     colors = colors or algo_colors([r.algo for r in runs])
     fig, axes = new_figure(len(envs))
     for ax, env_id in zip(axes, envs, strict=True):

@@ -32,7 +32,7 @@ import yaml
 
 from envs.errors import BadInput
 from lab.plot import X_LABELS, algo_colors, plot_env_runs, plot_intervals
-from lab.results import Run, base_env_id, bootstrap_ci, find_runs, iqm
+from lab.results import Run, base_env_id, bootstrap_ci, find_runs, iqm, natural_key
 
 REFERENCE_SCORES = Path(__file__).with_name("reference_scores.yaml")
 SUMMARY_COLUMNS = (
@@ -306,7 +306,7 @@ def normalized_scores(runs: Sequence[Run], refs: dict[str, Reference]) -> tuple[
 
 
 def _what_was_run(runs: Sequence[Run]) -> list[Block]:
-    envs = sorted({r.env_id for r in runs})
+    envs = sorted({r.env_id for r in runs}, key=natural_key)
     algos = sorted({r.algo for r in runs})
     seeds = sorted({r.seed for r in runs})
     statuses = {s: sum(r.status == s for r in runs) for s in sorted({r.status for r in runs})}
@@ -377,7 +377,7 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
     images: list[Image] = []
 
     # Per env: the table, and the curves against env steps and wall-clock.
-    for env_id in sorted({r.env_id for r in runs}):
+    for env_id in sorted({r.env_id for r in runs}, key=natural_key):
         env_runs = [r for r in runs if r.env_id == env_id]
         threshold = reward_threshold(env_id)
         blocks.append(Heading(2, env_id))

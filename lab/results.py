@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,11 @@ def env_label(config: dict[str, Any]) -> str:
     return f"{config['env_id']}[{','.join(extras)}]" if extras else str(config["env_id"])
 
 
+def natural_key(label: str) -> list[tuple[int, int | str]]:
+    """Sort key that orders numbers by value: ``horizon=30`` before ``horizon=100``, numbers before ``end``."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", label) if part]
+
+
 def base_env_id(label: str) -> str:
     """The gymnasium id inside an :func:`env_label`."""
     return label.partition("[")[0]
@@ -190,7 +196,7 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
                 seen[key] = read_run(run_dir, config)
         if not found:
             raise BadInput(f"no run found under {path}: {RUN_DIR_CONTENTS}.")
-    return sorted(seen.values(), key=lambda r: (r.env_id, r.algo, r.seed, str(r.run_dir)))
+    return sorted(seen.values(), key=lambda r: (natural_key(r.env_id), r.algo, r.seed, str(r.run_dir)))
 
 
 # ── statistics ───────────────────────────────────────────────────────────────────────────────────

@@ -127,7 +127,8 @@ def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path) -> None:
         (["--suite", "everything"], "unknown suite 'everything'"),
         (["--suite", "quick", "--seeds", "0"], "--seeds must be at least 1"),
         (["--suite", "quick", "--set", "ppo.gamma=2"], "gamma must be in [0, 1]"),
-        (["--suite", "quick", "--set", "gamma=0.9"], "ALGO.key=value"),
+        (["--suite", "quick", "--set", "trpo.gamma=0.9"], "ALGO.key=value (ALGO one of"),
+        (["--suite", "quick", "--set", "gamma=2"], "gamma must be in [0, 1]"),  # key=value: every algo
         (["--suite", "quick", "--backend", "ray", "--ray-address", "127.0.0.1:1"], "cannot reach a Ray cluster"),
     ],
 )
