@@ -245,7 +245,8 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
             f"Algos: {', '.join(algos)}",
             f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}",
             (f"Env steps per run: {', '.join(fmt_steps(b) for b in budgets)}; every env step counts, the vine's "
-             "branch steps included"),
+             "branch steps included. A run stops after the iteration that reaches the budget, so an agent "
+             "with long iterations overshoots it: the table gives the steps actually trained"),
             f"Score: {score_name}" + (score_rule if study.axis == "horizon" else ""),
             f"Solved: {solved_rule}. Steps to solve: the median over the seeds that solved it.",
             ("A run's score is its final evaluation (deterministic policy, fixed evaluation seeds). "
@@ -254,7 +255,7 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
         ]),
     ]  # fmt: skip
     header = [axis, "algo", "seeds completed", f"final {score_name} (mean)", "95% CI", "seeds solved",
-              "steps to solve (median)"]  # fmt: skip
+              "steps to solve (median)", "env steps trained (max)"]  # fmt: skip
     rows = []
     for h in study.horizons:
         for algo in algos:
@@ -266,7 +267,7 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
             rows.append([
                 h, algo, f"{scores.size}/{len(cell.steps)}", f"{scores.mean():.3f}" if scores.size else DASH,
                 fmt_ci(*bootstrap_ci(scores)) if scores.size else DASH, f"{len(hits)}/{len(cell.steps)}",
-                fmt_steps(float(np.median(hits))) if hits else DASH,
+                fmt_steps(float(np.median(hits))) if hits else DASH, fmt_steps(max(cell.steps)),
             ])  # fmt: skip
     blocks += [Heading(2, f"Results by {axis}"), Table(header, rows), Heading(2, "Plots")]
     blocks.append(image(plot_vs_horizon(table, study, algos, plots / "credit-score.png", "score",
