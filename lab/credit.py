@@ -37,6 +37,7 @@ from lab.report import (
     Para,
     Table,
     fmt_ci,
+    fmt_return,
     fmt_steps,
     load_reference_scores,
     reference_for,
@@ -104,11 +105,13 @@ def plan_study(task: str, horizons: Sequence[str] | None, env_kwargs: Sequence[s
         return Study(task, TASKS[task], "horizon", values, kwargs)
     prefix, _, env_id = task.partition(":")
     if prefix != "delayed" or not env_id:
-        raise BadInput(f"unknown --task {task!r}; choose chain, keydoor or delayed:ENV_ID (e.g. delayed:HalfCheetah-v5)")
+        raise BadInput(f"unknown --task {task!r}; choose chain, keydoor or delayed:ENV_ID "
+                       "(e.g. delayed:HalfCheetah-v5)")  # fmt: skip
     check_env_id(env_id)
     values = list(horizons or DEFAULT_HORIZONS["delayed"])
     if any(h != "end" and (not h.isdigit() or int(h) < 1) for h in values):
-        raise BadInput(f"--horizons of delayed:ENV_ID are reward delays (integers >= 1, or end), got {' '.join(values)}")
+        raise BadInput(f"--horizons of delayed:ENV_ID are reward delays (integers >= 1, or end), "
+                       f"got {' '.join(values)}")  # fmt: skip
     return Study(task, env_id, "reward_delay", values, kwargs)
 
 
@@ -147,6 +150,7 @@ class Cell:
     """One (algo, horizon): its seeds' final scores and steps to solve."""
 
     scores: np.ndarray  # (seeds completed,)
+    returns: np.ndarray  # (seeds completed,) the raw final returns
     solved_at: list[int | None]  # per seed: env steps at the first solving evaluation
     steps: list[int]  # per seed: env steps trained
 
@@ -156,9 +160,10 @@ def cells(runs: Sequence[Run], study: Study) -> tuple[dict[tuple[str, str], Cell
     name = "score"
     for run in runs:
         score, solved_return, name = scorer(run, study)
-        cell = table.setdefault((run.algo, horizon_of(run, study)), Cell(np.array([]), [], []))
+        cell = table.setdefault((run.algo, horizon_of(run, study)), Cell(np.array([]), np.array([]), [], []))
         if run.status == "completed" and run.final_return is not None:
             cell.scores = np.append(cell.scores, score(run.final_return))
+            cell.returns = np.append(cell.returns, run.final_return)
         hits = np.flatnonzero(run.eval_return >= solved_return) if solved_return is not None else np.array([])
         cell.solved_at.append(int(run.steps[hits[0]]) if hits.size else None)
         cell.steps.append(run.last_step)
@@ -254,8 +259,8 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
             *(f"Command: `{c}`" for c in dict.fromkeys(bench.get("commands", []))),
         ]),
     ]  # fmt: skip
-    header = [axis, "algo", "seeds completed", f"final {score_name} (mean)", "95% CI", "seeds solved",
-              "steps to solve (median)", "env steps trained (max)"]  # fmt: skip
+    header = [axis, "algo", "seeds completed", "final return (mean)", f"final {score_name} (mean)", "95% CI",
+              "seeds solved", "steps to solve (median)", "env steps trained (max)"]  # fmt: skip
     rows = []
     for h in study.horizons:
         for algo in algos:
@@ -263,20 +268,22 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
             if cell is None:
                 continue
             hits = [s for s in cell.solved_at if s is not None]
-            scores = cell.scores
+            scores, done = cell.scores, cell.scores.size > 0
             rows.append([
-                h, algo, f"{scores.size}/{len(cell.steps)}", f"{scores.mean():.3f}" if scores.size else DASH,
-                fmt_ci(*bootstrap_ci(scores)) if scores.size else DASH, f"{len(hits)}/{len(cell.steps)}",
+                h, algo, f"{scores.size}/{len(cell.steps)}", fmt_return(float(cell.returns.mean())) if done else DASH,
+                f"{scores.mean():.3f}" if done else DASH, fmt_ci(*bootstrap_ci(scores)) if done else DASH,
+                f"{len(hits)}/{len(cell.steps)}",
                 fmt_steps(float(np.median(hits))) if hits else DASH, fmt_steps(max(cell.steps)),
             ])  # fmt: skip
     blocks += [Heading(2, f"Results by {axis}"), Table(header, rows), Heading(2, "Plots")]
-    blocks.append(image(plot_vs_horizon(table, study, algos, plots / "credit-score.png", "score",
-                                        f"final {score_name}"), f"final {score_name} vs {axis}, mean and 95% CI"))  # fmt: skip
-    blocks.append(image(plot_vs_horizon(table, study, algos, plots / "credit-steps-to-solve.png", "solve",
-                                        "env steps to solve"),
-                        f"env steps to solve vs {axis}: median (line) and range (band) over the seeds that solved"))  # fmt: skip
-    blocks.append(image(plot_env_runs(runs, "steps", plots / "credit-curves.png", algo_colors(algos)),
-                        f"learning curves per {axis}: eval return vs env steps, mean and 95% CI over seeds"))  # fmt: skip
+    score_plot = plot_vs_horizon(table, study, algos, plots / "credit-score.png", "score", f"final {score_name}")
+    blocks.append(image(score_plot, f"final {score_name} vs {axis}, mean and 95% CI"))
+    solve_plot = plot_vs_horizon(table, study, algos, plots / "credit-steps-to-solve.png", "solve", "env steps to solve")
+    blocks.append(image(solve_plot, f"env steps to solve vs {axis}: median (line) and range (band) over the seeds "
+                                    "that solved"))  # fmt: skip
+    curves = plot_env_runs(runs, "steps", plots / "credit-curves.png", algo_colors(algos))
+    blocks.append(image(curves, f"learning curves per {axis}: eval return vs env steps, mean and 95% CI over seeds"))
     written["markdown"].write_text(render_markdown(blocks))
-    written["html"].write_text(render_html(blocks, f"Credit-assignment study: {bench_dir.resolve().name}", bench_dir))
+    title = f"Credit-assignment study: {bench_dir.resolve().name}"
+    written["html"].write_text(render_html(blocks, title, bench_dir))
     return written
