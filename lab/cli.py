@@ -1,4 +1,4 @@
-"""The ``testbed`` command line: ``testbed train`` and ``testbed eval``.
+"""The ``testbed`` command line: ``train``, ``eval``, ``bench``, ``credit``, ``plot`` and ``report``.
 
 Bad input exits with status 2 and a one-paragraph message, before any work starts.
 """
