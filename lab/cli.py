@@ -176,35 +176,45 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from lab import bench
-
+def _workers(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise BadInput(f"--workers must be at least 1, got {args.workers}")
-    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name,
-                           ALGOS)  # fmt: skip
-    workers = args.workers or os.cpu_count() or 1
-    cells = len(grid.cells())
-    print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {len(grid.seeds)} seeds = {cells} runs, "
-          f"{args.backend} backend, {workers} workers → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
+    return args.workers or os.cpu_count() or 1
+
+
+def _run_grid(grid: Any, workers: int, args: argparse.Namespace, reports: str) -> int:
+    """Run a planned grid, then say what completed, where the reports are, and what failed."""
+    from lab import bench
+
     try:
         bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address)
     except KeyboardInterrupt:
         print("interrupted: running cells saved checkpoints; rerun the same command to continue", file=sys.stderr)
         return 130
     failed = [o for o in outcomes if o.status != "completed"]
-    print(f"{len(outcomes) - len(failed)} of {cells} runs completed; report: {bench_dir / 'report.md'}; "
+    print(f"{len(outcomes) - len(failed)} of {len(grid.cells())} runs completed; {reports.format(bench_dir)}; "
           f"TensorBoard: tensorboard --logdir {bench_dir}")  # fmt: skip
     for outcome in failed:
-        print(f"  {outcome.status}: {outcome.cell.env_id} {outcome.cell.algo} seed {outcome.cell.seed}: {outcome.error}")
+        print(f"  {outcome.status}: {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}: {outcome.error}")
     return 1 if failed else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from lab import bench
+
+    workers = _workers(args)
+    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name,
+                           ALGOS)  # fmt: skip
+    cells = len(grid.cells())
+    print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {len(grid.seeds)} seeds = {cells} runs, "
+          f"{args.backend} backend, {workers} workers → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
+    return _run_grid(grid, workers, args, "report: {0}/report.md")
 
 
 def cmd_credit(args: argparse.Namespace) -> int:
     from lab import bench, credit
 
-    if args.workers is not None and args.workers < 1:
-        raise BadInput(f"--workers must be at least 1, got {args.workers}")
+    workers = _workers(args)
     study = credit.plan_study(args.task, args.horizons, args.env_kwargs)
     name = args.name or "credit-" + args.task.replace(":", "-").replace("/", "_")
     grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, args.set, name, ALGOS,
@@ -212,20 +222,9 @@ def cmd_credit(args: argparse.Namespace) -> int:
     bench_dir = bench.BENCH_ROOT / grid.name
     bench.check_bench_dir(bench_dir, grid)
     credit.write_study(bench_dir, study)
-    workers = args.workers or os.cpu_count() or 1
     print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × {len(grid.algos)} algos "
           f"× {len(grid.seeds)} seeds = {len(grid.cells())} runs, {args.backend} backend, {workers} workers → {bench_dir}")  # fmt: skip
-    try:
-        bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address)
-    except KeyboardInterrupt:
-        print("interrupted: running cells saved checkpoints; rerun the same command to continue", file=sys.stderr)
-        return 130
-    failed = [o for o in outcomes if o.status != "completed"]
-    print(f"{len(outcomes) - len(failed)} of {len(grid.cells())} runs completed; study report: "
-          f"{bench_dir / 'credit.md'}; bench report: {bench_dir / 'report.md'}")  # fmt: skip
-    for outcome in failed:
-        print(f"  {outcome.status}: {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}: {outcome.error}")
-    return 1 if failed else 0
+    return _run_grid(grid, workers, args, "study report: {0}/credit.md; bench report: {0}/report.md")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
