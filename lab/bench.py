@@ -471,6 +471,9 @@ def run_grid(
         raise KeyboardInterrupt  # SIGTERM stops the grid exactly as Ctrl-C does
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    # A shell starts background jobs (`testbed bench … &`, nohup) with SIGINT ignored, and Python keeps it
+    # ignored; an explicit SIGINT must still stop the grid cleanly.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if backend == "local":
             outcomes = run_local(cells, bench_dir, workers, retries, board)
@@ -480,6 +483,7 @@ def run_grid(
         interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         board.close()
     try:
         build_report(bench_dir)
