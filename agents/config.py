@@ -53,6 +53,16 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
     return overrides
 
 
+def parse_key_values(pairs: list[str]) -> dict[str, Any]:
+    """``["horizon:300", "scale:0.1"]`` → ``{"horizon": 300, "scale": 0.1}``, each value read as YAML.
+
+    Raises ValueError for a pair without ``:`` or without a key; blank items are skipped."""
+    split = [item.partition(":") for item in pairs if item.strip()]
+    if any(not sep or not key.strip() for key, sep, _ in split):
+        raise ValueError(f"expected KEY:VALUE pairs, got {pairs!r}")
+    return {key.strip(): yaml.safe_load(value.strip()) for key, _, value in split}
+
+
 def _coerce(key: str, value: Any, kind: Any) -> Any:
     """Convert a YAML or command-line value to the field's type, or raise BadInput."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
@@ -97,10 +107,7 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
             # YAML gives a mapping; the command line gives key:value,key:value (RL Zoo's --env-kwargs).
             if isinstance(value, dict):
                 return dict(value)
-            pairs = [item.partition(":") for item in str(value).strip("{} ").split(",") if item.strip()]
-            if any(not sep or not k.strip() for k, sep, _ in pairs):
-                raise ValueError
-            return {k.strip(): yaml.safe_load(v.strip()) for k, _, v in pairs}
+            return parse_key_values(str(value).strip("{} ").split(","))
         if origin is tuple:
             items = value if isinstance(value, (list, tuple)) else str(value).strip("[]() ").split(",")
             return tuple(_coerce(key, item, args[0]) for item in items if str(item).strip() != "")

@@ -219,7 +219,8 @@ def validate(cfg: GRPOConfig) -> None:
             raise BadInput(
                 f"one iteration with vine values takes about B·G·H·(1 + K·(J + 1)/2) = {per_iteration} env steps "
                 f"(J = {J} points per trajectory, K = {cfg.vine_branches} branches each), more than total_steps = "
-                f"{cfg.total_steps}. Lower vine_points, vine_branches, num_groups or group_size, or raise --total-steps."
+                f"{cfg.total_steps}. Lower vine_points, vine_branches, num_groups or group_size, or raise "
+                "--total-steps."
             )
     if cfg.advantage == "vine" and not starts.settable(cfg.env_id, **cfg.env_kwargs):
         raise BadInput(f"advantage=vine restores states along trajectories, which needs an env whose state can be "

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from agents.config import parse_key_values
 from envs import check_env_id, reference_returns
 from envs.errors import BadInput
 from lab.plot import algo_colors, new_figure, plot_env_runs, save_figure
@@ -35,6 +36,7 @@ from lab.report import (
     Heading,
     Image,
     Para,
+    Reference,
     Table,
     fmt_ci,
     fmt_return,
@@ -90,12 +92,10 @@ class Study:
 
 def plan_study(task: str, horizons: Sequence[str] | None, env_kwargs: Sequence[str] = ()) -> Study:
     """Validate the task and its horizons (or delays); BadInput naming the fix."""
-    kwargs = {}
-    for pair in env_kwargs:
-        key, sep, value = pair.partition(":")
-        if not sep or not key:
-            raise BadInput(f"--env-kwargs takes KEY:VALUE pairs, got {pair!r}")
-        kwargs[key] = yaml.safe_load(value)
+    try:
+        kwargs = parse_key_values(list(env_kwargs))
+    except ValueError:
+        raise BadInput(f"--env-kwargs takes KEY:VALUE pairs, got {' '.join(env_kwargs)}") from None
     if task in TASKS:
         values = list(horizons or DEFAULT_HORIZONS[task])
         if any(not h.isdigit() or int(h) < 1 for h in values):
@@ -133,12 +133,12 @@ def horizon_of(run: Run, study: Study) -> str:
     return str(run.config.get("reward_delay"))
 
 
-def scorer(run: Run, study: Study) -> tuple[Any, float | None, str]:
+def scorer(run: Run, study: Study, refs: dict[str, Reference]) -> tuple[Any, float | None, str]:
     """(score of a return, the return that counts as solved, the score's name) for the run's env."""
     if study.axis == "horizon":
         random, optimal = reference_returns(study.env_id, **(run.config.get("env_kwargs") or {}))
         return (lambda R: (R - random) / (optimal - random)), random + SOLVED * (optimal - random), "normalized return"
-    ref = reference_for(run, load_reference_scores())
+    ref = reference_for(run, refs)
     threshold = reward_threshold(base_env_id(run.env_id))
     if ref is not None:
         return ref.normalize, threshold, "normalized return"
@@ -157,9 +157,13 @@ class Cell:
 
 def cells(runs: Sequence[Run], study: Study) -> tuple[dict[tuple[str, str], Cell], str]:
     table: dict[tuple[str, str], Cell] = {}
+    refs = load_reference_scores()
+    scorers: dict[str, tuple[Any, float | None, str]] = {}  # one per env label: each builds an env or reads files
     name = "score"
     for run in runs:
-        score, solved_return, name = scorer(run, study)
+        if run.env_id not in scorers:
+            scorers[run.env_id] = scorer(run, study, refs)
+        score, solved_return, name = scorers[run.env_id]
         cell = table.setdefault((run.algo, horizon_of(run, study)), Cell(np.array([]), np.array([]), [], []))
         if run.status == "completed" and run.final_return is not None:
             cell.scores = np.append(cell.scores, score(run.final_return))
@@ -278,7 +282,8 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
     blocks += [Heading(2, f"Results by {axis}"), Table(header, rows), Heading(2, "Plots")]
     score_plot = plot_vs_horizon(table, study, algos, plots / "credit-score.png", "score", f"final {score_name}")
     blocks.append(image(score_plot, f"final {score_name} vs {axis}, mean and 95% CI"))
-    solve_plot = plot_vs_horizon(table, study, algos, plots / "credit-steps-to-solve.png", "solve", "env steps to solve")
+    solve_plot = plot_vs_horizon(table, study, algos, plots / "credit-steps-to-solve.png", "solve",
+                                 "env steps to solve")  # fmt: skip
     blocks.append(image(solve_plot, f"env steps to solve vs {axis}: median (line) and range (band) over the seeds "
                                     "that solved"))  # fmt: skip
     curves = plot_env_runs(runs, "steps", plots / "credit-curves.png", algo_colors(algos))

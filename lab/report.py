@@ -405,8 +405,9 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
             [[algo, str(scores[algo].size), f"{point:.3f}", f"[{low:.3f}, {high:.3f}]"]
              for algo, point, low, high in intervals],
         ))  # fmt: skip
-        used = sorted({r.env_id: reference_for(r, refs) for r in runs if reference_for(r, refs)}.items())
-        blocks.append(Bullets([f"{e}: random {ref.random:g}, target {ref.target:g}" for e, ref in used]))
+        used = {r.env_id: ref for r in runs if (ref := reference_for(r, refs)) is not None}
+        lines = [f"{e}: random {ref.random:g}, target {ref.target:g}" for e, ref in sorted(used.items())]
+        blocks.append(Bullets(lines))
         png = add_plots(plot_intervals(intervals, "IQM normalized score (0 = random, 1 = target)",
                                        plots_dir / "normalized-scores.png", colors, references=(0.0, 1.0)))  # fmt: skip
         images.append(Image(png, "IQM of normalized scores per algo, 95% bootstrap CI"))
