@@ -26,12 +26,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from agents import advantages as adv
 from agents import losses, runlog, vine
 from agents.config import check
-from agents.networks import Actor, flatten_parameters
+from agents.networks import Actor, clip_grad_norm_, flatten_parameters
 from agents.rollout import Episodes, SegmentBuffers, collect_episodes, concat_episodes
 from agents.seeding import seed_everything
 from agents.training import RunTracker, memory_report, network_spec, open_envs
@@ -391,7 +391,7 @@ def update(
             loss, stats = minibatch_loss(actor, batch, members, advantages, ref_log_probs, loss_mask, cfg, H)
             flat_params.grad.zero_()
             loss.backward()
-            nn.utils.clip_grad_norm_(flat_params, cfg.max_grad_norm)
+            clip_grad_norm_(flat_params, cfg.max_grad_norm)
             optimizer.step()
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value

@@ -86,6 +86,22 @@ def flatten_parameters(model: nn.Module) -> nn.Parameter:
     return flat
 
 
+def clip_grad_norm_(flat: nn.Parameter, max_norm: float) -> Tensor:
+    """Global gradient-norm clipping (PPO implementation detail 11), in place on the flat gradient::
+
+        g ← g · min(1, c / (‖g‖₂ + 10⁻⁶))
+
+    g is the gradient of every parameter as one vector (``flat.grad``, see :func:`flatten_parameters`), c
+    the largest norm allowed (``max_norm``); the 10⁻⁶ guards against ‖g‖₂ = 0. This is the formula of
+    ``torch.nn.utils.clip_grad_norm_``, which first groups many tensors by device and dtype: on one flat
+    tensor that bookkeeping costs several times the arithmetic, at every one of PPO's thousands of small
+    gradient steps. Returns ‖g‖₂ before clipping, as a tensor, so that nothing waits for its value.
+    """
+    norm = torch.linalg.vector_norm(flat.grad)
+    flat.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
 class Actor(nn.Module):
     """π_θ(a|s): an MLP trunk and a head giving logits (discrete) or means (continuous, with a
     state-independent log σ). GRPO uses it alone; PPO's ActorCritic adds a critic beside it."""

@@ -36,12 +36,11 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import nn
 
 from agents import advantages as adv
 from agents import losses, runlog
 from agents.config import check
-from agents.networks import ActorCritic, flatten_parameters
+from agents.networks import ActorCritic, clip_grad_norm_, flatten_parameters
 from agents.rollout import RolloutState, Segment, SegmentBuffers, collect_segment
 from agents.seeding import seed_everything
 from agents.training import RunTracker, memory_report, network_spec, open_envs, restore_envs, save_envs
@@ -218,7 +217,7 @@ def update(
 
             flat_params.grad.zero_()
             loss.backward()
-            nn.utils.clip_grad_norm_(flat_params, cfg.max_grad_norm)
+            clip_grad_norm_(flat_params, cfg.max_grad_norm)
             optimizer.step()
 
             clip_low, clip_high = losses.clip_fraction(ratio.detach(), clip, clip)

@@ -101,6 +101,8 @@ class CaseResult:
     ceiling: dict[str, float] = field(default_factory=dict)
     ceiling_vector: str = ""
     profile: dict[str, float] = field(default_factory=dict)
+    gradient_steps: int = 0
+    fixed: dict[str, float] = field(default_factory=dict)
 
 
 # ── the machine and the command, without host names or absolute paths ──────────────────────────────
@@ -341,6 +343,34 @@ def profile_ours(case: Case) -> tuple[Timed, dict[str, float]]:
     return timed, phases
 
 
+# What every torch PPO process pays before its first env step, SB3's included: importing torch, and building
+# the first torch optimizer, whose constructor imports torch's compiler stack (once per process).
+FIXED_SCRIPT = """
+import json, time
+start = time.perf_counter()
+import torch
+imported = time.perf_counter()
+torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+print(json.dumps({"import torch": imported - start, "first torch optimizer": time.perf_counter() - imported}))
+"""
+
+
+def fixed_costs(repeats: int = 3) -> dict[str, float]:
+    """Seconds of the costs above, medians over fresh processes; empty if a process failed."""
+    runs = []
+    for _ in range(repeats):
+        _, proc = time_process([sys.executable, "-c", FIXED_SCRIPT])
+        if proc.returncode != 0:
+            return {}
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def gradient_steps(cfg: Any) -> int:
+    """Gradient steps of one run: iterations × epochs × minibatches (no target-KL stop in the presets)."""
+    return cfg.num_iterations * cfg.n_epochs * cfg.num_minibatches
+
+
 # ── reports ────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -405,6 +435,17 @@ def case_markdown(result: CaseResult) -> str:
         for key, label in labels.items():
             lines.append(f"| {label} | {_fmt(result.profile[key])} | {100 * result.profile[key] / whole:.1f} |")
         lines.append("")
+    if result.profile and result.fixed and result.gradient_steps:
+        sb3 = _median([t.wall_s for t in result.timed if t.impl == "sb3" and t.returncode == 0])
+        floor = sum(result.fixed.values()) + result.profile["update"]
+        per_step = 1000 * result.profile["update"] / result.gradient_steps
+        lines += [f"A bound on the ratio. Costs every torch process pays, SB3's too (fresh processes, medians of 3): "
+                  f"`import torch` {_fmt(result.fixed['import torch'])} s, and building the first torch optimizer, "
+                  f"which imports torch's compiler stack, {_fmt(result.fixed['first torch optimizer'])} s. Our "
+                  f"update makes {result.gradient_steps:,} gradient steps at {per_step:.2f} ms each. Were the "
+                  f"rollout, the evaluation and everything else free, our process would still take "
+                  f"{_fmt(floor)} s: SB3 / that = {_fmt(sb3 / floor if sb3 else None)}, the most this "
+                  f"update could reach.", ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -477,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.cases:
         case = Case(name, CASES[name].env_id, steps[name])
         cfg, continuous = resolve(case)
-        result = CaseResult(case, describe(cfg, continuous), cfg.eval_episodes)
+        result = CaseResult(case, describe(cfg, continuous), cfg.eval_episodes, gradient_steps=gradient_steps(cfg))
         results.append(result)
         result.ceiling, result.ceiling_vector = ceiling(cfg, args.ceiling_seconds)
         write_outputs(out, results, command, machine)
@@ -489,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_outputs(out, results, command, machine)
         timed, result.profile = profile_ours(case)
         result.timed.append(timed)
+        result.fixed = fixed_costs()
         write_outputs(out, results, command, machine)
         print("\n" + case_markdown(result), flush=True)
     failed = [t for r in results for t in r.timed if t.returncode != 0]

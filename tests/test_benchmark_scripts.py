@@ -65,7 +65,7 @@ def test_speed_smoke(tmp_path: Path) -> None:
     md = (out / "speed.md").read_text()
     ratio = re.search(r"SB3 / ours, median process times: ([0-9.]+)", md)
     assert ratio is not None and float(ratio.group(1)) > 0
-    assert "Ceiling" in md and "Where our time goes" in md and "Machine:" in md
+    assert "Ceiling" in md and "Where our time goes" in md and "Machine:" in md and "A bound on the ratio" in md
     assert str(tmp_path) not in md and str(ROOT) not in md
 
 

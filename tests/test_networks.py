@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from agents import distributions as D
-from agents.networks import ActorCritic, NetworkSpec
+from agents.networks import ActorCritic, NetworkSpec, clip_grad_norm_, flatten_parameters
 
 OBS_DIM = 4
 B = 5
@@ -201,3 +201,36 @@ def test_same_seed_twice_gives_identical_actions(continuous: bool) -> None:
     first, second = sample(seed=3), sample(seed=3)
     assert torch.equal(first, second)
     assert not torch.equal(first, sample(seed=4))
+
+
+def test_clip_grad_norm_scales_a_long_gradient_to_the_limit() -> None:
+    flat = nn.Parameter(torch.zeros(2))
+    flat.grad = torch.tensor([3.0, 4.0])  # ‖g‖ = 5
+    norm = clip_grad_norm_(flat, 1.0)
+    assert norm.item() == pytest.approx(5.0)
+    scale = 1.0 / (5.0 + 1e-6)  # c / (‖g‖ + 10⁻⁶)
+    torch.testing.assert_close(flat.grad, torch.tensor([3.0 * scale, 4.0 * scale]))
+
+
+def test_clip_grad_norm_leaves_a_short_gradient_alone() -> None:
+    flat = nn.Parameter(torch.zeros(2))
+    flat.grad = torch.tensor([0.3, 0.4])  # ‖g‖ = 0.5 < c = 1: min(1, c / ‖g‖) = 1
+    clip_grad_norm_(flat, 1.0)
+    torch.testing.assert_close(flat.grad, torch.tensor([0.3, 0.4]))
+
+
+def test_clip_grad_norm_agrees_with_torch_on_the_layers_of_a_network() -> None:
+    ours, reference = make(continuous=True, seed=3), make(continuous=True, seed=3)
+    flat = flatten_parameters(ours)
+    obs = observations()
+    actions = torch.randn(B, 3)
+    for model in (ours, reference):
+        log_probs, entropy, values = model.evaluate(obs, actions)
+        (100 * (log_probs.sum() + values.pow(2).sum() - entropy.sum())).backward()
+    before = next(reference.parameters()).grad.clone()
+    expected_norm = nn.utils.clip_grad_norm_(list(reference.parameters()), 0.5)
+    norm = clip_grad_norm_(flat, 0.5)
+    torch.testing.assert_close(norm, expected_norm)
+    assert expected_norm > 0.5 and not torch.equal(before, next(reference.parameters()).grad)  # it clipped
+    for mine, theirs in zip(ours.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad)
