@@ -382,10 +382,14 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def median_wall(result: CaseResult, impl: str) -> float | None:
+    """Median whole-process seconds of one implementation's successful processes."""
+    return _median([t.wall_s for t in result.timed if t.impl == impl and t.returncode == 0])
+
+
 def ratio(result: CaseResult) -> float | None:
     """Median SB3 process time over median ours: above 1, ours is faster."""
-    ours = _median([t.wall_s for t in result.timed if t.impl == "ours" and t.returncode == 0])
-    sb3 = _median([t.wall_s for t in result.timed if t.impl == "sb3" and t.returncode == 0])
+    ours, sb3 = median_wall(result, "ours"), median_wall(result, "sb3")
     return sb3 / ours if ours and sb3 else None
 
 
@@ -436,7 +440,7 @@ def case_markdown(result: CaseResult) -> str:
             lines.append(f"| {label} | {_fmt(result.profile[key])} | {100 * result.profile[key] / whole:.1f} |")
         lines.append("")
     if result.profile and result.fixed and result.gradient_steps and result.ceiling:
-        sb3 = _median([t.wall_s for t in result.timed if t.impl == "sb3" and t.returncode == 0])
+        sb3 = median_wall(result, "sb3")
         env_s = steps / result.ceiling["vector"]
         floor = sum(result.fixed.values()) + result.profile["update"] + env_s
         per_step = 1000 * result.profile["update"] / result.gradient_steps
