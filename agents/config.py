@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -25,6 +26,79 @@ def check(condition: bool, message: str) -> None:
     """Raise BadInput(message) unless ``condition``; used by the configs' ``__post_init__``."""
     if not condition:
         raise BadInput(message)
+
+
+SEED_LIMIT = 2**32
+"""Seeds lie in [0, 2³²): NumPy's global generator takes no more."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The settings every agent shares: the env, the budget, the optimizer, the networks, evaluation and
+    checkpoints. ``PPOConfig`` and ``GRPOConfig`` extend it; ``agents/training.py`` reads only these."""
+
+    env_id: str
+    """Any registered gymnasium id."""
+    seed: int = 0
+    """Seeds torch, numpy and the training envs, in [0, 2³²)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env (RL Zoo's ``--env-kwargs``), e.g. ``horizon: 300`` for the testbed's
+    tasks; the training and the evaluation envs both get them."""
+    eval_env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Env keyword arguments that differ at evaluation, on top of ``env_kwargs`` (RL Zoo's
+    ``--eval-env-kwargs``), e.g. the tasks' ``distractor_scale: 0``: their distractor rewards are
+    zero-mean and blind to actions, so dropping them keeps a policy's expected return and removes noise."""
+    reward_delay: int | Literal["end"] | None = None
+    """k: release the rewards accumulated every k steps, or ``end``: only at the episode's end
+    (``envs/delay.py``); none: as the env gives them. Training only: the return evaluation reports is
+    the same sum either way."""
+    total_steps: int = 1_000_000
+    """Env steps to train for; every sub-env step counts."""
+    gamma: float = 0.99
+    """γ: discount."""
+    n_epochs: int = 10
+    """K: passes over each iteration's batch."""
+    learning_rate: float = 3e-4
+    """Adam's step size (its start value when annealed)."""
+    anneal_lr: bool = False
+    """Decay the learning rate linearly to 0 over the run."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    normalize_obs: bool = False
+    """Running observation normalization, one set of statistics for all sub-envs (clipped to ±10)."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Widths of the hidden layers of each network."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden activation."""
+    ortho_init: bool = True
+    """Orthogonal initialization; False keeps torch's default."""
+    log_std_init: float = 0.0
+    """Initial log σ of the Gaussian policy (continuous actions)."""
+    eval_interval: int = 50_000
+    """Env steps between deterministic evaluations; 0 evaluates only at the end."""
+    eval_episodes: int = 10
+    """Episodes per evaluation, on separate envs with fixed seeds."""
+    checkpoint_interval: int = 100_000
+    """Env steps between checkpoints (one is also written at the end and on SIGINT/SIGTERM)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the networks live; the envs always run on the CPU."""
+
+    def __post_init__(self) -> None:
+        check(0 <= self.seed < SEED_LIMIT, f"seed must be in [0, 2**32 - 1], got {self.seed}")
+        check(self.total_steps > 0, f"total_steps must be positive, got {self.total_steps}")
+        check(self.reward_delay in (None, "end") or self.reward_delay >= 1,
+              f"reward_delay must be a number of steps >= 1, end or none; got {self.reward_delay}")  # fmt: skip
+        check(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
+        check(self.n_epochs >= 1, f"n_epochs must be at least 1, got {self.n_epochs}")
+        check(self.learning_rate > 0, f"learning_rate must be positive, got {self.learning_rate}")
+        check(self.ent_coef >= 0, f"ent_coef must be non-negative, got {self.ent_coef}")
+        check(self.max_grad_norm > 0, f"max_grad_norm must be positive, got {self.max_grad_norm}")
+        check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1, "hidden_sizes must be positive widths")
+        check(self.eval_interval >= 0, f"eval_interval must be >= 0, got {self.eval_interval}")
+        check(self.eval_episodes >= 1, f"eval_episodes must be at least 1, got {self.eval_episodes}")
+        check(self.checkpoint_interval >= 0, f"checkpoint_interval must be >= 0, got {self.checkpoint_interval}")
 
 
 def load_preset(algo: str, env_id: str, continuous: bool) -> tuple[dict[str, Any], str]:
@@ -60,7 +134,10 @@ def parse_key_values(pairs: list[str]) -> dict[str, Any]:
     split = [item.partition(":") for item in pairs if item.strip()]
     if any(not sep or not key.strip() for key, sep, _ in split):
         raise ValueError(f"expected KEY:VALUE pairs, got {pairs!r}")
-    return {key.strip(): yaml.safe_load(value.strip()) for key, _, value in split}
+    try:
+        return {key.strip(): yaml.safe_load(value.strip()) for key, _, value in split}
+    except yaml.YAMLError as error:
+        raise ValueError(f"a value in {pairs!r} is not valid YAML ({str(error).splitlines()[0]})") from None
 
 
 def _coerce(key: str, value: Any, kind: Any) -> Any:
@@ -127,6 +204,10 @@ def build_config(cls: type[C], values: dict[str, Any]) -> C:
         close = {k: difflib.get_close_matches(k, names, n=1) for k in unknown}
         hint = "; ".join(f"{k!r} (did you mean {c[0]!r}?)" if c else repr(k) for k, c in close.items())
         raise BadInput(f"unknown config key {hint}. Valid keys: {', '.join(names)}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and f.name not in values]  # fmt: skip
+    if missing:
+        raise BadInput(f"the config has no {', '.join(missing)}; every run's config needs it")
     return cls(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
 
 
@@ -134,5 +215,8 @@ def resolve_config(
     cls: type[C], algo: str, env_id: str, continuous: bool, overrides: dict[str, Any]
 ) -> tuple[C, str]:
     """Preset, then overrides; returns the validated config and the preset's name."""
+    if "env_id" in overrides:
+        raise BadInput(f"--set env_id={overrides['env_id']} would replace the env given by --env ({env_id}); "
+                       "choose the env with --env (or --envs in a bench) instead")  # fmt: skip
     preset, preset_name = load_preset(algo, env_id, continuous)
     return build_config(cls, {**preset, "env_id": env_id, **overrides}), preset_name

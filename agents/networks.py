@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from agents import distributions as D
+from envs.errors import BadInput
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+M = TypeVar("M", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -184,3 +186,32 @@ class ActorCritic(nn.Module):
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
         return self.actor.deterministic_action(obs)
+
+
+def adam(model: nn.Module, learning_rate: float) -> torch.optim.Adam:
+    """Adam with ε = 1e-5 (PPO implementation detail 3) over the model's parameters as one flat tensor."""
+    flat_params = flatten_parameters(model)  # one tensor for Adam and the gradient clip: less overhead
+    return torch.optim.Adam([flat_params], lr=learning_rate, eps=1e-5, fused=True)
+
+
+def gradient_step(optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm: float) -> None:
+    """One step of an optimizer made by :func:`adam`: gradient of ``loss``, global norm clip, update."""
+    (flat_params,) = optimizer.param_groups[0]["params"]
+    flat_params.grad.zero_()
+    loss.backward()
+    clip_grad_norm_(flat_params, max_grad_norm)
+    optimizer.step()
+
+
+def load_weights(model: M, weights: dict[str, Tensor], source: str) -> M:
+    """Load a checkpoint's weights into ``model``; a network of another shape is bad input, not a crash."""
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:
+        detail = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
+        raise BadInput(
+            f"{source} holds weights for another network than the run's config.yaml describes ({detail}). "
+            "Restore config.yaml's network settings (hidden_sizes, activation, shared_trunk) to those the "
+            "run was trained with."
+        ) from None
+    return model

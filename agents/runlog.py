@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
+import io
 import json
 import math
 import os
+import pickle
 import platform
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -41,18 +45,94 @@ PACKAGES = ("torch", "gymnasium", "numpy", "stable-baselines3", "mujoco", "box2d
 # ── run directory ────────────────────────────────────────────────────────────────────────────────
 
 
-def prepare_run_dir(run_dir: Path, resume: bool) -> None:
-    """Refuse to overwrite an existing run; refuse to resume a run that has no checkpoint."""
-    if resume:
-        if not (run_dir / CHECKPOINT).exists():
-            raise BadInput(f"--resume: {run_dir} holds no {CHECKPOINT}. Start a new run without --resume.")
-        return
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise BadInput(
-            f"run directory {run_dir} already exists and is not empty. Pass --resume to continue it, "
-            "or choose another --run-dir."
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
+LOCK = ".lock"
+# What a start writes before its first checkpoint: a directory holding only these can be started again.
+RESTARTABLE = ("config.yaml", "meta.json", "progress.csv", "summary.json", LOCK)
+
+
+class DirLock:
+    """One writer per directory: an exclusive ``flock`` on ``DIR/.lock``, which names its holder.
+
+    The kernel releases the lock when the holder's process ends, however it ends (SIGKILL included), so a
+    stale lock never blocks a rerun. A second writer gets :class:`BadInput` naming the holder.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.file: Any = None
+
+    def acquire(self) -> DirLock:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        file = open(self.directory / LOCK, "a+")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "another process"
+            file.close()
+            raise BadInput(f"{self.directory} is being written by {holder}. Wait for it to finish, or stop it "
+                           "(its checkpoint lets you rerun or --resume), then try again.") from None  # fmt: skip
+        file.seek(0)
+        file.truncate()
+        command = " ".join(["testbed", *sys.argv[1:]]) if sys.argv else "python"
+        file.write(f"pid {os.getpid()} on {socket.gethostname()} ({command}, since {time.strftime('%H:%M:%S')})")
+        file.flush()
+        self.file = file
+        return self
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing the descriptor releases the flock
+            self.file = None
+
+    def __enter__(self) -> DirLock:
+        return self if self.file is not None else self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def lock_holder(directory: Path) -> str | None:
+    """Who holds ``directory``'s lock, or None when nobody does."""
+    path = directory / LOCK
+    if not path.exists():
+        return None
+    with open(path) as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return file.read().strip() or "another process"
+    return None
+
+
+def prepare_run_dir(run_dir: Path, resume: bool) -> DirLock:
+    """Lock ``run_dir`` for this process and check its state; returns the held lock.
+
+    A new run needs a directory that is absent, empty, or left by a start that never reached its first
+    checkpoint (only the files of :data:`RESTARTABLE` and TensorBoard events): those files are removed,
+    since without a checkpoint nothing in them can be continued. A resumed run needs ``checkpoint.pt``.
+    """
+    lock = DirLock(run_dir).acquire()
+    try:
+        if resume:
+            if not (run_dir / CHECKPOINT).exists():
+                raise BadInput(f"--resume: {run_dir} holds no {CHECKPOINT}, so there is nothing to continue. "
+                               "Run the same command without --resume to start it again.")  # fmt: skip
+            return lock
+        entries = [p for p in run_dir.iterdir() if p.name != LOCK]
+        stale = [p for p in entries if p.is_file() and (p.name in RESTARTABLE or p.name.startswith(("events.out",
+                 "meta.resume", ".")))]  # fmt: skip
+        if len(stale) != len(entries):
+            raise BadInput(
+                f"run directory {run_dir} already exists and holds a checkpoint or other files. Pass --resume to "
+                "continue it, or choose another --run-dir."
+            )
+        for path in stale:
+            path.unlink()
+        return lock
+    except BaseException:
+        lock.release()
+        raise
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -65,10 +145,18 @@ def write_config(run_dir: Path, algo: str, config: Any) -> None:
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` as a mapping; a missing, unreadable or malformed file is bad input."""
     path = run_dir / "config.yaml"
     if not path.exists():
         raise BadInput(f"{run_dir} has no config.yaml: it is not a run directory")
-    return yaml.safe_load(path.read_text())
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as error:
+        reason = str(error).splitlines()[0]
+        raise BadInput(f"{path} cannot be read ({reason}). Restore it: the run's settings are in it.") from None
+    if not isinstance(values, dict) or not isinstance(values.get("algo"), str):
+        raise BadInput(f"{path} is not a run's config (a mapping with algo and env_id). Restore it.")
+    return values
 
 
 def _git_commit() -> str | None:
@@ -109,12 +197,16 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a temporary file, fsync, rename; no temporary file is left behind."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ── checkpoints ──────────────────────────────────────────────────────────────────────────────────
@@ -147,11 +239,14 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
     """Write ``checkpoint.pt`` atomically: a crash mid-write leaves the previous checkpoint intact."""
     path = run_dir / CHECKPOINT
     tmp = run_dir / f".{CHECKPOINT}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save({"format": CHECKPOINT_FORMAT, **_to_safe(payload)}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": CHECKPOINT_FORMAT, **_to_safe(payload)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
@@ -163,9 +258,12 @@ def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001  any unpickling failure means the same thing to the user
+        # torch's own message suggests weights_only=False, i.e. running the file's code: never here.
+        why = ("it holds objects other than tensors and plain data, which this testbed never unpickles"
+               if isinstance(error, pickle.UnpicklingError) else f"{type(error).__name__}: {str(error).splitlines()[0]}")
         raise BadInput(
-            f"{path} is corrupted or not a checkpoint of this testbed ({type(error).__name__}: {error}). "
-            "Start a new run, or restore the file from a backup."
+            f"{path} is corrupted or not a checkpoint of this testbed ({why}). "
+            "Start a new run in another directory, or restore the file from a backup."
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise BadInput(f"{path} has an incompatible checkpoint format; start a new run.")
@@ -173,6 +271,11 @@ def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
         if payload.get(key) != value:
             raise BadInput(f"{path} was written for {key}={payload.get(key)!r}, not {value!r}; it cannot be used here.")
     return _from_safe(payload)
+
+
+def checkpoint_step(run_dir: Path, expected: dict[str, Any]) -> int:
+    """The env steps a run's checkpoint has trained, checking first that it loads (see :func:`load_checkpoint`)."""
+    return int(load_checkpoint(run_dir, expected)["global_step"])
 
 
 def rng_state() -> dict[str, Any]:
@@ -191,27 +294,41 @@ class MetricLog:
     """TensorBoard scalars (CleanRL's tags, env steps on the x-axis) and a CSV row per iteration.
 
     On resume it appends to the same event directory and CSV, dropping anything logged after the
-    checkpoint's step, so the curves have neither gaps nor duplicates.
+    checkpoint's step, so the curves have neither gaps nor duplicates: the CSV is cut back to the size
+    it had when the checkpoint was written (``csv_bytes``; older checkpoints: to the rows up to its
+    step), and TensorBoard drops the events after that step.
     """
 
-    def __init__(self, run_dir: Path, columns: list[str], resume_step: int | None) -> None:
+    def __init__(self, run_dir: Path, columns: list[str], resume_step: int | None, csv_bytes: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.columns = ["global_step", "wall_time_s", *columns]
-        self.writer = SummaryWriter(str(run_dir), purge_step=resume_step)
+        # purge_step hides every event at or after it: the checkpoint's own step was logged and stays.
+        self.writer = SummaryWriter(str(run_dir), purge_step=None if resume_step is None else resume_step + 1)
         self.csv_path = run_dir / "progress.csv"
         if resume_step is not None and self.csv_path.exists():
-            with open(self.csv_path, newline="") as f:
-                rows = [row for row in csv.DictReader(f) if int(row["global_step"]) <= resume_step]
-            with open(self.csv_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
-                writer.writeheader()
-                writer.writerows(rows)
+            if csv_bytes is not None:
+                with open(self.csv_path, "r+b") as f:
+                    f.truncate(csv_bytes)
+            else:
+                with open(self.csv_path, newline="") as f:
+                    rows = [row for row in csv.DictReader(f) if int(row["global_step"]) <= resume_step]
+                atomic_write_text(self.csv_path, self._csv_text(rows))
         else:
-            with open(self.csv_path, "w", newline="") as f:
-                csv.DictWriter(f, fieldnames=self.columns).writeheader()
+            atomic_write_text(self.csv_path, self._csv_text([]))
         self.csv_file = open(self.csv_path, "a", newline="")
         self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.columns, extrasaction="ignore")
+
+    def _csv_text(self, rows: list[dict[str, str]]) -> str:
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        return text.getvalue()
+
+    def csv_bytes(self) -> int:
+        """The size of progress.csv as written so far (call after :meth:`flush`)."""
+        return self.csv_file.tell()
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         for tag, value in values.items():
@@ -271,21 +388,34 @@ class Progress:
 # ── signals ──────────────────────────────────────────────────────────────────────────────────────
 
 
+PARENT_PID = "TESTBED_PARENT_PID"
+
+
 class StopFlag:
     """Turns SIGINT and SIGTERM into a flag the training loop checks between iterations.
 
     The loop then checkpoints, writes ``summary.json`` with status ``interrupted``, flushes and exits.
-    A second signal stops at once.
+    A second signal stops at once. A trainer started by a bench driver (``TESTBED_PARENT_PID`` in its
+    environment) also stops this way when that driver dies: it runs in its own process session, so
+    nothing else would stop it, and it would keep writing beside a rerun.
     """
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._watching = False
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signal is not None:
             raise KeyboardInterrupt
         self.signal = signum
+
+    def _watch_parent(self, parent: int) -> None:
+        while self._watching:
+            if os.getppid() != parent:  # re-parented: the driver is gone
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.5)
 
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -293,9 +423,14 @@ class StopFlag:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: leave signals to the caller
                 pass
+        parent = os.environ.get(PARENT_PID, "")
+        if parent.isdigit() and self._previous:
+            self._watching = True
+            threading.Thread(target=self._watch_parent, args=(int(parent),), daemon=True).start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._watching = False
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 

@@ -2,43 +2,36 @@
 
 The config is our :class:`agents.ppo.PPOConfig` and its presets (``presets/ppo.yaml``); :func:`sb3_arguments`
 is the one place where it becomes SB3's ``PPO(...)`` arguments, and :func:`make_sb3_env` builds the SB3
-vector env with the normalization our env factory uses (VecNormalize, clipped to ±10). SB3 trains; a
-callback writes the run directory of :mod:`agents.runlog`: the same TensorBoard tags and ``progress.csv``
-columns (``ppo.TAGS``) at the same x-axis (env steps), the same deterministic evaluations
-(``agents.training``: fixed seeds, raw returns, the training observation statistics frozen), a
-weights-only ``checkpoint.pt`` and ``summary.json``. So ``sb3-ppo`` curves lie on the axes of ``ppo``'s.
+vector env with the normalization our env factory uses (VecNormalize, clipped to ±10).
 
-One row per rollout/update cycle, at ``global_step = model.num_timesteps`` after the rollout, holding that
-rollout's finished episodes and the losses of the update made on it, as ours does. SB3 runs ``train()``
-after the callback's ``on_rollout_end``, so the row is written at the next ``on_rollout_start`` (and at
-``on_training_end`` for the last update), reading the update's ``train/*`` values from
-``model.logger.name_to_value``. Reading them at ``on_rollout_end`` would pair each rollout with the
-previous rollout's update. The numbers are SB3's own: its ``train/approx_kl`` averages only the last
-epoch's minibatches (ours averages all), and SB3 has no autoreset step, so every env step is a sample.
+SB3's PPO fits the one run lifecycle (``training.run``) as ours does: its ``collect`` is SB3's own
+``collect_rollouts`` and its ``update`` SB3's own ``train()``, the two phases that
+``OnPolicyAlgorithm.learn`` alternates, with learn's set-up (``_setup_learn``) and schedule
+(``_update_current_progress_remaining``) called as learn calls them. So the run directory is the same as
+``ppo``'s: the same TensorBoard tags and ``progress.csv`` columns (``ppo.TAGS``) at the same x-axis (env
+steps), the same deterministic evaluations (fixed seeds, raw returns, the training observation statistics
+frozen), ``checkpoint.pt`` and ``summary.json``; ``sb3-ppo`` curves lie on the axes of ``ppo``'s. The
+numbers are SB3's own: its ``train/approx_kl`` averages only the last epoch's minibatches (ours averages
+all), and SB3 has no autoreset step, so every env step is a sample.
 
 Differences from ``ppo`` in the run's life, by necessity:
  - **Resume is not exact.** SB3's own ``save``/``load`` unpickles arbitrary objects, which this project
-   refuses. ``checkpoint.pt`` holds the policy weights, the VecNormalize statistics and the global RNG
-   states, and a resumed run loads them into a fresh ``PPO`` and continues from the checkpoint's step
-   (same schedules: ``num_timesteps`` continues). Adam's moments and step count restart from zero, every
-   env starts a new episode (seeded ``seed + global_step``) and VecNormalize's running discounted return
-   restarts at 0. A resumed run therefore differs from an uninterrupted one; its CSV and TensorBoard
-   still hold each step once.
- - **SIGINT/SIGTERM** stop at the next env step. The unfinished rollout is dropped untrained, so the
-   checkpoint and summary hold the last completed update and its step.
+   refuses. ``checkpoint.pt`` holds the policy weights, Adam's state, the VecNormalize statistics and the
+   global RNG states; a resumed run loads them into a fresh ``PPO`` and continues from the checkpoint's
+   step (same schedules: ``num_timesteps`` continues). Every env starts a new episode (seeded
+   ``seed + global_step``) and VecNormalize's running discounted return restarts at 0, so a resumed run
+   differs from an uninterrupted one; its CSV and TensorBoard still hold each step once.
  - A NaN in SB3's update usually surfaces as torch.distributions' ``ValueError`` on NaN parameters in the
    next minibatch; it is reported, like a NaN loss, as status ``failed`` with the
-   :class:`runlog.NonFiniteError` message, and the last good checkpoint is kept. Any other crash is
-   recorded as ``failed`` with its message, as ``ppo.train`` does.
+   :class:`runlog.NonFiniteError` message, and the last good checkpoint is kept.
  - ``shared_trunk`` is refused: SB3 2.x's MlpPolicy has separate actor and critic MLPs, and its
    ``share_features_extractor`` shares only the parameter-free flatten layer.
 """
 
 from __future__ import annotations
 
-import time
-import traceback
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -55,10 +48,11 @@ from torch import Tensor, nn
 import envs as envs_pkg
 from agents import runlog
 from agents.config import check
+from agents.networks import load_weights
 from agents.ppo import TAGS, PPOConfig
-from agents.seeding import seed_everything
-from agents.training import Envs, RunTracker, make_eval_env, memory_report
+from agents.training import Agent, Collected, make_eval_env, run
 from envs.delay import DelayedReward
+from envs.errors import BadInput
 
 ALGO = "sb3-ppo"
 # SB3's logger keys → our tags; SB3 logs the entropy *loss*, −H, so its sign flips.
@@ -179,7 +173,8 @@ def normalizer_state(env: VecEnv) -> dict[str, Any]:
 def load_normalizer_state(env: VecEnv, state: dict[str, Any]) -> None:
     """Inverse of :func:`normalizer_state`; a mismatch in which normalizers exist is an error."""
     if normalizer_state(env).keys() != state.keys():
-        raise ValueError("the saved normalizer statistics do not match this env's normalization settings")
+        raise BadInput("the checkpoint's normalizer statistics do not match the normalization settings of the run's "
+                       "config.yaml (normalize_obs, normalize_reward): restore the settings it was trained with")
     for name, attr in (("obs_rms", "obs_rms"), ("return_rms", "ret_rms")):
         if name in state:
             rms: RunningMeanStd = getattr(env, attr)
@@ -188,7 +183,7 @@ def load_normalizer_state(env: VecEnv, state: dict[str, Any]) -> None:
             rms.count = float(state[name]["count"])
 
 
-# ── SB3's policy and envs behind the interfaces of agents.training ───────────────────────────────
+# ── SB3's PPO as the parts that training.run drives ──────────────────────────────────────────────
 
 
 class SampledActions(NamedTuple):
@@ -214,154 +209,95 @@ def load_policy(cfg: PPOConfig, state_dict: dict[str, Tensor]) -> SB3Policy:
     obs_space, action_space = _spaces(cfg.env_id)
     kwargs = sb3_arguments(cfg, isinstance(action_space, gym.spaces.Box))["policy_kwargs"]
     policy = ActorCriticPolicy(obs_space, action_space, lr_schedule=lambda _: 0.0, **kwargs)
-    policy.load_state_dict(state_dict)
+    load_weights(policy, state_dict, "the checkpoint")
     return SB3Policy(policy.eval())
 
 
-@dataclass
-class SB3Envs(Envs):
-    """``training.Envs`` for an SB3 run, so that ``RunTracker`` evaluates it unchanged.
+class EpisodeRecorder(BaseCallback):
+    """Collects Monitor's raw return and length of every episode that ends during a rollout."""
 
-    ``training.evaluate`` copies the observation statistics of ``train`` into ``eval``. SB3 trains on
-    its own VecEnv, not a gymnasium vector env, so here ``train`` is the eval env itself, and
-    :meth:`sync` copies VecNormalize's statistics into it before every evaluation (the copy inside
-    ``evaluate`` is then a no-op). ``sb3`` is the env SB3 trains on.
-    """
-
-    sb3: VecEnv | None = None
-
-    @classmethod
-    def open(cls, cfg: PPOConfig, sb3_env: VecEnv) -> SB3Envs:
-        evaluation = make_eval_env(cfg.env_id, cfg.eval_episodes, cfg.normalize_obs, cfg.env_kwargs,
-                                   cfg.eval_env_kwargs)  # fmt: skip
-        space = evaluation.single_action_space
-        continuous = isinstance(space, gym.spaces.Box)
-        return cls(train=evaluation, eval=evaluation, continuous=continuous,
-                   obs_dim=int(np.prod(evaluation.single_observation_space.shape)),
-                   action_dim=int(space.shape[0]) if continuous else int(space.n),
-                   action_shape=tuple(space.shape) if continuous else (), sb3=sb3_env)  # fmt: skip
-
-    def sync(self) -> None:
-        stats = normalizer_state(self.sb3)
-        stats.pop("return_rms", None)
-        envs_pkg.load_normalizer_state(self.eval, stats)
-
-    def close(self) -> None:
-        self.eval.close()
-        self.sb3.close()
-
-
-# ── the callback that turns SB3's loop into our run directory ────────────────────────────────────
-
-
-class RunCallback(BaseCallback):
-    """Logs a row per update, evaluates, checkpoints; returns False from ``_on_step`` on SIGINT/SIGTERM."""
-
-    def __init__(self, cfg: PPOConfig, run_dir: Path, envs: SB3Envs, stop: runlog.StopFlag, resumed: bool,
-                 global_step: int, iteration: int, wall_offset: float) -> None:  # fmt: skip
+    def __init__(self) -> None:
         super().__init__()
-        self.cfg, self.run_dir, self.envs, self.stop = cfg, run_dir, envs, stop
-        self.global_step, self.iteration = global_step, iteration
-        self.run = RunTracker(run_dir, ALGO, cfg, TAGS, global_step, wall_offset, resumed)
-        self.episode_returns: list[float] = []  # Monitor's raw returns and lengths since the last row
-        self.episode_lengths: list[int] = []
-        self.update_pending = False  # SB3 runs train() after on_rollout_end; its row is not yet written
-
-    def policy(self) -> SB3Policy:
-        return SB3Policy(self.model.policy)
-
-    def checkpoint(self) -> None:
-        runlog.save_checkpoint(self.run_dir, {
-            "algo": ALGO, "env_id": self.cfg.env_id, "global_step": self.global_step, "iteration": self.iteration,
-            "wall_time_s": self.run.wall_time(), "model": self.model.policy.state_dict(),
-            "normalizers": normalizer_state(self.envs.sb3), "rng": runlog.rng_state(),
-        })  # fmt: skip
-
-    def _on_training_start(self) -> None:
-        self.run.start_time = time.perf_counter()  # after PPO's construction, as ours starts after its setup
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
 
     def _on_step(self) -> bool:
-        for info in self.locals["infos"]:  # Monitor's raw return and length of each finished episode
+        for info in self.locals["infos"]:
             episode = info.get("episode")
             if episode is not None:
-                self.episode_returns.append(float(episode["r"]))
-                self.episode_lengths.append(int(episode["l"]))
-        return not self.stop.raised
-
-    def _on_rollout_end(self) -> None:
-        self.update_pending = True
-
-    def _on_rollout_start(self) -> None:
-        if self.update_pending:
-            self.write_row()
-
-    def _on_training_end(self) -> None:
-        if self.update_pending:  # the last update, after which no rollout starts
-            self.write_row()
-
-    def write_row(self) -> None:
-        """The row of the rollout ending at ``num_timesteps`` and of the update SB3 just made on it."""
-        self.update_pending = False
-        values = self.model.logger.name_to_value
-        metrics: dict[str, float | None] = {tag: sign * float(values[key]) for tag, (key, sign) in LOSS_KEYS.items()}
-        runlog.check_finite(metrics, self.model.policy)  # type: ignore[arg-type]
-        self.global_step, self.iteration = self.model.num_timesteps, self.iteration + 1
-        metrics["losses/explained_variance"] = float(values["train/explained_variance"])
-        metrics["charts/learning_rate"] = float(values["train/learning_rate"])
-        self.envs.sync()  # the evaluation env normalizes with VecNormalize's current statistics
-        self.run.record(self.global_step, metrics, self.policy(), self.envs, self.episode_returns, self.episode_lengths)
-        self.episode_returns.clear()
-        self.episode_lengths.clear()
-        if self.run.checkpoint_due(self.global_step, stopping=False):
-            self.checkpoint()
+                self.returns.append(float(episode["r"]))
+                self.lengths.append(int(episode["l"]))
+        return True
 
 
-def _non_finite_error(policy: nn.Module) -> str | None:
-    """The NonFiniteError message if ``policy`` holds NaN or inf parameters, else None."""
+@dataclass
+class Learner:
+    """SB3's PPO and the callback that records its episodes."""
+
+    cfg: PPOConfig
+    model: PPO
+    recorder: BaseCallback
+    started: bool = False
+
+
+def build(cfg: PPOConfig) -> Agent:
+    """SB3's PPO on its own VecEnv, and our evaluation env; ``training.run`` drives SB3's two phases."""
+    sb3_env = make_sb3_env(cfg)
+    model = PPO("MlpPolicy", sb3_env, **sb3_arguments(cfg, isinstance(sb3_env.action_space, gym.spaces.Box)))
+    eval_env = make_eval_env(cfg, cfg.eval_episodes)
+    sb3 = Learner(cfg, model, EpisodeRecorder())
+
+    def close() -> None:
+        eval_env.close()
+        sb3_env.close()
+
+    return Agent(
+        model=model.policy, policy=SB3Policy(model.policy), optimizer=model.policy.optimizer, eval_env=eval_env,
+        obs_stats=lambda: {k: v for k, v in normalizer_state(sb3_env).items() if k == "obs_rms"},
+        collect=partial(collect, sb3), update=partial(learn, sb3), save=lambda: {"normalizers": normalizer_state(sb3_env)},
+        load=partial(load, sb3), tags=TAGS, networks={"actor_critic": model.policy}, close=close,
+    )  # fmt: skip
+
+
+def collect(sb3: Learner, iteration: int) -> Collected:
+    """One rollout of ``n_steps`` in each env, as ``OnPolicyAlgorithm.learn`` makes it."""
+    model = sb3.model
+    if not sb3.started:  # learn()'s set-up: the first reset, and the step count it schedules against
+        _, sb3.recorder = model._setup_learn(sb3.cfg.total_steps - model.num_timesteps, sb3.recorder,
+                                             reset_num_timesteps=False)  # fmt: skip
+        sb3.started = True
+    before = model.num_timesteps
+    model.collect_rollouts(model.env, sb3.recorder, model.rollout_buffer, n_rollout_steps=model.n_steps)
+    model._update_current_progress_remaining(model.num_timesteps, model._total_timesteps)
+    recorder: EpisodeRecorder = sb3.recorder  # type: ignore[assignment]
+    returns, lengths = list(recorder.returns), list(recorder.lengths)
+    recorder.returns.clear()
+    recorder.lengths.clear()
+    return Collected(None, model.num_timesteps - before, returns, lengths)
+
+
+def learn(sb3: Learner, collected: Collected, iteration: int, progress_remaining: float) -> dict[str, float | None]:
+    """SB3's own ``train()``; its logged values under our tags."""
     try:
-        runlog.check_finite({}, policy)
-    except runlog.NonFiniteError as exc:
-        return str(exc)
-    return None
+        sb3.model.train()
+    except ValueError:
+        # torch.distributions refuses NaN parameters mid-update: that is a non-finite failure.
+        runlog.check_finite({}, sb3.model.policy)
+        raise
+    values = sb3.model.logger.name_to_value
+    metrics: dict[str, float | None] = {tag: sign * float(values[key]) for tag, (key, sign) in LOSS_KEYS.items()}
+    metrics["losses/explained_variance"] = float(values["train/explained_variance"])
+    return metrics
 
 
-# ── train ────────────────────────────────────────────────────────────────────────────────────────
+def load(sb3: Learner, ckpt: dict[str, Any]) -> None:
+    """The VecNormalize statistics; the envs start new episodes, from seeds derived from the step count."""
+    load_normalizer_state(sb3.model.get_env(), ckpt["normalizers"])
+    sb3.model.num_timesteps = ckpt["global_step"]  # learn's set-up counts on from here
+    sb3.model.get_env().seed(sb3.cfg.seed + ckpt["global_step"])
 
 
-def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = ALGO) -> dict[str, Any]:
     """Train SB3's PPO into ``run_dir``; returns the summary also written to ``summary.json``."""
     validate(cfg)
-    seed_everything(cfg.seed)
-    global_step, iteration, wall_offset, ckpt = 0, 0, 0.0, None
-    if resume:
-        ckpt = runlog.load_checkpoint(run_dir, {"algo": ALGO, "env_id": cfg.env_id})
-        global_step, iteration, wall_offset = ckpt["global_step"], ckpt["iteration"], ckpt["wall_time_s"]
-    # A resumed run's envs start new episodes, from seeds derived from the step count (as training.restore_envs).
-    sb3_env = make_sb3_env(cfg, seed=cfg.seed + global_step)
-    model = PPO("MlpPolicy", sb3_env, **sb3_arguments(cfg, isinstance(sb3_env.action_space, gym.spaces.Box)))
-    if ckpt is not None:
-        model.policy.load_state_dict(ckpt["model"])
-        load_normalizer_state(sb3_env, ckpt["normalizers"])
-        runlog.load_rng_state(ckpt["rng"])  # after PPO(seed=…), which reseeds the global generators
-        model.num_timesteps = global_step  # learn(reset_num_timesteps=False) counts on from here
-    envs = SB3Envs.open(cfg, sb3_env)
-    status, error = "completed", None
-    with runlog.StopFlag() as stop:
-        callback = RunCallback(cfg, run_dir, envs, stop, resume, global_step, iteration, wall_offset)
-        try:
-            if global_step < cfg.total_steps:  # a run interrupted after its last update has none left
-                model.learn(cfg.total_steps - global_step, callback=callback, reset_num_timesteps=False)
-            if stop.raised:
-                status = "interrupted"
-            callback.checkpoint()  # weights after the last completed update, at its step
-        except runlog.NonFiniteError as exc:
-            status, error = "failed", str(exc)
-        except Exception as exc:  # noqa: BLE001  any crash is recorded in summary.json, as ppo.train does
-            # torch.distributions refuses NaN parameters mid-update (ValueError): that is a non-finite failure.
-            status, error = "failed", _non_finite_error(model.policy)
-            if error is None:
-                error = f"{type(exc).__name__}: {exc}"
-                traceback.print_exc()
-    envs.sync()
-    extra = memory_report(model.policy.optimizer, actor_critic=model.policy)
-    return callback.run.finish(callback.policy(), envs, status, error, callback.global_step, extra)
+    return run(build, cfg, run_dir, resume, name)

@@ -1,13 +1,20 @@
-"""The plumbing every agent's ``train`` shares: envs, evaluation, episode logging, env state in
-checkpoints, and the end of a run. The algorithms themselves stay in ``ppo.py`` and ``grpo.py``.
+"""The one run lifecycle every agent shares, and the plumbing around it.
+
+:func:`run` owns a run's life: seeding, resume, stop signals, the learning-rate schedule, checkpoints,
+evaluation, status and summary. An agent supplies only what differs (:class:`Agent`): its networks and
+optimizer, ``collect`` (one iteration's experience) and ``update`` (learning from it), and the state
+of its own to save and load. So PPO's iteration (``ppo.py``: collect → GAE → update) and GRPO's
+(``grpo.py``: groups → group advantages → update) each read top to bottom in one file, as Stable-
+Baselines3's ``OnPolicyAlgorithm.learn`` drives each algorithm's ``train()``, without a class hierarchy.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +26,10 @@ from gymnasium.vector import VectorEnv
 
 import envs as envs_pkg
 from agents import runlog
-from agents.networks import NetworkSpec
+from agents.config import RunConfig
+from agents.networks import NetworkSpec, load_weights
 from agents.rollout import RolloutState, evaluate_policy
+from agents.seeding import seed_everything
 from envs.errors import BadInput
 
 # Evaluation episodes use seeds EVAL_SEED_BASE, EVAL_SEED_BASE + 1, …: the same start states for every
@@ -44,54 +53,45 @@ class Envs:
         self.eval.close()
 
 
-def open_envs(
-    env_id: str,
-    n_envs: int,
-    eval_episodes: int,
-    normalize_obs: bool,
-    normalize_reward: bool,
-    gamma: float,
-    vectorization: str,
-    env_kwargs: dict[str, Any] | None = None,
-    reward_delay: int | str | None = None,
-    eval_env_kwargs: dict[str, Any] | None = None,
-    **train_kwargs: Any,
-) -> Envs:
+def open_envs(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **train_kwargs: Any) -> Envs:
     """Build the training and evaluation envs; refuse action spaces the agents cannot handle.
 
-    ``env_kwargs`` define the env (a task's ``horizon``, say) and go to both envs. ``reward_delay`` and
+    ``cfg.env_kwargs`` define the env (a task's ``horizon``, say) and go to both envs. ``options`` and
     ``train_kwargs`` (e.g. ``max_episode_steps``) shape training only: evaluation uses the env as the
     kwargs define it (``eval_env_kwargs`` on top), with its own time limit, so scores stay comparable
     across agents. A delayed reward does not change an episode's return, which is what evaluation reports.
     """
-    env_kwargs = env_kwargs or {}
-    options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, normalize_reward=normalize_reward, gamma=gamma,
-                                  vectorization=vectorization, reward_delay=reward_delay)  # fmt: skip
-    train = envs_pkg.make_vector(env_id, n_envs, options, **env_kwargs, **train_kwargs)
+    train = envs_pkg.make_vector(cfg.env_id, n_envs, options, **cfg.env_kwargs, **train_kwargs)
     action_space = train.single_action_space
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or (
         isinstance(action_space, gym.spaces.Box) and len(action_space.shape) != 1
     ):
         train.close()
-        raise BadInput(f"{env_id} has action space {action_space}; the agents support Discrete and 1-D Box actions")
-    evaluation = make_eval_env(env_id, eval_episodes, normalize_obs, env_kwargs, eval_env_kwargs)
+        raise BadInput(f"{cfg.env_id} has action space {action_space}; the agents support Discrete and 1-D Box actions")
+    evaluation = make_eval_env(cfg, cfg.eval_episodes)
     obs_dim, action_dim, continuous = space_dims(train)
     action_shape = tuple(action_space.shape) if continuous else ()
     return Envs(train, evaluation, continuous, obs_dim, action_dim, action_shape)
 
 
-def make_eval_env(
-    env_id: str,
-    episodes: int,
-    normalize_obs: bool,
-    env_kwargs: dict[str, Any],
-    eval_env_kwargs: dict[str, Any] | None = None,
-) -> VectorEnv:
+def make_eval_env(cfg: RunConfig, episodes: int) -> VectorEnv:
     """One sub-env per evaluation episode: sync so each takes its own seed; raw rewards; statistics frozen."""
-    options = envs_pkg.EnvOptions(normalize_obs=normalize_obs, vectorization="sync")
-    evaluation = envs_pkg.make_vector(env_id, episodes, options, **{**env_kwargs, **(eval_env_kwargs or {})})
+    options = envs_pkg.EnvOptions(normalize_obs=cfg.normalize_obs, vectorization="sync")
+    evaluation = envs_pkg.make_vector(cfg.env_id, episodes, options, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
     envs_pkg.freeze_normalizers(evaluation)
     return evaluation
+
+
+def check_env(cfg: RunConfig) -> None:
+    """Build the env once with the config's keyword arguments, so that a wrong one is refused before any
+    run directory exists rather than crashing the run."""
+    envs_pkg.check_env_installed(cfg.env_id)
+    for kwargs in (cfg.env_kwargs, {**cfg.env_kwargs, **cfg.eval_env_kwargs}):
+        try:
+            gym.make(cfg.env_id, **kwargs).close()
+        except (TypeError, ValueError) as error:
+            raise BadInput(f"{cfg.env_id} does not accept env_kwargs {kwargs} ({error}). Check the keyword names "
+                           "and values the env's constructor takes.") from None  # fmt: skip
 
 
 def space_dims(env: VectorEnv) -> tuple[int, int, bool]:
@@ -102,23 +102,28 @@ def space_dims(env: VectorEnv) -> tuple[int, int, bool]:
     return int(np.prod(env.single_observation_space.shape)), action_dim, continuous
 
 
-def network_spec(env: VectorEnv, cfg: Any) -> NetworkSpec:
+def network_spec(env: VectorEnv, cfg: RunConfig, shared_trunk: bool = False) -> NetworkSpec:
     """The networks' shape for this env's spaces and the config's network fields (PPO, GRPO, sb3-ppo)."""
     obs_dim, action_dim, continuous = space_dims(env)
     return NetworkSpec(
         obs_dim=obs_dim, action_dim=action_dim, continuous=continuous, hidden_sizes=cfg.hidden_sizes,
-        activation=cfg.activation, shared_trunk=getattr(cfg, "shared_trunk", False), ortho_init=cfg.ortho_init,
+        activation=cfg.activation, shared_trunk=shared_trunk, ortho_init=cfg.ortho_init,
         log_std_init=cfg.log_std_init,
     )  # fmt: skip
 
 
-def evaluate(model: torch.nn.Module, envs: Envs, deterministic: bool = True, device: str = "cpu") -> np.ndarray:
-    """One episode per eval sub-env, with the training env's observation statistics, frozen."""
-    stats = envs_pkg.normalizer_state(envs.train)
+def obs_statistics(env: VectorEnv) -> dict[str, Any]:
+    """The observation statistics of a training env, as evaluation uses them (no reward scaling)."""
+    stats = envs_pkg.normalizer_state(env)
     stats.pop("return_rms", None)
-    envs_pkg.load_normalizer_state(envs.eval, stats)
-    seeds = [EVAL_SEED_BASE + i for i in range(envs.eval.num_envs)]
-    return evaluate_policy(model, envs.eval, seeds, deterministic, device)
+    return stats
+
+
+def evaluate(policy: torch.nn.Module, agent: Agent, deterministic: bool = True, device: str = "cpu") -> np.ndarray:
+    """One episode per eval sub-env, with the training observation statistics, frozen."""
+    envs_pkg.load_normalizer_state(agent.eval_env, agent.obs_stats())
+    seeds = [EVAL_SEED_BASE + i for i in range(agent.eval_env.num_envs)]
+    return evaluate_policy(policy, agent.eval_env, seeds, deterministic, device)
 
 
 class EvalSchedule:
@@ -129,16 +134,19 @@ class EvalSchedule:
         self.next_step = (start_step // interval + 1) * interval if interval else math.inf
         self.last: tuple[int, np.ndarray] | None = None
 
-    def maybe_run(self, model: torch.nn.Module, envs: Envs, step: int) -> dict[str, float]:
+    def maybe_run(self, agent: Agent, step: int) -> dict[str, float]:
         if step < self.next_step:
             return {}
         while self.next_step <= step:
             self.next_step += self.interval
-        return self.run(model, envs, step)
+        return self.run(agent, step)
 
-    def run(self, model: torch.nn.Module, envs: Envs, step: int) -> dict[str, float]:
-        if self.last is None or self.last[0] != step:
-            self.last = (step, evaluate(model, envs, True, self.device))
+    def ran_at(self, step: int) -> bool:
+        return self.last is not None and self.last[0] == step
+
+    def run(self, agent: Agent, step: int) -> dict[str, float]:
+        if not self.ran_at(step):
+            self.last = (step, evaluate(agent.policy, agent, True, self.device))
         returns = self.last[1]
         return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
 
@@ -168,15 +176,140 @@ def restore_envs(env: VectorEnv, ckpt: dict[str, Any], seed: int) -> RolloutStat
     return RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(env.num_envs, dtype=bool))
 
 
+# ── what an agent supplies ───────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Collected:
+    """One iteration's experience, as an agent's ``collect`` returns it."""
+
+    batch: Any  # what the agent's update learns from: PPO's Segment, GRPO's Groups
+    env_steps: int  # env steps the collection took; they count toward total_steps
+    episode_returns: Sequence[float]  # raw returns of the episodes that ended, for the logs
+    episode_lengths: Sequence[float]
+
+
+@dataclass
+class Agent:
+    """What one algorithm supplies to :func:`run`; everything around it is the lifecycle's."""
+
+    model: torch.nn.Module
+    """Every trained parameter: saved as the checkpoint's ``model`` and checked for NaN after each update."""
+    policy: torch.nn.Module
+    """What evaluation acts with (``act`` and ``deterministic_action``); usually ``model`` itself."""
+    optimizer: torch.optim.Optimizer
+    """Its learning rate follows the schedule; its state is saved."""
+    eval_env: VectorEnv
+    obs_stats: Callable[[], dict[str, Any]]
+    """The training observation statistics, which evaluation uses frozen."""
+    collect: Callable[[int], Collected]
+    """``collect(iteration)``: one iteration's experience."""
+    update: Callable[[Collected, int, float], dict[str, float | None]]
+    """``update(collected, iteration, progress_remaining)``: learn; returns the metrics to log by tag."""
+    save: Callable[[], dict[str, Any]]
+    """The agent's own checkpoint entries (env state, reference policy, normalizers)."""
+    load: Callable[[dict[str, Any]], None]
+    """Restore them from a checkpoint."""
+    tags: list[str]
+    """TensorBoard tags, which are also the columns of progress.csv."""
+    networks: dict[str, torch.nn.Module]
+    """Networks whose sizes the summary reports, by name."""
+    close: Callable[[], None]
+
+
+# Losses that must stay finite; a NaN in one stops the run with the last good checkpoint kept.
+LOSS_TAGS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac")
+
+
+# ── the lifecycle ────────────────────────────────────────────────────────────────────────────────
+
+
+def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bool, name: str) -> dict[str, Any]:
+    """Train the agent that ``build(cfg)`` makes into ``run_dir``; returns the summary also written to
+    ``summary.json``.
+
+    One iteration: ``collect`` → the learning-rate schedule → ``update`` → log, evaluate, checkpoint.
+    The schedule decays by the fraction of the budget still to go after this iteration's steps, as SB3
+    computes it, so the RL Zoo presets mean the same here. Progress rows and TensorBoard events reach the
+    disk before each checkpoint, which records how far progress.csv went: a resume after any kill writes
+    each iteration exactly once.
+    """
+    seed_everything(cfg.seed)
+    agent = build(cfg)
+    global_step, iteration, wall_offset, csv_bytes = 0, 0, 0.0, None
+    if resume:
+        try:
+            ckpt = runlog.load_checkpoint(run_dir, {"algo": name, "env_id": cfg.env_id})
+            load_weights(agent.model, ckpt["model"], str(run_dir / runlog.CHECKPOINT))
+            agent.optimizer.load_state_dict(ckpt["optimizer"])
+            agent.load(ckpt)
+        except BaseException:
+            agent.close()
+            raise
+        global_step, iteration, wall_offset = ckpt["global_step"], ckpt["iteration"], ckpt["wall_time_s"]
+        csv_bytes = ckpt.get("csv_bytes")
+        runlog.load_rng_state(ckpt["rng"])
+    tracker = RunTracker(run_dir, name, cfg, agent.tags, global_step, wall_offset, resume, csv_bytes)
+    status, error = "completed", None
+
+    def checkpoint() -> None:
+        tracker.log.flush()
+        runlog.save_checkpoint(run_dir, {
+            "algo": name, "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
+            "wall_time_s": tracker.wall_time(), "csv_bytes": tracker.log.csv_bytes(), "rng": runlog.rng_state(),
+            "model": agent.model.state_dict(), "optimizer": agent.optimizer.state_dict(), **agent.save(),
+        })  # fmt: skip
+
+    with runlog.StopFlag() as stop:
+        try:
+            while global_step < cfg.total_steps:
+                collected = agent.collect(iteration)
+                global_step += collected.env_steps
+                iteration += 1
+                remaining = max(1.0 - global_step / cfg.total_steps, 0.0)
+                lr = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
+                for group in agent.optimizer.param_groups:
+                    group["lr"] = lr
+                metrics = {**agent.update(collected, iteration, remaining), "charts/learning_rate": lr}
+                runlog.check_finite({k: v for k, v in metrics.items() if k in LOSS_TAGS and v is not None}, agent.model)
+                tracker.record(global_step, metrics, agent, collected.episode_returns, collected.episode_lengths)
+                if tracker.checkpoint_due(global_step, stop.raised):
+                    checkpoint()
+                if stop.raised:
+                    status = "interrupted"
+                    break
+            else:
+                checkpoint()
+        except runlog.NonFiniteError as exc:
+            status, error = "failed", str(exc)
+        except OSError as exc:  # a full or read-only disk: say so in one line, keep what is written
+            status, error = "failed", f"cannot write to {run_dir}: {exc.strerror or exc}"
+        except Exception as exc:  # noqa: BLE001  any crash is recorded in summary.json, then shown in full
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        try:
+            return tracker.finish(agent, status, error, global_step)
+        finally:
+            agent.close()
+
+
 class RunTracker:
-    """What every training loop does around its algorithm: the TensorBoard and CSV rows, periodic
-    evaluation, the progress line, the checkpoint schedule, the wall clock, and the end of the run."""
+    """What the lifecycle does around each iteration: the TensorBoard and CSV rows, periodic evaluation,
+    the progress line, the checkpoint schedule, the wall clock, and the end of the run."""
 
     def __init__(
-        self, run_dir: Path, algo: str, cfg: Any, tags: list[str], global_step: int, wall_offset: float, resume: bool
+        self,
+        run_dir: Path,
+        algo: str,
+        cfg: RunConfig,
+        tags: list[str],
+        global_step: int,
+        wall_offset: float,
+        resume: bool,
+        csv_bytes: int | None = None,
     ) -> None:
         self.run_dir, self.algo, self.cfg = run_dir, algo, cfg
-        self.log = runlog.MetricLog(run_dir, tags, resume_step=global_step if resume else None)
+        self.log = runlog.MetricLog(run_dir, tags, resume_step=global_step if resume else None, csv_bytes=csv_bytes)
         self.evals = EvalSchedule(cfg.eval_interval, cfg.device, global_step)
         self.progress = runlog.Progress(cfg.total_steps, global_step, f"{algo} {cfg.env_id} seed {cfg.seed}")
         self.recent_returns: deque[float] = deque(maxlen=20)
@@ -196,8 +329,7 @@ class RunTracker:
         self,
         step: int,
         metrics: dict[str, float | None],
-        policy: torch.nn.Module,
-        envs: Envs,
+        agent: Agent,
         episode_returns: Sequence[float],
         episode_lengths: Sequence[float],
     ) -> None:
@@ -207,7 +339,7 @@ class RunTracker:
             self.log.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
         self.recent_returns.extend(episode_returns)
         sps = self.sps(step)
-        metrics = {**metrics, "charts/SPS": sps, **self.evals.maybe_run(policy, envs, step)}
+        metrics = {**metrics, "charts/SPS": sps, **self.evals.maybe_run(agent, step)}
         self.log.scalars(step, metrics)
         self.log.row(step, self.wall_time(), {
             **metrics,
@@ -224,22 +356,23 @@ class RunTracker:
             return True
         return False
 
-    def finish(
-        self,
-        policy: torch.nn.Module,
-        envs: Envs,
-        status: str,
-        error: str | None,
-        step: int,
-        extra: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs."""
+    def finish(self, agent: Agent, status: str, error: str | None, step: int) -> dict[str, Any]:
+        """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs.
+
+        A second stop signal during the final evaluation ends it: the run is then ``interrupted`` at its
+        last checkpoint, and a resume evaluates it again.
+        """
         self.progress.close()
         wall_time_s, sps = self.wall_time(), self.sps(step)
         final: dict[str, float] = {}
         if status == "completed":
-            final = self.evals.run(policy, envs, step)
-            self.log.scalars(step, final)
+            try:
+                logged = self.evals.ran_at(step)
+                final = self.evals.run(agent, step)
+                if not logged:  # an evaluation due at this very step is already in TensorBoard
+                    self.log.scalars(step, final)
+            except KeyboardInterrupt:
+                status, final = "interrupted", {}
         summary = {
             "algo": self.algo,
             "env_id": self.cfg.env_id,
@@ -253,13 +386,12 @@ class RunTracker:
             "final_eval_episodes": self.cfg.eval_episodes if final else 0,
             "eval_convention": "deterministic policy, one episode per fixed seed 1000000+i, raw env return",
             "error": error,
-            **(extra or {}),
+            **memory_report(agent.optimizer, **agent.networks),
         }
         if final:
             self.log.hparams(runlog.config_to_dict(self.cfg), {"final_eval_return_mean": final["eval/return_mean"]})
         self.log.close()
         runlog.write_summary(self.run_dir, summary)
-        envs.close()
         return summary
 
 

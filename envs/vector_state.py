@@ -19,6 +19,7 @@ from gymnasium.vector import SyncVectorEnv, VectorEnv
 from gymnasium.wrappers import vector as vector_wrappers
 
 from envs import snapshot
+from envs.errors import BadInput
 from envs.factory import find_wrapper
 
 
@@ -49,7 +50,8 @@ def load_normalizer_state(env: VectorEnv, state: dict[str, Any]) -> None:
     obs_norm = find_wrapper(env, vector_wrappers.NormalizeObservation)
     reward_norm = find_wrapper(env, vector_wrappers.NormalizeReward)
     if (obs_norm is not None) != ("obs_rms" in state) or (reward_norm is not None) != ("return_rms" in state):
-        raise ValueError("the saved normalizer statistics do not match this env's normalization settings")
+        raise BadInput("the checkpoint's normalizer statistics do not match the normalization settings of the run's "
+                       "config.yaml (normalize_obs, normalize_reward): restore the settings it was trained with")
     if obs_norm is not None:
         _load_rms(obs_norm.obs_rms, state["obs_rms"])
     if reward_norm is not None:

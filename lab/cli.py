@@ -11,64 +11,17 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
-from agents import grpo, ppo, runlog, sb3
+from agents import registry, runlog
 from agents.config import build_config, parse_overrides, resolve_config
-from agents.networks import Actor, ActorCritic, NetworkSpec
+from agents.registry import ALGOS
 from envs import action_space_of
 from envs.errors import BadInput
 
-
-def _load_actor_critic(cfg: Any, spec: NetworkSpec, weights: dict[str, Any]) -> Any:
-    model = ActorCritic(spec)
-    model.load_state_dict(weights)
-    return model
-
-
-def _load_actor(cfg: Any, spec: NetworkSpec, weights: dict[str, Any]) -> Any:
-    model = Actor(spec)
-    model.load_state_dict(weights)
-    return model
-
-
-@dataclass(frozen=True)
-class Algo:
-    config: type
-    train: Callable[..., dict[str, Any]]
-    load_policy: Callable[[Any, NetworkSpec, dict[str, Any]], Any]
-    """Rebuilds the checkpoint's policy for ``testbed eval``."""
-    validate: Callable[[Any], None] = lambda cfg: None
-    """Checks that need the env (run before anything is written)."""
-    preset: str | None = None
-    """The presets file, ``agents/presets/<preset>.yaml``; None: the algo's own name."""
-    fixed: dict[str, Any] = field(default_factory=dict)
-    """Config values that make this algo a variant of another (PPO with λ = 0, say); not overridable."""
-
-
-def _sb3_train(cfg: ppo.PPOConfig, run_dir: Path, resume: bool = False, name: str = "sb3-ppo") -> dict[str, Any]:
-    return sb3.train(cfg, run_dir, resume=resume)
-
-
-_PPO = {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": _load_actor_critic, "preset": "ppo"}
-_GRPO = {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": _load_actor, "validate": grpo.validate,
-         "preset": "grpo"}  # fmt: skip
-ALGOS: dict[str, Algo] = {
-    "ppo": Algo(**_PPO),
-    "grpo": Algo(**_GRPO),
-    "sb3-ppo": Algo(ppo.PPOConfig, _sb3_train, lambda cfg, spec, weights: sb3.load_policy(cfg, weights), sb3.validate,
-                    preset="ppo"),  # fmt: skip
-    # The credit-assignment study's methods: GAE's λ at its ends (one-step TD, Monte Carlo), GRPO's
-    # per-step reward-to-go, and Monte-Carlo values from branches (agents/vine.py).
-    "ppo-lambda0": Algo(**_PPO, fixed={"gae_lambda": 0.0}),
-    "ppo-lambda1": Algo(**_PPO, fixed={"gae_lambda": 1.0}),
-    "grpo-process": Algo(**_GRPO, fixed={"advantage": "process"}),
-    "grpo-vine": Algo(**_GRPO, fixed={"advantage": "vine"}),
-}
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
 
@@ -88,9 +41,7 @@ def default_run_dir(algo: str, env_id: str, seed: int) -> Path:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.algo not in ALGOS:
-        raise BadInput(f"unknown --algo {args.algo!r}; choose one of {', '.join(ALGOS)}")
-    algo = ALGOS[args.algo]
+    algo = registry.get(args.algo)
     overrides: dict[str, Any] = parse_overrides(args.set)
     if args.env_kwargs:
         overrides["env_kwargs"] = ",".join(args.env_kwargs)
@@ -108,31 +59,37 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.device is not None:
         overrides["device"] = _device(args.device)
 
+    # Every check runs before the run directory is created or changed.
     if args.resume:
         if args.run_dir is None:
             raise BadInput("--resume needs --run-dir DIR: the run to continue")
         run_dir = Path(args.run_dir)
         saved = runlog.read_config(run_dir)
-        if saved.pop("algo") != args.algo or saved["env_id"] != args.env:
+        if saved.pop("algo") != args.algo or saved.get("env_id") != args.env:
             raise BadInput(f"{run_dir} is a {saved.get('env_id')} run of another algo or env; check --algo and --env")
         changed = sorted(k for k, v in overrides.items() if k != "total_steps" and str(saved.get(k)) != str(v))
         if changed:
             raise BadInput(f"a resumed run keeps its settings; only --total-steps may change, not {', '.join(changed)}")
         cfg = build_config(algo.config, {**saved, **overrides})
+        trained = runlog.checkpoint_step(run_dir, {"algo": args.algo, "env_id": cfg.env_id})
+        if cfg.total_steps < trained:
+            raise BadInput(f"{run_dir} has already trained {trained} steps; --total-steps must be at least that")
         preset_name = "resumed"
     else:
+        if "env_id" in overrides:
+            resolve_config(algo.config, args.algo, args.env, False, overrides)  # refuses it, saying why
         action_space = action_space_of(args.env)
         continuous = isinstance(action_space, gym.spaces.Box)
         cfg, preset_name = resolve_config(algo.config, algo.preset or args.algo, args.env, continuous, overrides)
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, cfg.seed)
     algo.validate(cfg)
-    runlog.prepare_run_dir(run_dir, args.resume)
-    runlog.write_config(run_dir, args.algo, cfg)
-    runlog.write_meta(run_dir, {"preset": preset_name, "resumed": args.resume})
-    print(f"{args.algo} on {cfg.env_id}, seed {cfg.seed}, {cfg.total_steps} steps, preset {preset_name}")
-    print(f"run directory: {run_dir}")
-
-    summary = algo.train(cfg, run_dir, resume=args.resume, name=args.algo)
+    with runlog.prepare_run_dir(run_dir, args.resume):
+        if not args.resume or cfg.total_steps != saved.get("total_steps"):
+            runlog.write_config(run_dir, args.algo, cfg)
+        runlog.write_meta(run_dir, {"preset": preset_name, "resumed": args.resume})
+        print(f"{args.algo} on {cfg.env_id}, seed {cfg.seed}, {cfg.total_steps} steps, preset {preset_name}")
+        print(f"run directory: {run_dir}")
+        summary = algo.train(cfg, run_dir, args.resume, args.algo)
 
     print(json.dumps(summary, indent=2))
     if summary["status"] == "failed":
@@ -144,7 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from agents.training import EVAL_SEED_BASE, evaluate_policy, make_eval_env, network_spec
+    from agents.training import EVAL_SEED_BASE, evaluate_policy, make_eval_env
     from envs import load_normalizer_state
 
     torch.set_num_threads(1)
@@ -155,25 +112,40 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise BadInput(f"{run_dir} was written by algo {algo_name!r}, which this command cannot evaluate")
     if args.episodes < 1:
         raise BadInput(f"--episodes must be at least 1, got {args.episodes}")
-    cfg = build_config(ALGOS[algo_name].config, values)
+    video_dir = _writable_dir(Path(args.video)) if args.video else None
+    algo = ALGOS[algo_name]
+    cfg = build_config(algo.config, values)
     ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
-    env = make_eval_env(cfg.env_id, args.episodes, cfg.normalize_obs, cfg.env_kwargs, cfg.eval_env_kwargs)
-    stats = dict(ckpt["normalizers"])
-    stats.pop("return_rms", None)
-    load_normalizer_state(env, stats)
-    model = ALGOS[algo_name].load_policy(cfg, network_spec(env, cfg), ckpt["model"])
-    seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
-    returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
-    env.close()
+    env = make_eval_env(cfg, args.episodes)
+    try:
+        stats = dict(ckpt["normalizers"])
+        stats.pop("return_rms", None)
+        load_normalizer_state(env, stats)
+        model = algo.load_policy(cfg, env, ckpt["model"])
+        seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
+        returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
+    finally:
+        env.close()
     mode = "stochastic" if args.stochastic else "deterministic"
     print(f"{cfg.env_id} after {ckpt['global_step']} steps, {mode}, {args.episodes} episodes (seeds {seeds[0]}…): "
           f"return {returns.mean():.2f} ± {returns.std():.2f} (std over episodes)")  # fmt: skip
-    if args.video:
+    if video_dir is not None:
         from lab.video import record_episode
 
-        path = record_episode(model, cfg.env_id, ckpt["normalizers"], Path(args.video), seeds[0], not args.stochastic)
+        path = record_episode(model, cfg.env_id, ckpt["normalizers"], video_dir, seeds[0], not args.stochastic)
         print(f"video of the first episode: {path}")
     return 0
+
+
+def _writable_dir(path: Path) -> Path:
+    """``path`` as a folder this process can write into (created if absent), or BadInput saying why not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise BadInput(f"cannot create {path} ({error.strerror}); choose a folder you can write to") from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise BadInput(f"{path} is not a folder you can write to; choose another")
+    return path
 
 
 def _workers(args: argparse.Namespace) -> int:
@@ -182,12 +154,14 @@ def _workers(args: argparse.Namespace) -> int:
     return args.workers or os.cpu_count() or 1
 
 
-def _run_grid(grid: Any, workers: int, args: argparse.Namespace, reports: str) -> int:
+def _run_grid(
+    grid: Any, workers: int, args: argparse.Namespace, reports: str, prepare: Callable[[Path], None] | None = None
+) -> int:
     """Run a planned grid, then say what completed, where the reports are, and what failed."""
     from lab import bench
 
     try:
-        bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address)
+        bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address, prepare=prepare)
     except KeyboardInterrupt:
         print("interrupted: running cells saved checkpoints; rerun the same command to continue", file=sys.stderr)
         return 130
@@ -203,8 +177,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from lab import bench
 
     workers = _workers(args)
-    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name,
-                           ALGOS)  # fmt: skip
+    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name)
     cells = len(grid.cells())
     print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {len(grid.seeds)} seeds = {cells} runs, "
           f"{args.backend} backend, {workers} workers → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
@@ -217,14 +190,13 @@ def cmd_credit(args: argparse.Namespace) -> int:
     workers = _workers(args)
     study = credit.plan_study(args.task, args.horizons, args.env_kwargs)
     name = args.name or "credit-" + args.task.replace(":", "-").replace("/", "_")
-    grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, args.set, name, ALGOS,
+    grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, args.set, name,
                            variants=study.variants())  # fmt: skip
     bench_dir = bench.BENCH_ROOT / grid.name
-    bench.check_bench_dir(bench_dir, grid)
-    credit.write_study(bench_dir, study)
     print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × {len(grid.algos)} algos "
           f"× {len(grid.seeds)} seeds = {len(grid.cells())} runs, {args.backend} backend, {workers} workers → {bench_dir}")  # fmt: skip
-    return _run_grid(grid, workers, args, "study report: {0}/credit.md; bench report: {0}/report.md")
+    return _run_grid(grid, workers, args, "study report: {0}/credit.md; bench report: {0}/report.md",
+                     prepare=lambda folder: credit.write_study(folder, study))
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -236,9 +208,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from lab.report import build_report
+    from lab.bench import build_reports
 
-    written = build_report(Path(args.bench_dir))
+    written = build_reports(Path(args.bench_dir))
     print(f"wrote {written['markdown']} and {written['html']}")
     return 0
 
@@ -326,6 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as error:
         print(f"testbed {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a read-only or full disk, a folder that vanished: no traceback, nothing half-written
+        where = f" {error.filename}" if error.filename else ""
+        print(f"testbed {args.command}: error: cannot write{where}: {error.strerror or error}. Free space or "
+              "choose a writable folder, then rerun.", file=sys.stderr)  # fmt: skip
+        return 2
+    except KeyboardInterrupt:  # before a run's own signal handling starts (or after it ends)
+        print(f"testbed {args.command}: interrupted. A run directory without a checkpoint can be started again "
+              "with the same command.", file=sys.stderr)  # fmt: skip
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+"""GRPO's groups: B start states, each shared by G members, run until every member's episode has ended.
+
+A group's members start from the same state: a seeded reset (``start_mode=reset``), or a state part-way
+along a trunk episode (``start_mode=branch``, see ``envs/start_states.py``). With dynamic sampling (DAPO),
+groups whose returns all tie carry no learning signal; they are dropped and more are collected. With vine
+values (``advantage=vine``), states along the trajectories are recorded, then branched from.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from agents import advantages as adv
+from agents import vine
+from agents.networks import Actor
+from agents.rollout import Episodes, SegmentBuffers, collect_episodes, concat_episodes
+from agents.vine import VineValues
+from envs import episode_limit
+from envs import start_states as starts
+from envs.errors import BadInput
+from envs.snapshot import NotRestorable
+
+if TYPE_CHECKING:
+    from agents.grpo import GRPOConfig
+
+
+def horizon(cfg: GRPOConfig) -> int:
+    """H: the longest an episode can run in training (the time limit)."""
+    limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    H = episode_limit(cfg.env_id, **cfg.env_kwargs, **limit)
+    if H is None:
+        raise BadInput(f"{cfg.env_id} has no time limit; GRPO needs whole episodes: --set max_episode_steps=N")
+    return H
+
+
+def validate(cfg: GRPOConfig) -> None:
+    """Checks that need the env, run before any work starts."""
+    H = horizon(cfg)
+    if cfg.batch_trajectories * H > cfg.total_steps:
+        raise BadInput(
+            f"one iteration can take B·G·H = {cfg.num_groups}·{cfg.group_size}·{H} = {cfg.batch_trajectories * H} "
+            f"env steps, more than total_steps = {cfg.total_steps}. Lower num_groups, group_size or "
+            "max_episode_steps, or raise --total-steps."
+        )
+    if cfg.start_mode == "branch":
+        try:
+            starts.restore_mode(cfg.env_id, **cfg.env_kwargs)
+        except NotRestorable as error:
+            raise BadInput(f"start_mode=branch: {error}") from None
+    if cfg.advantage == "vine":
+        J = -(-H // vine_interval(cfg, H))
+        # Point j of a full-length trunk has H − j·m = H·(J − j)/J steps left; K branches from each of the J
+        # points take K·H·(J + 1)/2 steps in all.
+        per_iteration = cfg.batch_trajectories * H * (1 + cfg.vine_branches * (J + 1) // 2)
+        if per_iteration > cfg.total_steps:
+            raise BadInput(
+                f"one iteration with vine values takes about B·G·H·(1 + K·(J + 1)/2) = {per_iteration} env steps "
+                f"(J = {J} points per trajectory, K = {cfg.vine_branches} branches each), more than total_steps = "
+                f"{cfg.total_steps}. Lower vine_points, vine_branches, num_groups or group_size, or raise "
+                "--total-steps."
+            )
+    if cfg.advantage == "vine" and not starts.settable(cfg.env_id, **cfg.env_kwargs):
+        raise BadInput(f"advantage=vine restores states along trajectories, which needs an env whose state can be "
+                       f"set (MuJoCo, classic control, the testbed's tasks); {cfg.env_id}'s cannot")  # fmt: skip
+
+
+def vine_interval(cfg: GRPOConfig, H: int) -> int:
+    """m: steps between vine points, ⌈H / vine_points⌉."""
+    return -(-H // cfg.vine_points)
+
+
+@dataclass
+class Groups:
+    """One iteration's collection: the batch to learn from, and everything collected for diagnostics."""
+
+    batch: Episodes  # B' ≤ B groups; fewer than B only when dynamic sampling ran out of rounds
+    rounds: list[Episodes]  # every collection, dropped groups included
+    group_returns: Tensor  # (every collected group, G)
+    episode_returns: list[float]  # raw, undiscounted, from the episode's start (a trunk prefix included)
+    env_steps: int  # all env steps: members, trunks, replays and vine branches
+    restore_time_s: float
+    vine: VineValues | None = None  # advantage=vine: the values along the batch's trajectories
+
+    @property
+    def kept_groups(self) -> int:
+        return self.batch.mask.shape[1] // self.group_returns.shape[1]
+
+
+def collect_groups(
+    cfg: GRPOConfig, env: Any, trunk_env: Any, mode: str | None, actor: Actor, buffers: SegmentBuffers, iteration: int
+) -> Groups:
+    """B groups of G trajectories; with dynamic sampling, tied groups are dropped and more collected.
+    With advantage=vine, the trajectories' states every m steps are recorded, then branched from."""
+    B, G, H = cfg.num_groups, cfg.group_size, buffers.rewards.shape[0]
+    recorder = vine.PointRecorder(env, vine_interval(cfg, H)) if cfg.advantage == "vine" else None
+
+    def policy_on_raw(raw_obs: np.ndarray) -> np.ndarray:
+        """The trunk's policy: raw observations through the members' normalizer, then π_θ."""
+        with torch.inference_mode():
+            return actor.act(torch.from_numpy(starts.observe(env, raw_obs)).to(cfg.device)).actions.cpu().numpy()
+
+    kept, parts, rounds, group_returns, episode_returns = 0, [], [], [], []
+    env_steps, restore_time = 0, 0.0
+    for round_ in range(cfg.max_resample_rounds + 1 if cfg.dynamic_sampling else 1):
+        seeds = starts.group_seeds(cfg.seed, iteration * (cfg.max_resample_rounds + 1) + round_, B)
+        started = time.perf_counter()
+        if mode is None:
+            first_obs, prefix_returns = starts.reset_groups(env, seeds, G), np.zeros(B)
+        else:
+            depths = np.random.randint(0, cfg.branch_max_depth + 1, size=B).tolist()
+            points, trunk_steps = starts.run_trunks(trunk_env, seeds, depths, policy_on_raw, mode)
+            first_obs, replay_steps = starts.branch_groups(env, points, G, mode)
+            env_steps += trunk_steps + replay_steps
+            prefix_returns = np.array([p.prefix_return for p in points])
+        restore_time += time.perf_counter() - started
+        episodes = collect_episodes(env, actor, np.asarray(first_obs, dtype=np.float32), buffers, cfg.device,
+                                    recorder.record if recorder else None)  # fmt: skip
+        env_steps += episodes.env_steps
+        rounds.append(episodes)
+        returns = adv.discounted_returns(episodes.rewards, episodes.mask, cfg.gamma).view(B, G)  # (B, G)
+        group_returns.append(returns)
+        raw_returns = (episodes.rewards * episodes.mask).sum(0).numpy()  # (B·G,)
+        episode_returns += (np.repeat(prefix_returns, G) + raw_returns).tolist()
+        informative = returns.amax(1) != returns.amin(1) if cfg.dynamic_sampling else torch.ones(B, dtype=torch.bool)
+        groups = informative.nonzero().squeeze(1)[: B - kept]
+        parts.append(episodes.select((groups.unsqueeze(1) * G + torch.arange(G)).flatten()))
+        kept += len(groups)
+        if kept >= B:
+            break
+    values = None
+    if recorder is not None:
+        J = -(-H // recorder.interval)
+        values = vine.branch_values(env, actor, recorder, J, cfg.vine_branches, cfg.gamma, buffers, cfg.device)
+        env_steps += values.branch_steps
+        restore_time += values.restore_time_s
+    batch = concat_episodes(parts)
+    return Groups(batch, rounds, torch.cat(group_returns), episode_returns, env_steps, restore_time, values)
