@@ -184,10 +184,15 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
             # YAML gives a mapping; the command line gives key:value,key:value (RL Zoo's --env-kwargs).
             if isinstance(value, dict):
                 return dict(value)
-            return parse_key_values(str(value).strip("{} ").split(","))
+            try:
+                return parse_key_values(str(value).strip("{} ").split(","))
+            except ValueError as error:
+                raise BadInput(f"{key}: {error}; give KEY:VALUE pairs, e.g. horizon:300") from None
         if origin is tuple:
             items = value if isinstance(value, (list, tuple)) else str(value).strip("[]() ").split(",")
             return tuple(_coerce(key, item, args[0]) for item in items if str(item).strip() != "")
+    except BadInput:
+        raise
     except (TypeError, ValueError):
         pass
     else:

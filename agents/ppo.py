@@ -42,7 +42,17 @@ from agents import losses
 from agents.config import RunConfig, check
 from agents.networks import ActorCritic, adam, gradient_step
 from agents.rollout import RolloutState, Segment, SegmentBuffers, collect_segment
-from agents.training import Agent, Collected, Envs, network_spec, obs_statistics, open_envs, restore_envs, run, save_envs
+from agents.training import (
+    Agent,
+    Collected,
+    Envs,
+    network_spec,
+    obs_statistics,
+    open_envs,
+    restore_envs,
+    run,
+    save_envs,
+)
 from envs import EnvOptions
 
 TAGS = [

@@ -50,14 +50,18 @@ def _load_actor(cfg: grpo.GRPOConfig, env: VectorEnv, weights: dict[str, Any]) -
     return load_weights(Actor(network_spec(env, cfg)), weights, "the checkpoint")
 
 
+def _load_sb3_policy(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]) -> sb3.SB3Policy:
+    return sb3.load_policy(cfg, weights)
+
+
 _PPO = {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": _load_actor_critic, "preset": "ppo"}
 _GRPO = {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": _load_actor, "checks": grpo.validate,
          "preset": "grpo"}  # fmt: skip
 ALGOS: dict[str, Algo] = {
     "ppo": Algo(**_PPO),
     "grpo": Algo(**_GRPO),
-    "sb3-ppo": Algo(ppo.PPOConfig, sb3.train, lambda cfg, env, weights: sb3.load_policy(cfg, weights), sb3.validate,
-                    preset="ppo"),  # fmt: skip
+    "sb3-ppo": Algo(config=ppo.PPOConfig, train=sb3.train, load_policy=_load_sb3_policy, checks=sb3.validate,
+                    preset="ppo"),
     # The credit-assignment study's methods: GAE's λ at its ends (one-step TD, Monte Carlo), GRPO's
     # per-step reward-to-go, and Monte-Carlo values from branches (agents/vine.py).
     "ppo-lambda0": Algo(**_PPO, fixed={"gae_lambda": 0.0}),

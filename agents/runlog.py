@@ -112,12 +112,12 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> DirLock:
     checkpoint (only the files of :data:`RESTARTABLE` and TensorBoard events): those files are removed,
     since without a checkpoint nothing in them can be continued. A resumed run needs ``checkpoint.pt``.
     """
+    if resume and not (run_dir / CHECKPOINT).exists():
+        raise BadInput(f"--resume: {run_dir} holds no {CHECKPOINT}, so there is nothing to continue. "
+                       "Run the same command without --resume to start it again.")  # fmt: skip
     lock = DirLock(run_dir).acquire()
     try:
         if resume:
-            if not (run_dir / CHECKPOINT).exists():
-                raise BadInput(f"--resume: {run_dir} holds no {CHECKPOINT}, so there is nothing to continue. "
-                               "Run the same command without --resume to start it again.")  # fmt: skip
             return lock
         entries = [p for p in run_dir.iterdir() if p.name != LOCK]
         stale = [p for p in entries if p.is_file() and (p.name in RESTARTABLE or p.name.startswith(("events.out",
@@ -255,12 +255,15 @@ def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
     ``expected`` maps keys (e.g. ``algo``, ``env_id``) to the values the checkpoint must hold.
     """
     path = run_dir / CHECKPOINT
+    if not path.exists():
+        raise BadInput(f"{run_dir} holds no {CHECKPOINT}, so there is nothing to continue or evaluate. A run stopped "
+                       "before its first checkpoint starts again with the same command, without --resume.")  # fmt: skip
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001  any unpickling failure means the same thing to the user
         # torch's own message suggests weights_only=False, i.e. running the file's code: never here.
         why = ("it holds objects other than tensors and plain data, which this testbed never unpickles"
-               if isinstance(error, pickle.UnpicklingError) else f"{type(error).__name__}: {str(error).splitlines()[0]}")
+               if isinstance(error, pickle.UnpicklingError) else f"{type(error).__name__}: {(str(error).splitlines() or ['no detail'])[0]}")
         raise BadInput(
             f"{path} is corrupted or not a checkpoint of this testbed ({why}). "
             "Start a new run in another directory, or restore the file from a backup."
@@ -271,11 +274,6 @@ def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
         if payload.get(key) != value:
             raise BadInput(f"{path} was written for {key}={payload.get(key)!r}, not {value!r}; it cannot be used here.")
     return _from_safe(payload)
-
-
-def checkpoint_step(run_dir: Path, expected: dict[str, Any]) -> int:
-    """The env steps a run's checkpoint has trained, checking first that it loads (see :func:`load_checkpoint`)."""
-    return int(load_checkpoint(run_dir, expected)["global_step"])
 
 
 def rng_state() -> dict[str, Any]:

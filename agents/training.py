@@ -250,7 +250,7 @@ def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bo
         csv_bytes = ckpt.get("csv_bytes")
         runlog.load_rng_state(ckpt["rng"])
     tracker = RunTracker(run_dir, name, cfg, agent.tags, global_step, wall_offset, resume, csv_bytes)
-    status, error = "completed", None
+    status, error, disk_error = "completed", None, None
 
     def checkpoint() -> None:
         tracker.log.flush()
@@ -282,15 +282,18 @@ def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bo
                 checkpoint()
         except runlog.NonFiniteError as exc:
             status, error = "failed", str(exc)
-        except OSError as exc:  # a full or read-only disk: say so in one line, keep what is written
-            status, error = "failed", f"cannot write to {run_dir}: {exc.strerror or exc}"
+        except OSError as exc:  # a full or read-only disk: recorded where it still can be, then reported
+            status, error, disk_error = "failed", f"cannot write to {run_dir}: {exc.strerror or exc}", exc
         except Exception as exc:  # noqa: BLE001  any crash is recorded in summary.json, then shown in full
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
         try:
-            return tracker.finish(agent, status, error, global_step)
+            summary = tracker.finish(agent, status, error, global_step)
         finally:
             agent.close()
+    if disk_error is not None:
+        raise disk_error  # the command line reports it in one line, with exit status 2
+    return summary
 
 
 class RunTracker:

@@ -27,14 +27,16 @@ from agents.config import resolve_config  # noqa: E402
 from agents.networks import Actor, ActorCritic, flatten_parameters  # noqa: E402
 from agents.rollout import RolloutState, SegmentBuffers, collect_episodes, collect_segment  # noqa: E402
 from agents.training import memory_report, network_spec, open_envs  # noqa: E402
-from envs import action_space_of  # noqa: E402
+from envs import EnvOptions, action_space_of  # noqa: E402
 from envs import start_states as starts  # noqa: E402
 
 
 def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict[str, int]]:
     cfg, _ = resolve_config(ppo.PPOConfig, "ppo", env_id, continuous, {})
-    envs = open_envs(env_id, cfg.n_envs, 1, cfg.normalize_obs, cfg.normalize_reward, cfg.gamma, cfg.vectorization)
-    model = ActorCritic(network_spec(envs.train, cfg))
+    options = EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward, gamma=cfg.gamma,
+                         vectorization=cfg.vectorization)  # fmt: skip
+    envs = open_envs(cfg, cfg.n_envs, options)
+    model = ActorCritic(network_spec(envs.train, cfg, cfg.shared_trunk))
     obs, _ = envs.train.reset(seed=0)
     state = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool))
     buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)
@@ -52,7 +54,7 @@ def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict
 def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, float, dict[str, int]]:
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, {})
     H, M = grpo.horizon(cfg), cfg.batch_trajectories
-    envs = open_envs(env_id, M, 1, cfg.normalize_obs, False, 1.0, cfg.vectorization)
+    envs = open_envs(cfg, M, EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization))
     actor = Actor(network_spec(envs.train, cfg))
     reference = Actor(network_spec(envs.train, cfg))
     buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)

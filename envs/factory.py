@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -85,9 +86,33 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     )
 
 
+@functools.cache
+def quiet_mujoco_warnings() -> None:
+    """Show each MuJoCo warning once, and none about ``settotalmass``.
+
+    MuJoCo prints a deprecation warning about ``settotalmass`` each time it compiles a model that uses
+    it, as gymnasium's own HalfCheetah asset does: 49 lines in one GRPO run, burying the progress lines,
+    about a file the user cannot change. Worker processes forked after this keep the handler.
+    """
+    try:
+        import mujoco
+    except ImportError:
+        return
+    seen: set[str] = set()
+
+    def warn(message: str) -> None:
+        if "settotalmass" not in message and message not in seen:
+            seen.add(message)
+            print(f"MuJoCo warning: {message}", file=sys.stderr)
+
+    mujoco.set_mju_user_warning(warn)
+
+
 def check_env_installed(env_id: str) -> None:
     """Build one env to prove its dependencies are installed; raise BadInput saying what to install."""
     spec = check_env_id(env_id)
+    if "mujoco" in str(spec.entry_point):
+        quiet_mujoco_warnings()
     try:
         gym.make(env_id).close()
     except gym.error.DependencyNotInstalled as error:

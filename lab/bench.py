@@ -5,20 +5,25 @@ Each cell is one ``testbed train`` process with one torch thread, writing
 backends run the same :func:`run_cell`:
 - ``local`` (default): a pool of ``--workers`` processes on this machine;
 - ``ray``: every cell is a Ray task asking for one CPU. The task trains in a scratch folder on whichever
-  node runs it and sends the run directory back to the driver as a tar archive, so no shared filesystem
-  is needed; a cell to resume travels to the worker the same way.
+  node runs it and sends its own run directory and log back to the driver as a tar archive, so no shared
+  filesystem is needed; a cell to resume travels to the worker the same way. Nothing else travels: a
+  task can never replace another cell's files, and a run that completed on the driver is never replaced.
 
 A bench is idempotent: a finished cell is skipped, an interrupted one resumes from its checkpoint, and a
 failed one is recorded with its error, set aside and retried once from scratch, without stopping the
 others. Ctrl-C stops every cell at its next iteration, with a checkpoint, so rerunning the same command
 continues. The report (``lab.report``) is rebuilt from disk at the end.
+
+One writer at a time: the driver locks the bench directory for the whole grid, and each trainer its run
+directory. Trainers run in their own process sessions (so that a Ctrl-C reaches them once, through the
+driver) and stop with a checkpoint when the driver that started them dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +31,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +40,17 @@ from typing import Any
 import gymnasium as gym
 import yaml
 
+from agents import runlog
 from envs import action_space_of
 from envs.errors import BadInput
+from lab.results import read_summary
 
 BENCH_ROOT = Path("runs") / "bench"
+BENCH_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+"""One folder name under runs/bench: no path separators, and not hidden (nor ``.``/``..``)."""
+WRITER_WAIT_S = 30.0
+"""How long a cell waits for another process still writing its run directory (the trainer of a driver
+that was just killed, finishing its last iteration) before it gives up on the cell."""
 
 
 @dataclass(frozen=True)
@@ -124,20 +137,25 @@ def plan_grid(
     total_steps: int | None,
     sets: list[str],
     name: str | None,
-    known_algos: dict[str, Any],
     variants: dict[str, list[str]] | None = None,
 ) -> Grid:
     """Resolve a suite and explicit options into a validated grid.
 
     ``sets`` are ``ALGO.key=value`` (one algo) or ``key=value`` (every algo). ``variants`` (label →
-    key=value pairs for every algo) multiply the grid: a study's horizons or reward delays."""
+    key=value pairs for every algo) multiply the grid: a study's horizons or reward delays. ``name`` (by
+    default the suite's, else ``custom``) is the bench's folder under runs/bench."""
     from agents.config import parse_overrides, resolve_config
+    from agents.registry import ALGOS
 
+    name = name if name is not None else suite or "custom"
+    if not BENCH_NAME.fullmatch(name):
+        raise BadInput(f"--name {name!r} is not a bench name: give one folder name (it becomes runs/bench/NAME) made "
+                       "of letters, digits, '.', '_' and '-', not starting with '.'")  # fmt: skip
     if suite is not None and suite not in SUITES:
         raise BadInput(f"unknown suite {suite!r}; choose one of {', '.join(SUITES)}")
     base = SUITES[suite] if suite else Suite(envs=())
     grid = Grid(
-        name=name or suite or "custom",
+        name=name,
         algos=list(algos or base.algos),
         envs=list(envs or base.envs),
         seeds=list(range(seeds if seeds is not None else base.seeds)),
@@ -150,9 +168,9 @@ def plan_grid(
         raise BadInput("--seeds must be at least 1")
     if grid.total_steps is not None and grid.total_steps < 1:
         raise BadInput(f"--total-steps must be positive, got {grid.total_steps}")
-    unknown = [a for a in grid.algos if a not in known_algos]
+    unknown = [a for a in grid.algos if a not in ALGOS]
     if unknown:
-        raise BadInput(f"unknown algo {', '.join(unknown)}; choose from {', '.join(known_algos)}")
+        raise BadInput(f"unknown algo {', '.join(unknown)}; choose from {', '.join(ALGOS)}")
     for pair in sets:
         key, _, _ = pair.partition("=")
         if "." not in key:  # key=value: every algo
@@ -160,8 +178,8 @@ def plan_grid(
                 grid.overrides.setdefault(algo, []).append(pair)
             continue
         algo, _, rest = pair.partition(".")
-        if algo not in known_algos:
-            choices = ", ".join(known_algos)
+        if algo not in ALGOS:
+            choices = ", ".join(ALGOS)
             raise BadInput(f"--set in a bench takes ALGO.key=value (ALGO one of {choices}) or key=value; "
                            f"got {pair!r}")  # fmt: skip
         grid.overrides.setdefault(algo, []).append(rest)
@@ -173,7 +191,7 @@ def plan_grid(
                 values: dict[str, Any] = parse_overrides(grid.overrides.get(algo, []) + pairs)
                 if grid.total_steps is not None:
                     values["total_steps"] = grid.total_steps
-                algo_spec = known_algos[algo]
+                algo_spec = ALGOS[algo]
                 cfg, _ = resolve_config(algo_spec.config, algo_spec.preset or algo, env_id, continuous,
                                         {**algo_spec.fixed, **values})  # fmt: skip
                 algo_spec.validate(cfg)
@@ -213,8 +231,33 @@ def write_bench_yaml(bench_dir: Path, grid: Grid) -> None:
 
 
 def read_status(run_dir: Path) -> str | None:
-    summary = run_dir / "summary.json"
-    return json.loads(summary.read_text()).get("status") if summary.exists() else None
+    """The run's status from its summary.json; None before it has one. BadInput if the file is unreadable."""
+    summary = read_summary(run_dir)
+    return None if summary is None else summary.get("status")
+
+
+def log_path(run_dir: Path) -> Path:
+    """A cell's console output, beside its run directory (``seed<k>.log``), so a set-aside attempt keeps it."""
+    return run_dir.with_name(f"{run_dir.name}.log")
+
+
+def wait_for_writer(run_dir: Path, timeout_s: float | None = None) -> str | None:
+    """Wait until no process holds ``run_dir``'s lock; returns the holder if one still does after ``timeout_s``.
+
+    A trainer whose driver was killed finishes its iteration, checkpoints and exits on its own; the next
+    driver waits for that rather than racing it. ``timeout_s`` defaults to :data:`WRITER_WAIT_S` (read at
+    call time, so tests may shorten it).
+    """
+    deadline = time.monotonic() + (WRITER_WAIT_S if timeout_s is None else timeout_s)
+    while (holder := runlog.lock_holder(run_dir)) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return holder
+
+
+def _still_written(cell: Cell, run_dir: Path, holder: str) -> Outcome:
+    """The outcome of a cell whose run directory another process still writes: failed, and left as it is."""
+    return Outcome(cell, "failed", f"{run_dir} is still being written by {holder}; stop that process (it saves a "
+                                   "checkpoint), then rerun the bench to continue the cell", attempts=0)  # fmt: skip
 
 
 def _set_aside(run_dir: Path) -> None:
@@ -247,10 +290,11 @@ class Stop:
             process.send_signal(signal.SIGINT)
 
 
-def _train(cell: Cell, run_dir: Path, log_path: Path, resume: bool) -> tuple[str, str | None]:
+def _train(cell: Cell, run_dir: Path, resume: bool) -> tuple[str, str | None]:
     """One ``testbed train`` process; returns its status and error."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "a") as log:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           runlog.PARENT_PID: str(os.getpid())}  # fmt: skip
+    with open(log_path(run_dir), "a") as log:
         log.write(f"$ {' '.join(cell.command(run_dir, resume)[1:])}\n")
         log.flush()
         process = subprocess.Popen(cell.command(run_dir, resume), stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -263,36 +307,54 @@ def _train(cell: Cell, run_dir: Path, log_path: Path, resume: bool) -> tuple[str
             returncode = process.wait()
         finally:
             Stop.children.discard(process)
-    status = read_status(run_dir)
-    if status is None:  # the process died before writing a summary, or its input was refused
-        tail = log_path.read_text().strip().splitlines()[-3:]
+    try:
+        summary = read_summary(run_dir)
+    except BadInput as error:  # a summary cut short: the attempt failed, and is set aside like any other
+        return "failed", str(error)
+    if summary is None:  # the process died before writing a summary, or its input was refused
+        tail = log_path(run_dir).read_text().strip().splitlines()[-3:]
         return "failed", f"exit code {returncode}: {' | '.join(tail)}"
-    error = json.loads((run_dir / "summary.json").read_text()).get("error")
-    return status, error
+    return str(summary.get("status")), summary.get("error")
 
 
 def run_cell(cell: Cell, bench_dir: Path, retries: int = 1) -> Outcome:
-    """Train one cell to completion: skip it if done, resume it if interrupted, retry it once if it fails."""
+    """Train one cell to completion: skip it if done, resume it if interrupted, retry it once if it fails.
+
+    A run directory that another process still writes is waited for (:func:`wait_for_writer`), then left
+    alone: the cell fails without a retry, and nothing is set aside.
+    """
     run_dir = cell.run_dir(bench_dir)
-    log_path = run_dir.with_name(f"{run_dir.name}.log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    holder = wait_for_writer(run_dir)
+    if holder is not None:
+        return _still_written(cell, run_dir, holder)
     status = read_status(run_dir)
     if status == "completed":
         return Outcome(cell, "completed", attempts=0)
     resumed = (run_dir / "checkpoint.pt").exists() and status != "failed"
     if run_dir.exists() and not resumed:
         _set_aside(run_dir)
-    outcome = Outcome(cell, *_train(cell, run_dir, log_path, resumed), resumed=resumed)
+    outcome = Outcome(cell, *_train(cell, run_dir, resumed), resumed=resumed)
     while outcome.status == "failed" and outcome.attempts <= retries and not Stop.requested:
         _set_aside(run_dir)
-        outcome = Outcome(cell, *_train(cell, run_dir, log_path, False), attempts=outcome.attempts + 1)
+        outcome = Outcome(cell, *_train(cell, run_dir, False), attempts=outcome.attempts + 1)
     return outcome
 
 
-def _pack(folder: Path) -> bytes:
+# ── a cell on a Ray worker: only its run directory and log travel ─────────────────────────────────
+
+
+def _pack(run_dir: Path) -> bytes | None:
+    """``run_dir`` and its log as a tar.gz, or None when neither exists. Lock files stay behind: they name
+    this machine's writer, and the receiving side takes its own."""
+    parts = [path for path in (run_dir, log_path(run_dir)) if path.exists()]
+    if not parts:
+        return None
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(folder, arcname=".")
+        for path in parts:
+            tar.add(path, arcname=path.name,
+                    filter=lambda info: None if Path(info.name).name == runlog.LOCK else info)  # fmt: skip
     return buffer.getvalue()
 
 
@@ -301,16 +363,46 @@ def _unpack(data: bytes, folder: Path) -> None:
         tar.extractall(folder, filter="data")
 
 
-def run_cell_remote(cell: Cell, cell_files: bytes | None, retries: int) -> tuple[Outcome, bytes]:
-    """A Ray task: run the cell in a scratch bench folder; send back its run directory and log."""
+def run_cell_remote(cell: Cell, files: bytes | None, retries: int) -> tuple[Outcome, bytes | None]:
+    """A Ray task: run the cell in a scratch bench folder, from the run directory and log in ``files`` if
+    any; send back that run directory and log only."""
     with tempfile.TemporaryDirectory() as scratch:
-        bench_dir = Path(scratch)
-        cell_dir = cell.run_dir(bench_dir).parent
-        cell_dir.mkdir(parents=True)
-        if cell_files is not None:
-            _unpack(cell_files, cell_dir)
-        outcome = run_cell(cell, bench_dir, retries)
-        return outcome, _pack(cell_dir)
+        run_dir = cell.run_dir(Path(scratch))
+        run_dir.parent.mkdir(parents=True)
+        if files is not None:
+            _unpack(files, run_dir.parent)
+        outcome = run_cell(cell, Path(scratch), retries)
+        return outcome, _pack(run_dir)
+
+
+def receive_cell(outcome: Outcome, files: bytes | None, bench_dir: Path) -> Outcome:
+    """Put a Ray task's run directory and log in place of the cell's own on this machine.
+
+    The task made the same choice :func:`run_cell` makes here: it continued the directory it was sent
+    (``outcome.resumed``), which the returned one then replaces, or it started over, in which case the
+    local directory is set aside as it would have been locally. A run that completed here meanwhile is
+    kept, and the task's files are dropped.
+    """
+    run_dir = outcome.cell.run_dir(bench_dir)
+    if read_status(run_dir) == "completed":
+        return Outcome(outcome.cell, "completed", attempts=0)
+    if files is None:  # the task failed before its run directory or log existed
+        return outcome
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Unpacked beside the run directory (same filesystem, so the moves below are renames), hidden from reports.
+    with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.incoming") as incoming:
+        _unpack(files, Path(incoming))
+        received = Path(incoming) / run_dir.name
+        if run_dir.exists():
+            if outcome.resumed:
+                run_dir.rename(Path(incoming) / "superseded")  # removed with the temporary folder
+            else:
+                _set_aside(run_dir)
+        if received.is_dir():
+            received.rename(run_dir)
+        if (Path(incoming) / log_path(run_dir).name).is_file():
+            os.replace(Path(incoming) / log_path(run_dir).name, log_path(run_dir))
+    return outcome
 
 
 # ── the grid ───────────────────────────────────────────────────────────────────────────────────────
@@ -337,7 +429,8 @@ class Board:
         self.running -= 1
         self.done += 1
         self.failed += outcome.status == "failed"
-        how = "skipped (done)" if outcome.attempts == 0 else outcome.status + (" (resumed)" if outcome.resumed else "")
+        skipped = outcome.attempts == 0 and outcome.status == "completed"
+        how = "skipped (done)" if skipped else outcome.status + (" (resumed)" if outcome.resumed else "")
         self._show(f"{how:<21} {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}"
                    + (f": {outcome.error}" if outcome.error and outcome.status == "failed" else ""))  # fmt: skip
         if self.interactive:
@@ -390,24 +483,22 @@ def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board) -> l
     pending: dict[Any, Cell] = {}
     for cell in cells:
         run_dir = cell.run_dir(bench_dir)
-        if read_status(run_dir) == "completed":
-            outcomes.append(Outcome(cell, "completed", attempts=0))
-            board.finished(outcomes[-1])
-            continue
-        cell_dir = run_dir.parent
-        files = _pack(cell_dir) if cell_dir.exists() else None
         board.started(cell)
-        pending[remote.remote(cell, files, retries)] = cell
+        holder = wait_for_writer(run_dir)  # a trainer on this machine may still be finishing the cell
+        if holder is not None:
+            outcomes.append(_still_written(cell, run_dir, holder))
+        elif read_status(run_dir) == "completed":
+            outcomes.append(Outcome(cell, "completed", attempts=0))
+        else:
+            pending[remote.remote(cell, _pack(run_dir), retries)] = cell
+            continue
+        board.finished(outcomes[-1])
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
-            cell = pending.pop(ready[0])
-            outcome, files = ray.get(ready[0])
-            cell_dir = cell.run_dir(bench_dir).parent
-            cell_dir.mkdir(parents=True, exist_ok=True)
-            _unpack(files, cell_dir)
-            outcomes.append(outcome)
-            board.finished(outcome)
+            pending.pop(ready[0])
+            outcomes.append(receive_cell(*ray.get(ready[0]), bench_dir))
+            board.finished(outcomes[-1])
     except KeyboardInterrupt:
         # Cancelled cells stop at once on their workers; their partial runs stay there, so they restart
         # from scratch next time. Finished cells are already on this machine.
@@ -448,22 +539,66 @@ def connect_ray(address: str | None, workers: int) -> None:
                        "or leave --ray-address out for a local instance.") from None  # fmt: skip
 
 
-def run_grid(
-    grid: Grid, workers: int, backend: str, ray_address: str | None, retries: int = 1, root: Path = BENCH_ROOT
-) -> tuple[Path, list[Outcome]]:
-    """Run every cell; rebuild the report from disk. Returns the bench directory and the outcomes."""
+def build_reports(bench_dir: Path) -> dict[str, Path]:
+    """Write the bench report (``lab.report``) and, for a credit study (``credit.yaml``), the study's report.
+
+    Returns every written path, the study's under keys ``credit …``. BadInput if the bench holds no run.
+    Both reports are built here, above them, so that ``lab.report`` need not know about credit studies.
+    """
+    # Imported here: reports load matplotlib, which planning and running a grid never need.
+    from lab.credit import STUDY_FILE, build_credit_report
     from lab.report import build_report
 
+    written = build_report(bench_dir)
+    if (bench_dir / STUDY_FILE).exists():
+        written.update({f"credit {k}": v for k, v in build_credit_report(bench_dir).items()})
+    return written
+
+
+def run_grid(
+    grid: Grid,
+    workers: int,
+    backend: str,
+    ray_address: str | None,
+    retries: int = 1,
+    root: Path = BENCH_ROOT,
+    prepare: Callable[[Path], None] | None = None,
+) -> tuple[Path, list[Outcome]]:
+    """Run every cell; rebuild the reports from disk. Returns the bench directory and the outcomes.
+
+    The bench directory stays locked while the grid runs, so a second driver of the same bench is refused
+    (BadInput naming this one) before it writes anything. Under the lock, after the grid's settings and
+    every cell's summary.json are checked, ``prepare(bench_dir)`` writes what a caller keeps beside the
+    bench (a credit study's ``credit.yaml``).
+    """
     bench_dir = root / grid.name
-    check_bench_dir(bench_dir, grid)
     if backend == "ray":
         connect_ray(ray_address, workers)
     elif backend != "local":
         raise BadInput(f"unknown --backend {backend!r}; choose local or ray")
-    write_bench_yaml(bench_dir, grid)
     cells = grid.cells()
+    with runlog.DirLock(bench_dir):
+        check_bench_dir(bench_dir, grid)
+        for cell in cells:
+            read_status(cell.run_dir(bench_dir))  # BadInput naming an unreadable summary.json, before any cell starts
+        if prepare is not None:
+            prepare(bench_dir)
+        write_bench_yaml(bench_dir, grid)
+        outcomes, interrupted = _run_cells(cells, bench_dir, workers, backend, retries)
+        try:
+            build_reports(bench_dir)
+        except BadInput:
+            pass  # nothing finished yet: nothing to report
+    if interrupted:
+        raise KeyboardInterrupt
+    return bench_dir, outcomes
+
+
+def _run_cells(
+    cells: list[Cell], bench_dir: Path, workers: int, backend: str, retries: int
+) -> tuple[list[Outcome], bool]:
+    """Run the cells on the backend, with SIGTERM and SIGINT stopping them cleanly; (outcomes, interrupted)."""
     board = Board(len(cells))
-    interrupted = False
     outcomes: list[Outcome] = []
     Stop.requested = False
 
@@ -480,16 +615,9 @@ def run_grid(
         else:
             outcomes = run_ray(cells, bench_dir, retries, board)
     except KeyboardInterrupt:
-        interrupted = True
+        return outcomes, True
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
         board.close()
-    try:
-        build_report(bench_dir)
-    except BadInput:
-        pass  # nothing finished yet: nothing to report
-    if interrupted:
-        raise KeyboardInterrupt
-    return bench_dir, outcomes
-
+    return outcomes, False

@@ -12,15 +12,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
 from agents import registry, runlog
-from agents.config import build_config, parse_overrides, resolve_config
+from agents.config import RunConfig, build_config, parse_overrides, resolve_config
 from agents.registry import ALGOS
 from envs import action_space_of
 from envs.errors import BadInput
+
+if TYPE_CHECKING:
+    import torch
+    from gymnasium.vector import VectorEnv
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
@@ -71,7 +75,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         if changed:
             raise BadInput(f"a resumed run keeps its settings; only --total-steps may change, not {', '.join(changed)}")
         cfg = build_config(algo.config, {**saved, **overrides})
-        trained = runlog.checkpoint_step(run_dir, {"algo": args.algo, "env_id": cfg.env_id})
+        ckpt, env, _ = _checkpoint_policy(args.algo, cfg, run_dir, episodes=1)  # a network config.yaml can't hold
+        env.close()
+        trained = ckpt["global_step"]
         if cfg.total_steps < trained:
             raise BadInput(f"{run_dir} has already trained {trained} steps; --total-steps must be at least that")
         preset_name = "resumed"
@@ -101,8 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from agents.training import EVAL_SEED_BASE, evaluate_policy, make_eval_env
-    from envs import load_normalizer_state
+    from agents.training import EVAL_SEED_BASE, evaluate_policy
 
     torch.set_num_threads(1)
     run_dir = Path(args.run_dir)
@@ -113,15 +118,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         raise BadInput(f"--episodes must be at least 1, got {args.episodes}")
     video_dir = _writable_dir(Path(args.video)) if args.video else None
-    algo = ALGOS[algo_name]
-    cfg = build_config(algo.config, values)
-    ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
-    env = make_eval_env(cfg, args.episodes)
+    cfg = build_config(ALGOS[algo_name].config, values)
+    ckpt, env, model = _checkpoint_policy(algo_name, cfg, run_dir, args.episodes)
     try:
-        stats = dict(ckpt["normalizers"])
-        stats.pop("return_rms", None)
-        load_normalizer_state(env, stats)
-        model = algo.load_policy(cfg, env, ckpt["model"])
         seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
         returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
     finally:
@@ -135,6 +134,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
         path = record_episode(model, cfg.env_id, ckpt["normalizers"], video_dir, seeds[0], not args.stochastic)
         print(f"video of the first episode: {path}")
     return 0
+
+
+def _checkpoint_policy(
+    algo_name: str, cfg: RunConfig, run_dir: Path, episodes: int
+) -> tuple[dict[str, Any], VectorEnv, torch.nn.Module]:
+    """The run's checkpoint, an evaluation env holding its observation statistics, and its policy; a
+    checkpoint that does not match config.yaml (network, normalization) is bad input."""
+    from agents.training import make_eval_env
+    from envs import load_normalizer_state
+
+    ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
+    env = make_eval_env(cfg, episodes)
+    try:
+        stats = dict(ckpt["normalizers"])
+        stats.pop("return_rms", None)
+        load_normalizer_state(env, stats)
+        return ckpt, env, ALGOS[algo_name].load_policy(cfg, env, ckpt["model"])
+    except BaseException:
+        env.close()
+        raise
 
 
 def _writable_dir(path: Path) -> Path:

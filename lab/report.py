@@ -354,7 +354,8 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
     """Write summary.csv, report.md, report.html and plots/ for the bench at ``bench_dir``.
 
     Returns the paths: ``summary``, ``markdown``, ``html``, and each plot under its path relative to
-    ``bench_dir`` (e.g. ``plots/CartPole-v1-steps.png``). BadInput if ``bench_dir`` holds no run.
+    ``bench_dir`` (e.g. ``plots/CartPole-v1-steps.png``). BadInput if ``bench_dir`` holds no run. A credit
+    study's own report is built beside this one by ``lab.bench.build_reports``.
     """
     bench_dir = Path(bench_dir)
     runs = find_runs([bench_dir])
@@ -435,8 +436,4 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
 
     written["markdown"].write_text(render_markdown(blocks))
     written["html"].write_text(render_html(blocks, f"Bench report: {bench_dir.resolve().name}", bench_dir))
-    if (bench_dir / "credit.yaml").exists():  # a `testbed credit` study: its own report too
-        from lab.credit import build_credit_report
-
-        written.update({f"credit {k}": v for k, v in build_credit_report(bench_dir).items()})
     return written

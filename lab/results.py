@@ -136,18 +136,35 @@ def base_env_id(label: str) -> str:
     return label.partition("[")[0]
 
 
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """summary.json as written, or None when the run has not written one (yet).
+
+    A file that is not a JSON object (cut short by a full disk, edited by hand, not UTF-8) is BadInput
+    naming it, never a traceback: every reader of run directories goes through here.
+    """
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as error:
+        problem = f"cannot be read ({error.strerror})"
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        problem = f"is not valid JSON ({error})"
+    else:
+        if isinstance(summary, dict):
+            return summary
+        problem = "holds JSON that is not an object ({...})"
+    raise BadInput(f"{path} {problem}. Delete it: rerunning the bench then resumes that run from its checkpoint, "
+                   "or starts it again if it has none.")  # fmt: skip
+
+
 def read_run(run_dir: Path, config: dict[str, Any] | None = None) -> Run:
     """Read one run directory; BadInput if it is not one or its summary.json is unreadable."""
     config = config if config is not None else _run_config(run_dir)
     if config is None:
         raise BadInput(f"{run_dir} is not a run directory: {RUN_DIR_CONTENTS}.")
-    summary: dict[str, Any] = {}
-    summary_path = run_dir / "summary.json"
-    if summary_path.exists():
-        try:
-            summary = json.loads(summary_path.read_text())
-        except json.JSONDecodeError as error:
-            raise BadInput(f"{summary_path} is not valid JSON ({error}); delete it, or rerun that cell.") from None
+    summary = read_summary(run_dir) or {}
     steps, times, returns, last_step, last_time = read_progress(run_dir / "progress.csv")
     final = summary.get("final_eval_return_mean")
     return Run(

@@ -1,14 +1,93 @@
-"""Shared fixtures: every test runs in its own working directory, without a display."""
+"""Shared fixtures and helpers: every test runs in its own working directory, without a display.
+
+Helpers used by more than one test module live here; import them with ``from tests.conftest import …``.
+"""
 
 from __future__ import annotations
 
+import csv
+import os
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
+
+from agents import runlog
+from agents.config import resolve_config
+from agents.grpo import GRPOConfig
+from agents.ppo import PPOConfig
+
+REPO = Path(__file__).resolve().parents[1]  # the repository root
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run each test in its own tmp_path, with SDL's dummy video driver."""
     # MuJoCo appends to MUJOCO_LOG.TXT in the working directory, and default run dirs are relative.
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
+
+
+# ── configs and runs ─────────────────────────────────────────────────────────────────────────────────
+
+
+def ppo_config(env_id: str, continuous: bool = False, **overrides: Any) -> PPOConfig:
+    """PPO's preset for ``env_id`` with ``overrides`` applied, as the CLI resolves it."""
+    cfg, _ = resolve_config(PPOConfig, "ppo", env_id, continuous, overrides)
+    return cfg
+
+
+def grpo_config(env_id: str = "CartPole-v1", continuous: bool = False, **overrides: Any) -> GRPOConfig:
+    """GRPO's preset for ``env_id`` with ``overrides`` applied, as the CLI resolves it."""
+    cfg, _ = resolve_config(GRPOConfig, "grpo", env_id, continuous, overrides)
+    return cfg
+
+
+def run_training(algo: ModuleType, cfg: Any, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+    """Prepare ``run_dir`` as the CLI does (without config.yaml and meta.json), then ``algo.train`` into it."""
+    runlog.prepare_run_dir(run_dir, resume)
+    return algo.train(cfg, run_dir, resume=resume)
+
+
+def interrupt_after(monkeypatch: pytest.MonkeyPatch, target: object, name: str, calls: int) -> None:
+    """Patch ``target.name`` to send this process SIGINT, as Ctrl-C would, at the start of its ``calls``-th call."""
+    original = getattr(target, name)
+    count = 0
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        """Count this call, interrupt on the chosen one, then run the original."""
+        nonlocal count
+        count += 1
+        if count == calls:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, wrapper)
+
+
+# ── reading what a run wrote ─────────────────────────────────────────────────────────────────────────
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file with a header, as dicts."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def read_progress(run_dir: Path) -> list[dict[str, str]]:
+    """The rows of a run directory's progress.csv."""
+    return read_csv(run_dir / "progress.csv")
+
+
+# ── waiting ──────────────────────────────────────────────────────────────────────────────────────────
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 2.0, poll_s: float = 0.001) -> None:
+    """Poll ``condition`` every ``poll_s`` seconds until it holds or ``timeout_s`` seconds have passed."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(poll_s)

@@ -1,5 +1,5 @@
-"""Tier (a) tests of agents/advantages.py: GAE and advantage normalization against hand-computed numbers,
-special cases and Stable-Baselines3's RolloutBuffer.
+"""Tier (a) tests of agents/advantages.py: GAE, advantage normalization, vine and GRPO's group advantages
+against hand-computed numbers, special cases and Stable-Baselines3's RolloutBuffer.
 
 Index convention (see the module docstring): index t holds the step taken from s_t; ``next_values[t]``
 is V of the true next observation of that step.
@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from agents import advantages as adv
 from agents.advantages import gae, normalize, vine
 
 
@@ -371,3 +372,72 @@ def test_vine_with_exact_values_has_zero_mean_advantage() -> None:
 def test_vine_refuses_too_few_values() -> None:
     with pytest.raises(ValueError, match="J·interval ≥ T"):
         vine(torch.zeros(5, 1), torch.ones(5, 1, dtype=torch.bool), torch.zeros(2, 1), interval=2, gamma=1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Group advantages (GRPO), by hand
+# --------------------------------------------------------------------------------------------------
+
+
+def test_outcome_advantage_by_hand() -> None:
+    # Group [1, 2, 3]: mean 2, Bessel std 1 → [-1, 0, 1]. Group [10, 10, 40]: mean 20,
+    # std √((100 + 100 + 400) / 2) = √300 → [-10, -10, 20] / √300.
+    returns = torch.tensor([[1.0, 2.0, 3.0], [10.0, 10.0, 40.0]])
+    expected = torch.tensor([[-1.0, 0.0, 1.0], [-10 / math.sqrt(300), -10 / math.sqrt(300), 20 / math.sqrt(300)]])
+    torch.testing.assert_close(adv.group_outcome(returns, eps=0.0), expected)
+
+
+def test_tied_groups_give_exactly_zero_never_nan() -> None:
+    # 0.1 · 3 = 0.30000000000000004 in floating point, so mean − R is not exactly 0 for the tie
+    # [0.1, 0.1, 0.1]; divided by ε that rounding noise would become a large advantage.
+    returns = torch.tensor([[0.1, 0.1, 0.1], [5.0, 5.0, 5.0], [1.0, 2.0, 3.0]], dtype=torch.float64)
+    for scorer in (adv.group_outcome, adv.group_no_std, adv.group_batch_std, adv.group_rloo):
+        scores = scorer(returns)
+        assert torch.equal(scores[:2], torch.zeros(2, 3, dtype=torch.float64)), scorer.__name__
+        assert torch.isfinite(scores).all()
+
+
+def test_group_of_two() -> None:
+    # G = 2: [0, 4]: mean 2, Bessel std √8 → ∓2/√8 = ∓1/√2; RLOO: R − the other one → [-4, 4].
+    returns = torch.tensor([[0.0, 4.0]])
+    torch.testing.assert_close(adv.group_outcome(returns, eps=0.0), torch.tensor([[-(0.5**0.5), 0.5**0.5]]))
+    torch.testing.assert_close(adv.group_rloo(returns), torch.tensor([[-4.0, 4.0]]))
+    torch.testing.assert_close(adv.group_no_std(returns), torch.tensor([[-2.0, 2.0]]))
+
+
+def test_rloo_by_hand() -> None:
+    # [1, 2, 6]: baselines (2+6)/2 = 4, (1+6)/2 = 3.5, (1+2)/2 = 1.5 → [-3, -1.5, 4.5] = 3/2 · (R − 3).
+    torch.testing.assert_close(adv.group_rloo(torch.tensor([[1.0, 2.0, 6.0]])), torch.tensor([[-3.0, -1.5, 4.5]]))
+
+
+def test_batch_std_uses_one_std_for_all_groups() -> None:
+    # Returns [0, 2] and [10, 12]: group means 1 and 11; the std of all four, √(224/3 − ...) by hand:
+    # mean 6, squared deviations 36, 16, 16, 36 → 104 / 3.
+    returns = torch.tensor([[0.0, 2.0], [10.0, 12.0]])
+    std = math.sqrt(104 / 3)
+    torch.testing.assert_close(adv.group_batch_std(returns, eps=0.0), torch.tensor([[-1.0, 1.0], [-1.0, 1.0]]) / std)
+
+
+def test_process_supervision_by_hand() -> None:
+    # One group of G = 2, T = 3. Member 0 ran 3 steps with rewards [1, 0, 1]; member 1 ran 2 steps with
+    # [0, 0] (its third step is after its episode ended: masked). Valid rewards 1, 0, 1, 0, 0: mean 0.4,
+    # Bessel std √((0.36·2 + 0.16·3) / 4) = √0.3. r̃ = (r − 0.4)/√0.3: 0.6/√0.3 for a 1, −0.4/√0.3 for a 0.
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 7.0]]).view(3, 1, 2)
+    mask = torch.tensor([[True, True], [True, True], [True, False]]).view(3, 1, 2)
+    s = math.sqrt(0.3)
+    expected = torch.tensor(
+        [
+            [(0.6 - 0.4 + 0.6) / s, (-0.4 - 0.4) / s],  # reward-to-go from t = 0
+            [(-0.4 + 0.6) / s, -0.4 / s],
+            [0.6 / s, 0.0],
+        ]
+    ).view(3, 1, 2)
+    torch.testing.assert_close(adv.group_process(rewards, mask, eps=0.0), expected)
+    tied = adv.group_process(torch.full((3, 1, 2), 0.1), torch.ones(3, 1, 2, dtype=torch.bool))
+    assert torch.equal(tied, torch.zeros(3, 1, 2))
+
+
+def test_discounted_returns() -> None:
+    rewards = torch.tensor([[1.0, 1.0], [1.0, 5.0], [1.0, 0.0]])
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    torch.testing.assert_close(adv.discounted_returns(rewards, mask, 0.5), torch.tensor([1.75, 3.5]))

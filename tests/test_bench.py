@@ -15,9 +15,9 @@ import pytest
 
 from envs.errors import BadInput
 from lab import bench
-from lab.cli import ALGOS, main
+from lab.cli import main
+from tests.conftest import REPO, read_csv, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
 # Small budgets: PPO's CartPole preset does 256 steps an iteration; GRPO with B = G = 2 fits 4·500 steps.
 TINY = ["ppo.eval_episodes=2", "grpo.eval_episodes=2", "grpo.num_groups=2", "grpo.group_size=2"]
 
@@ -31,12 +31,7 @@ def _importable_project(monkeypatch: pytest.MonkeyPatch) -> None:
 def tiny_grid(name: str, envs: list[str] | None = None, algos: list[str] | None = None, seeds: int = 2,
               total_steps: int = 2048) -> bench.Grid:  # fmt: skip
     sets = [s for s in TINY if s.split(".")[0] in (algos or ["ppo", "grpo"])]
-    return bench.plan_grid(None, algos or ["ppo", "grpo"], envs or ["CartPole-v1"], seeds, total_steps, sets, name, ALGOS)
-
-
-def read_summary_csv(bench_dir: Path) -> list[dict[str, str]]:
-    with open(bench_dir / "summary.csv", newline="") as f:
-        return list(csv.DictReader(f))
+    return bench.plan_grid(None, algos or ["ppo", "grpo"], envs or ["CartPole-v1"], seeds, total_steps, sets, name)
 
 
 def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(tmp_path: Path) -> None:
@@ -44,7 +39,7 @@ def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(tmp_path: Path
     bench_dir, outcomes = bench.run_grid(grid, workers=2, backend="local", ray_address=None, root=tmp_path)
     assert sorted((o.cell.algo, o.cell.seed, o.status) for o in outcomes) == [
         ("grpo", 0, "completed"), ("grpo", 1, "completed"), ("ppo", 0, "completed"), ("ppo", 1, "completed")]  # fmt: skip
-    rows = read_summary_csv(bench_dir)
+    rows = read_csv(bench_dir / "summary.csv")
     assert sorted((r["algo"], r["seed"], r["status"]) for r in rows) == [
         ("grpo", "0", "completed"), ("grpo", "1", "completed"), ("ppo", "0", "completed"), ("ppo", "1", "completed")]  # fmt: skip
     report = (bench_dir / "report.md").read_text()
@@ -70,7 +65,7 @@ def test_a_crashing_run_is_recorded_retried_once_and_the_others_finish(tmp_path:
     assert crashed.status == "failed" and crashed.attempts == 2 and "crashed on purpose" in crashed.error
     cell_parent = bench_dir / "tests.toy_envs:testbed-toy_Crash-v0" / "ppo"
     assert (cell_parent / ".seed0.failed1" / "summary.json").exists()  # the first attempt is kept aside
-    rows = {r["env_id"]: r for r in read_summary_csv(bench_dir)}
+    rows = {r["env_id"]: r for r in read_csv(bench_dir / "summary.csv")}
     assert rows["CartPole-v1"]["status"] == "completed" and rows["tests.toy_envs:testbed-toy/Crash-v0"]["status"] == "failed"
 
 
@@ -80,9 +75,7 @@ def test_an_interrupted_grid_resumes(tmp_path: Path) -> None:
     process = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)  # fmt: skip
     progress = tmp_path / "runs" / "bench" / "stop" / "CartPole-v1" / "ppo" / "seed0" / "progress.csv"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not progress.exists():
-        time.sleep(0.2)
+    wait_for(progress.exists, timeout_s=90, poll_s=0.2)
     time.sleep(1.0)
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C on a terminal reaches the whole foreground group
     _, err = process.communicate(timeout=90)
@@ -116,7 +109,7 @@ def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path) -> None:
         run_dir = bench_dir / "CartPole-v1" / "ppo" / f"seed{seed}"
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
         assert (run_dir / "checkpoint.pt").exists() and (run_dir.parent / f"seed{seed}.log").exists()
-    assert len(read_summary_csv(bench_dir)) == 2
+    assert len(read_csv(bench_dir / "summary.csv")) == 2
 
 
 @pytest.mark.parametrize(

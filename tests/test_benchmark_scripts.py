@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import functools
 import importlib.util
 import re
@@ -12,22 +11,17 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, read_csv
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def _read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 @functools.cache
 def _speed_module() -> ModuleType:
     """benchmarks/speed.py, a script outside any package, imported by its path."""
-    spec = importlib.util.spec_from_file_location("benchmarks_speed", ROOT / "benchmarks" / "speed.py")
+    spec = importlib.util.spec_from_file_location("benchmarks_speed", REPO / "benchmarks" / "speed.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
@@ -56,7 +50,7 @@ def test_speed_smoke(tmp_path: Path) -> None:
     proc = _run(["benchmarks/speed.py", "--cases", "cartpole", "--repeats", "1", "--cartpole-steps", "2048",
                  "--ceiling-seconds", "0.2", "--out", str(out)], timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = _read_csv(out / "speed.csv")
+    rows = read_csv(out / "speed.csv")
     by_impl = {r["impl"]: r for r in rows}
     assert {"ours", "sb3", "ours_profiled"} == set(by_impl)
     for impl in ("ours", "sb3"):
@@ -66,7 +60,7 @@ def test_speed_smoke(tmp_path: Path) -> None:
     ratio = re.search(r"SB3 / ours, median process times: ([0-9.]+)", md)
     assert ratio is not None and float(ratio.group(1)) > 0
     assert "Ceiling" in md and "Where our time goes" in md and "Machine:" in md and "A bound on the ratio" in md
-    assert str(tmp_path) not in md and str(ROOT) not in md
+    assert str(tmp_path) not in md and str(REPO) not in md
 
 
 def test_learning_runs_then_skips(tmp_path: Path) -> None:
@@ -75,7 +69,7 @@ def test_learning_runs_then_skips(tmp_path: Path) -> None:
             "--workers", "2", "--root", str(tmp_path / "runs"), "--out", str(out)]  # fmt: skip
     proc = _run(args, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = _read_csv(out)
+    rows = read_csv(out)
     assert [(r["algo"], r["env_id"], r["seed"], r["status"]) for r in rows] == [
         ("ppo", "CartPole-v1", "0", "completed"),
         ("ppo", "CartPole-v1", "1", "completed"),
@@ -94,7 +88,7 @@ def test_learning_runs_then_skips(tmp_path: Path) -> None:
     assert proc.stdout.count("skipped") == 2
     assert {p: p.stat().st_mtime_ns for p in run_dirs.rglob("*")} == before  # nothing rerun or rewritten
     assert elapsed < 10  # a training process alone takes a few seconds; skipping takes well under one
-    assert len(_read_csv(out)) == 2
+    assert len(read_csv(out)) == 2
 
 
 def test_learning_records_a_failed_run(tmp_path: Path) -> None:
@@ -102,5 +96,5 @@ def test_learning_records_a_failed_run(tmp_path: Path) -> None:
     proc = _run(["benchmarks/learning.py", "--env", "NoSuchEnv-v0", "--seeds", "0", "--total-steps", "1024",
                  "--root", str(tmp_path / "runs"), "--out", str(out)], timeout=60)  # fmt: skip
     assert proc.returncode == 1
-    assert [(r["env_id"], r["status"]) for r in _read_csv(out)] == [("NoSuchEnv-v0", "failed")]
+    assert [(r["env_id"], r["status"]) for r in read_csv(out)] == [("NoSuchEnv-v0", "failed")]
     assert "failed" in out.with_suffix(".md").read_text()

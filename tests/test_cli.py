@@ -16,8 +16,7 @@ import torch
 import yaml
 
 from lab.cli import main
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO, wait_for
 
 
 def run_testbed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -86,9 +85,7 @@ def test_sigterm_checkpoints_and_marks_the_run_interrupted(tmp_path: Path) -> No
          "--set", "checkpoint_interval=0", "--run-dir", str(run_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (run_dir / "progress.csv").exists():
-        time.sleep(0.2)
+    wait_for((run_dir / "progress.csv").exists, timeout_s=60, poll_s=0.2)
     time.sleep(1.0)
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=60)

@@ -13,12 +13,12 @@ from agents import sb3
 from agents.config import resolve_config
 from agents.ppo import PPOConfig
 from agents.training import open_envs
+from envs import EnvOptions
 from envs.errors import BadInput
 from lab import bench, credit
-from lab.cli import ALGOS, main
+from lab.cli import main
 from lab.results import env_label
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
 
 
 def test_a_task_sweeps_its_horizon_and_a_delayed_env_its_reward_delay() -> None:
@@ -59,15 +59,14 @@ def test_env_labels_keep_horizons_and_delays_apart() -> None:
 
 def test_plain_key_value_sets_apply_to_every_algo() -> None:
     grid = bench.plan_grid(None, ["ppo", "grpo"], ["testbed/Chain-v0"], 1, None,
-                           ["reward_delay=5", "ppo.ent_coef=0.0"], "t", ALGOS)  # fmt: skip
+                           ["reward_delay=5", "ppo.ent_coef=0.0"], "t")  # fmt: skip
     assert grid.overrides == {"ppo": ["reward_delay=5", "ent_coef=0.0"], "grpo": ["reward_delay=5"]}
 
 
 def test_the_env_options_reach_the_training_and_evaluation_envs() -> None:
     cfg, _ = resolve_config(PPOConfig, "ppo", "testbed/Chain-v0", False,
                             {"env_kwargs": "horizon:6", "reward_delay": "3", "eval_episodes": 2})  # fmt: skip
-    envs = open_envs(cfg.env_id, 2, 2, False, False, 1.0, "auto", cfg.env_kwargs, cfg.reward_delay,
-                     cfg.eval_env_kwargs)  # fmt: skip
+    envs = open_envs(cfg, 2, EnvOptions(gamma=1.0, reward_delay=cfg.reward_delay))
     # Training: 6-step episodes with the rewards of steps 0–2 released at step 2 and the rest at step 5
     # (three distractors of ±0.05 never sum to 0).
     envs.train.reset(seed=0)

@@ -36,12 +36,6 @@ X_LIMIT = 2.4
 BOTH_NORMS = EnvOptions(normalize_obs=True, normalize_reward=True)
 
 
-@pytest.fixture(autouse=True)
-def _outside_the_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """MuJoCo appends compiler warnings to MUJOCO_LOG.TXT in the working directory: keep it in tmp_path."""
-    monkeypatch.chdir(tmp_path)
-
-
 @pytest.fixture
 def closing() -> Iterator[list[VectorEnv]]:
     """Envs appended to this list are closed after the test, even when it fails."""

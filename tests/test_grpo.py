@@ -1,128 +1,26 @@
-"""GRPO: group advantages and aggregation against hand-computed numbers, the tied-group gradient,
-learning, branching, resume and bad input."""
+"""GRPO: the tied-group gradient, learning, branching, resume and bad input. (Its group advantages
+and aggregation are tested against hand-computed numbers in test_advantages.py and test_losses.py.)"""
 
 from __future__ import annotations
 
-import csv
 import json
-import math
-import os
-import signal
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from agents import advantages as adv
 import agents.grpo as grpo
-from agents import losses, runlog
-from agents.config import resolve_config
+from agents import advantages as adv
+from agents import groups, losses, runlog
 from agents.networks import Actor, NetworkSpec
 from agents.rollout import Episodes
 from envs.errors import BadInput
 from lab.cli import main
 from tests import toy_envs
+from tests.conftest import grpo_config, interrupt_after, read_progress, run_training
 
 toy_envs.register()
-
-
-def config(env_id: str = "CartPole-v1", continuous: bool = False, **overrides: Any) -> grpo.GRPOConfig:
-    cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, overrides)
-    return cfg
-
-
-def train(cfg: grpo.GRPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
-    runlog.prepare_run_dir(run_dir, resume)
-    return grpo.train(cfg, run_dir, resume=resume)
-
-
-# ── group advantages, by hand ───────────────────────────────────────────────────────────────────────
-
-
-def test_outcome_advantage_by_hand() -> None:
-    # Group [1, 2, 3]: mean 2, Bessel std 1 → [-1, 0, 1]. Group [10, 10, 40]: mean 20,
-    # std √((100 + 100 + 400) / 2) = √300 → [-10, -10, 20] / √300.
-    returns = torch.tensor([[1.0, 2.0, 3.0], [10.0, 10.0, 40.0]])
-    expected = torch.tensor([[-1.0, 0.0, 1.0], [-10 / math.sqrt(300), -10 / math.sqrt(300), 20 / math.sqrt(300)]])
-    torch.testing.assert_close(adv.group_outcome(returns, eps=0.0), expected)
-
-
-def test_tied_groups_give_exactly_zero_never_nan() -> None:
-    # 0.1 · 3 = 0.30000000000000004 in floating point, so mean − R is not exactly 0 for the tie
-    # [0.1, 0.1, 0.1]; divided by ε that rounding noise would become a large advantage.
-    returns = torch.tensor([[0.1, 0.1, 0.1], [5.0, 5.0, 5.0], [1.0, 2.0, 3.0]], dtype=torch.float64)
-    for scorer in (adv.group_outcome, adv.group_no_std, adv.group_batch_std, adv.group_rloo):
-        scores = scorer(returns)
-        assert torch.equal(scores[:2], torch.zeros(2, 3, dtype=torch.float64)), scorer.__name__
-        assert torch.isfinite(scores).all()
-
-
-def test_group_of_two() -> None:
-    # G = 2: [0, 4]: mean 2, Bessel std √8 → ∓2/√8 = ∓1/√2; RLOO: R − the other one → [-4, 4].
-    returns = torch.tensor([[0.0, 4.0]])
-    torch.testing.assert_close(adv.group_outcome(returns, eps=0.0), torch.tensor([[-(0.5**0.5), 0.5**0.5]]))
-    torch.testing.assert_close(adv.group_rloo(returns), torch.tensor([[-4.0, 4.0]]))
-    torch.testing.assert_close(adv.group_no_std(returns), torch.tensor([[-2.0, 2.0]]))
-
-
-def test_rloo_by_hand() -> None:
-    # [1, 2, 6]: baselines (2+6)/2 = 4, (1+6)/2 = 3.5, (1+2)/2 = 1.5 → [-3, -1.5, 4.5] = 3/2 · (R − 3).
-    torch.testing.assert_close(adv.group_rloo(torch.tensor([[1.0, 2.0, 6.0]])), torch.tensor([[-3.0, -1.5, 4.5]]))
-
-
-def test_batch_std_uses_one_std_for_all_groups() -> None:
-    # Returns [0, 2] and [10, 12]: group means 1 and 11; the std of all four, √(224/3 − ...) by hand:
-    # mean 6, squared deviations 36, 16, 16, 36 → 104 / 3.
-    returns = torch.tensor([[0.0, 2.0], [10.0, 12.0]])
-    std = math.sqrt(104 / 3)
-    torch.testing.assert_close(adv.group_batch_std(returns, eps=0.0), torch.tensor([[-1.0, 1.0], [-1.0, 1.0]]) / std)
-
-
-def test_process_supervision_by_hand() -> None:
-    # One group of G = 2, T = 3. Member 0 ran 3 steps with rewards [1, 0, 1]; member 1 ran 2 steps with
-    # [0, 0] (its third step is after its episode ended: masked). Valid rewards 1, 0, 1, 0, 0: mean 0.4,
-    # Bessel std √((0.36·2 + 0.16·3) / 4) = √0.3. r̃ = (r − 0.4)/√0.3: 0.6/√0.3 for a 1, −0.4/√0.3 for a 0.
-    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 7.0]]).view(3, 1, 2)
-    mask = torch.tensor([[True, True], [True, True], [True, False]]).view(3, 1, 2)
-    s = math.sqrt(0.3)
-    expected = torch.tensor(
-        [
-            [(0.6 - 0.4 + 0.6) / s, (-0.4 - 0.4) / s],  # reward-to-go from t = 0
-            [(-0.4 + 0.6) / s, -0.4 / s],
-            [0.6 / s, 0.0],
-        ]
-    ).view(3, 1, 2)
-    torch.testing.assert_close(adv.group_process(rewards, mask, eps=0.0), expected)
-    tied = adv.group_process(torch.full((3, 1, 2), 0.1), torch.ones(3, 1, 2, dtype=torch.bool))
-    assert torch.equal(tied, torch.zeros(3, 1, 2))
-
-
-def test_discounted_returns() -> None:
-    rewards = torch.tensor([[1.0, 1.0], [1.0, 5.0], [1.0, 0.0]])
-    mask = torch.tensor([[True, True], [True, True], [True, False]])
-    torch.testing.assert_close(adv.discounted_returns(rewards, mask, 0.5), torch.tensor([1.75, 3.5]))
-
-
-# ── aggregation: the weight each mode gives a step of a long and a short trajectory ────────────────
-
-
-@pytest.mark.parametrize(
-    "mode,long_weight,short_weight",
-    [
-        ("trajectory", 1 / (2 * 4), 1 / (2 * 1)),  # 1 / (M · L_i): a short trajectory's step weighs 4× more
-        ("step", 1 / 5, 1 / 5),  # 1 / Σ L: every step the same
-        ("constant", 1 / (2 * 10), 1 / (2 * 10)),  # 1 / (M · H), H = 10
-    ],
-)
-def test_aggregation_weights(mode: str, long_weight: float, short_weight: float) -> None:
-    # Trajectory 0 has 4 steps, trajectory 1 has 1 step; T = 4, M = 2.
-    mask = torch.tensor([[True, True], [True, False], [True, False], [True, False]])
-    per_step = torch.zeros(4, 2, requires_grad=True)
-    losses.aggregate(per_step, mask, mode, horizon=10).backward()
-    expected = torch.tensor([[long_weight, short_weight], [long_weight, 0], [long_weight, 0], [long_weight, 0]])
-    torch.testing.assert_close(per_step.grad, expected)
 
 
 # ── the objective on a tied group ──────────────────────────────────────────────────────────────────
@@ -154,7 +52,7 @@ def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_bet
     returns = adv.discounted_returns(batch.rewards, batch.mask, 1.0).view(2, 2)  # every return is 5: ties
     members = torch.arange(4)
     for aggregation in ("trajectory", "step", "constant"):
-        cfg = config(beta=0.0, aggregation=aggregation)
+        cfg = grpo_config(beta=0.0, aggregation=aggregation)
         advantages = grpo.group_advantages(cfg, batch, returns, None, H=500)
         assert torch.equal(advantages, torch.zeros(5, 4))
         ref = torch.zeros(5, 4)
@@ -162,7 +60,7 @@ def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_bet
         grad = gradient(actor, loss)
         assert torch.equal(grad, torch.zeros_like(grad))
 
-        cfg = config(beta=0.1, aggregation=aggregation)
+        cfg = grpo_config(beta=0.1, aggregation=aggregation)
         ref_log_probs = batch.log_probs - 0.3  # a reference policy different from π_θ
         loss, _ = grpo.minibatch_loss(actor, batch, members, advantages, ref_log_probs, batch.mask, cfg, H=500)
         log_probs, _ = actor.log_prob_entropy(actor(batch.obs.flatten(0, 1)), batch.actions.flatten())
@@ -175,7 +73,7 @@ def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_bet
 def test_first_minibatch_ratio_is_one_at_collection() -> None:
     actor, batch = tiny_batch()
     batch.log_probs += 0.05  # undo the offset: π_old = π_θ
-    cfg = config(beta=0.0)
+    cfg = grpo_config(beta=0.0)
     advantages = torch.randn(5, 4)
     _, stats = grpo.minibatch_loss(actor, batch, torch.arange(4), advantages, batch.log_probs, batch.mask, cfg, 500)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["clipfrac_low"] == 0 == stats["clipfrac_high"]
@@ -185,13 +83,8 @@ def test_first_minibatch_ratio_is_one_at_collection() -> None:
 # ── whole runs ──────────────────────────────────────────────────────────────────────────────────────
 
 
-def read_progress(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "progress.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def test_cartpole_learns_and_logs_group_diagnostics(tmp_path: Path) -> None:
-    summary = train(config(total_steps=120_000, eval_interval=0), tmp_path / "run")
+    summary = run_training(grpo, grpo_config(total_steps=120_000, eval_interval=0), tmp_path / "run")
     assert summary["status"] == "completed" and summary["final_eval_return_mean"] >= 300
     assert summary["parameters_actor"] == summary["parameters_reference"] == 4610
     rows = read_progress(tmp_path / "run")
@@ -211,9 +104,9 @@ def test_cartpole_learns_and_logs_group_diagnostics(tmp_path: Path) -> None:
 
 def test_dynamic_sampling_drops_tied_groups(tmp_path: Path) -> None:
     # TwoArms episodes last one step and return 0 or 1, so many groups of G = 2 tie.
-    cfg = config("testbed-toy/TwoArms-v0", total_steps=2000, group_size=2, num_groups=8, dynamic_sampling=True,
-                 max_resample_rounds=5, num_minibatches=2, eval_interval=0, eval_episodes=2)  # fmt: skip
-    train(cfg, tmp_path / "run")
+    cfg = grpo_config("testbed-toy/TwoArms-v0", total_steps=2000, group_size=2, num_groups=8, dynamic_sampling=True,
+                      max_resample_rounds=5, num_minibatches=2, eval_interval=0, eval_episodes=2)  # fmt: skip
+    run_training(grpo, cfg, tmp_path / "run")
     rows = read_progress(tmp_path / "run")
     assert float(rows[0]["grpo/frac_zero_std_groups"]) > 0
     assert all(float(r["grpo/dropped_groups"]) >= 0 for r in rows)
@@ -221,31 +114,22 @@ def test_dynamic_sampling_drops_tied_groups(tmp_path: Path) -> None:
 
 
 def test_branching_from_mid_episode_states(tmp_path: Path) -> None:
-    cfg = config(total_steps=40_000, start_mode="branch", branch_max_depth=30, eval_interval=0, eval_episodes=2)
-    summary = train(cfg, tmp_path / "run")
+    cfg = grpo_config(total_steps=40_000, start_mode="branch", branch_max_depth=30, eval_interval=0, eval_episodes=2)
+    summary = run_training(grpo, cfg, tmp_path / "run")
     assert summary["status"] == "completed"
     rows = read_progress(tmp_path / "run")
     assert all(float(r["grpo/restore_time_s"]) > 0 for r in rows)
 
 
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path: Path) -> None:
-    cfg = config(total_steps=30_000, num_groups=4, group_size=4, normalize_obs=True, eval_interval=10_000,
-                 eval_episodes=2, checkpoint_interval=0)  # fmt: skip
-    train(cfg, tmp_path / "straight")
-
-    calls = {"n": 0}
-    original = grpo.collect_episodes
-
-    def collect(*args: Any, **kwargs: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return original(*args, **kwargs)
+    cfg = grpo_config(total_steps=30_000, num_groups=4, group_size=4, normalize_obs=True, eval_interval=10_000,
+                      eval_episodes=2, checkpoint_interval=0)  # fmt: skip
+    run_training(grpo, cfg, tmp_path / "straight")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grpo, "collect_episodes", collect)
-        assert train(cfg, tmp_path / "resumed")["status"] == "interrupted"
-    assert train(cfg, tmp_path / "resumed", resume=True)["status"] == "completed"
+        interrupt_after(patch, groups, "collect_episodes", 3)
+        assert run_training(grpo, cfg, tmp_path / "resumed")["status"] == "interrupted"
+    assert run_training(grpo, cfg, tmp_path / "resumed", resume=True)["status"] == "completed"
     straight = runlog.load_checkpoint(tmp_path / "straight", {"algo": "grpo"})
     resumed = runlog.load_checkpoint(tmp_path / "resumed", {"algo": "grpo"})
     assert straight["global_step"] == resumed["global_step"]
@@ -291,11 +175,11 @@ def test_branching_an_env_that_cannot_be_restored_is_refused(tmp_path: Path, cap
     assert "start_mode=branch" in err and "Noisy" in err
     assert not (tmp_path / "r").exists()
     with pytest.raises(BadInput):
-        grpo.validate(config("testbed-toy/Noisy-v0", start_mode="branch"))
+        grpo.validate(grpo_config("testbed-toy/Noisy-v0", start_mode="branch"))
 
 
 def test_env_without_a_time_limit_needs_max_episode_steps() -> None:
     with pytest.raises(BadInput, match="max_episode_steps"):
-        grpo.validate(config("testbed-toy/Unlimited-v0"))
-    grpo.validate(config("testbed-toy/Unlimited-v0", max_episode_steps=50, total_steps=100_000))
-    assert np.isfinite(grpo.horizon(config("testbed-toy/Unlimited-v0", max_episode_steps=50)))
+        grpo.validate(grpo_config("testbed-toy/Unlimited-v0"))
+    grpo.validate(grpo_config("testbed-toy/Unlimited-v0", max_episode_steps=50, total_steps=100_000))
+    assert np.isfinite(grpo.horizon(grpo_config("testbed-toy/Unlimited-v0", max_episode_steps=50)))

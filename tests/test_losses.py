@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from agents.losses import clip_fraction, clipped_surrogate, explained_variance, k3_kl, value_loss
+from agents.losses import aggregate, clip_fraction, clipped_surrogate, explained_variance, k3_kl, value_loss
 
 
 def t(values: list[float]) -> Tensor:
@@ -187,3 +187,25 @@ def test_explained_variance_negative_for_a_bad_predictor() -> None:
 def test_explained_variance_zero_variance_targets_is_nan() -> None:
     result = explained_variance(t([0.0, 1.0, 2.0]), torch.full((3,), 5.0))
     assert isinstance(result, float) and math.isnan(result)
+
+
+# --------------------------------------------------------------------------------------------------
+# aggregate: the weight each mode gives a step of a long and a short trajectory
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mode,long_weight,short_weight",
+    [
+        ("trajectory", 1 / (2 * 4), 1 / (2 * 1)),  # 1 / (M · L_i): a short trajectory's step weighs 4× more
+        ("step", 1 / 5, 1 / 5),  # 1 / Σ L: every step the same
+        ("constant", 1 / (2 * 10), 1 / (2 * 10)),  # 1 / (M · H), H = 10
+    ],
+)
+def test_aggregation_weights(mode: str, long_weight: float, short_weight: float) -> None:
+    # Trajectory 0 has 4 steps, trajectory 1 has 1 step; T = 4, M = 2.
+    mask = torch.tensor([[True, True], [True, False], [True, False], [True, False]])
+    per_step = torch.zeros(4, 2, requires_grad=True)
+    aggregate(per_step, mask, mode, horizon=10).backward()
+    expected = torch.tensor([[long_weight, short_weight], [long_weight, 0], [long_weight, 0], [long_weight, 0]])
+    torch.testing.assert_close(per_step.grad, expected)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +13,13 @@ import torch
 import agents.ppo as ppo
 from agents import runlog
 from agents.advantages import gae
-from agents.config import resolve_config
 from agents.networks import ActorCritic, NetworkSpec
 from agents.rollout import RolloutState, SegmentBuffers, collect_segment
 from envs import EnvOptions, make_vector
 from tests import toy_envs
+from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
 
 toy_envs.register()
-
-
-def config(env_id: str, continuous: bool = False, **overrides: Any) -> ppo.PPOConfig:
-    cfg, _ = resolve_config(ppo.PPOConfig, "ppo", env_id, continuous, overrides)
-    return cfg
-
-
-def train(cfg: ppo.PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
-    runlog.prepare_run_dir(run_dir, resume)
-    return ppo.train(cfg, run_dir, resume=resume)
-
-
-def read_progress(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "progress.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 # ── rollout invariants ──────────────────────────────────────────────────────────────────────────────
@@ -78,10 +60,10 @@ def test_rollout_log_probs_equal_the_updates_so_the_first_ratio_is_one() -> None
 def test_critic_learns_the_infinite_horizon_value_under_truncation(tmp_path: Path) -> None:
     # γ = 0.9: V = 1 / (1 − γ) = 10. Treating the time limit (20 steps) as termination would give
     # values falling from 8.8 at the start to 1 at the end, about 6 on average.
-    cfg = config("testbed-toy/ConstantReward-v0", total_steps=30_000, n_envs=4, n_steps=64, minibatch_size=64,
-                 n_epochs=4, gamma=0.9, gae_lambda=0.95, learning_rate=3e-3, anneal_lr=False, eval_episodes=1,
+    cfg = ppo_config("testbed-toy/ConstantReward-v0", total_steps=30_000, n_envs=4, n_steps=64, minibatch_size=64,
+                     n_epochs=4, gamma=0.9, gae_lambda=0.95, learning_rate=3e-3, anneal_lr=False, eval_episodes=1,
                  eval_interval=0)  # fmt: skip
-    train(cfg, tmp_path / "run")
+    run_training(ppo, cfg, tmp_path / "run")
     ckpt = runlog.load_checkpoint(tmp_path / "run", {"algo": "ppo"})
     model = ActorCritic(NetworkSpec(obs_dim=1, action_dim=2, continuous=False))
     model.load_state_dict(ckpt["model"])
@@ -90,9 +72,9 @@ def test_critic_learns_the_infinite_horizon_value_under_truncation(tmp_path: Pat
 
 
 def test_two_armed_bandit_is_solved(tmp_path: Path) -> None:
-    cfg = config("testbed-toy/TwoArms-v0", total_steps=4096, n_envs=8, n_steps=16, minibatch_size=64,
-                 learning_rate=1e-2, eval_episodes=4, eval_interval=0, ent_coef=0.0)  # fmt: skip
-    summary = train(cfg, tmp_path / "run")
+    cfg = ppo_config("testbed-toy/TwoArms-v0", total_steps=4096, n_envs=8, n_steps=16, minibatch_size=64,
+                     learning_rate=1e-2, eval_episodes=4, eval_interval=0, ent_coef=0.0)  # fmt: skip
+    summary = run_training(ppo, cfg, tmp_path / "run")
     assert summary["final_eval_return_mean"] == 1.0
 
 
@@ -100,9 +82,9 @@ def test_two_armed_bandit_is_solved(tmp_path: Path) -> None:
 
 
 def test_same_seed_gives_identical_losses(tmp_path: Path) -> None:
-    cfg = config("CartPole-v1", total_steps=2048, eval_interval=0, eval_episodes=2)
-    train(cfg, tmp_path / "a")
-    train(cfg, tmp_path / "b")
+    cfg = ppo_config("CartPole-v1", total_steps=2048, eval_interval=0, eval_episodes=2)
+    run_training(ppo, cfg, tmp_path / "a")
+    run_training(ppo, cfg, tmp_path / "b")
     keys = ["global_step", "losses/policy_loss", "losses/value_loss", "losses/approx_kl", "losses/entropy"]
     a = [[row[k] for k in keys] for row in read_progress(tmp_path / "a")]
     b = [[row[k] for k in keys] for row in read_progress(tmp_path / "b")]
@@ -110,8 +92,10 @@ def test_same_seed_gives_identical_losses(tmp_path: Path) -> None:
 
 
 def test_different_seeds_differ(tmp_path: Path) -> None:
-    train(config("CartPole-v1", total_steps=512, seed=1, eval_interval=0, eval_episodes=1), tmp_path / "a")
-    train(config("CartPole-v1", total_steps=512, seed=2, eval_interval=0, eval_episodes=1), tmp_path / "b")
+    run_training(ppo, ppo_config("CartPole-v1", total_steps=512, seed=1, eval_interval=0, eval_episodes=1),
+                 tmp_path / "a")  # fmt: skip
+    run_training(ppo, ppo_config("CartPole-v1", total_steps=512, seed=2, eval_interval=0, eval_episodes=1),
+                 tmp_path / "b")  # fmt: skip
     assert read_progress(tmp_path / "a")[0]["losses/value_loss"] != read_progress(tmp_path / "b")[0]["losses/value_loss"]
 
 
@@ -120,7 +104,7 @@ def test_different_seeds_differ(tmp_path: Path) -> None:
 
 def test_cartpole_learns(tmp_path: Path) -> None:
     # The RL Zoo preset on half its budget; a random policy scores about 22.
-    summary = train(config("CartPole-v1", total_steps=50_000, eval_interval=0), tmp_path / "run")
+    summary = run_training(ppo, ppo_config("CartPole-v1", total_steps=50_000, eval_interval=0), tmp_path / "run")
     assert summary["status"] == "completed"
     assert summary["final_eval_return_mean"] >= 300
 
@@ -128,29 +112,15 @@ def test_cartpole_learns(tmp_path: Path) -> None:
 def test_continuous_control_improves(tmp_path: Path) -> None:
     # InvertedPendulum-v5: an untrained policy balances for a few steps; the continuous default learns
     # to balance for the full 1000 steps within 15k steps (seeds 0-2 all reach 1000).
-    cfg = config("InvertedPendulum-v5", continuous=True, total_steps=15_360, n_steps=1024, eval_interval=1024,
-                 eval_episodes=5)  # fmt: skip
-    train(cfg, tmp_path / "run")
+    cfg = ppo_config("InvertedPendulum-v5", continuous=True, total_steps=15_360, n_steps=1024, eval_interval=1024,
+                     eval_episodes=5)  # fmt: skip
+    run_training(ppo, cfg, tmp_path / "run")
     evals = [float(r["eval/return_mean"]) for r in read_progress(tmp_path / "run") if r["eval/return_mean"]]
     assert evals[0] < 60
     assert evals[-1] >= 500 and evals[-1] >= 10 * evals[0]
 
 
 # ── checkpoints, resume, faults ─────────────────────────────────────────────────────────────────────
-
-
-def interrupt_after(monkeypatch: pytest.MonkeyPatch, iterations: int) -> None:
-    """Send this process SIGINT during the given iteration, as Ctrl-C would."""
-    calls = {"n": 0}
-    original = ppo.collect_segment
-
-    def collect(*args: Any, **kwargs: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == iterations:
-            os.kill(os.getpid(), signal.SIGINT)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(ppo, "collect_segment", collect)
 
 
 @pytest.mark.parametrize(
@@ -163,17 +133,17 @@ def interrupt_after(monkeypatch: pytest.MonkeyPatch, iterations: int) -> None:
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env_id: str, continuous: bool, overrides: dict[str, Any]
 ) -> None:
-    cfg = config(env_id, continuous, eval_interval=512, eval_episodes=2, checkpoint_interval=0, **overrides)
-    train(cfg, tmp_path / "straight")
+    cfg = ppo_config(env_id, continuous, eval_interval=512, eval_episodes=2, checkpoint_interval=0, **overrides)
+    run_training(ppo, cfg, tmp_path / "straight")
 
     with monkeypatch.context() as patch:
-        interrupt_after(patch, 3)
-        interrupted = train(cfg, tmp_path / "resumed")
+        interrupt_after(patch, ppo, "collect_segment", 3)
+        interrupted = run_training(ppo, cfg, tmp_path / "resumed")
     assert interrupted["status"] == "interrupted"
     stopped_at = interrupted["total_steps"]
     assert 0 < stopped_at < cfg.total_steps
     assert json.loads((tmp_path / "resumed" / "summary.json").read_text())["status"] == "interrupted"
-    resumed = train(cfg, tmp_path / "resumed", resume=True)
+    resumed = run_training(ppo, cfg, tmp_path / "resumed", resume=True)
     assert resumed["status"] == "completed"
 
     straight = runlog.load_checkpoint(tmp_path / "straight", {})["model"]
@@ -193,20 +163,20 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(
 def test_resume_of_an_env_without_state_restores_normalizers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # LunarLanderContinuous can't be snapshotted: the run resumes with fresh episodes but the same
     # normalizer statistics, and finishes.
-    cfg = config("LunarLanderContinuous-v3", True, total_steps=1024, n_steps=256, n_epochs=1, eval_interval=0,
-                 eval_episodes=1)  # fmt: skip
+    cfg = ppo_config("LunarLanderContinuous-v3", True, total_steps=1024, n_steps=256, n_epochs=1, eval_interval=0,
+                     eval_episodes=1)  # fmt: skip
     with monkeypatch.context() as patch:
-        interrupt_after(patch, 2)
-        assert train(cfg, tmp_path / "run")["status"] == "interrupted"
+        interrupt_after(patch, ppo, "collect_segment", 2)
+        assert run_training(ppo, cfg, tmp_path / "run")["status"] == "interrupted"
     saved = runlog.load_checkpoint(tmp_path / "run", {})
     assert saved["env_state"] is None and saved["normalizers"]["obs_rms"]["count"] > 256
-    assert train(cfg, tmp_path / "run", resume=True)["status"] == "completed"
+    assert run_training(ppo, cfg, tmp_path / "run", resume=True)["status"] == "completed"
 
 
 def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = config("CartPole-v1", total_steps=2560, checkpoint_interval=256, eval_interval=0, eval_episodes=1)
+    cfg = ppo_config("CartPole-v1", total_steps=2560, checkpoint_interval=256, eval_interval=0, eval_episodes=1)
     calls = {"n": 0}
     original = ppo.losses.value_loss
 
@@ -216,7 +186,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
         return out * float("nan") if calls["n"] > 5 * cfg.n_epochs else out
 
     monkeypatch.setattr(ppo.losses, "value_loss", poisoned)
-    summary = train(cfg, tmp_path / "run")
+    summary = run_training(ppo, cfg, tmp_path / "run")
     assert summary["status"] == "failed" and "non-finite" in summary["error"]
     saved = runlog.load_checkpoint(tmp_path / "run", {"algo": "ppo"})
     assert saved["global_step"] == 5 * cfg.batch_size

@@ -6,7 +6,6 @@ import csv
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from agents.runlog import (
     write_summary,
 )
 from envs.errors import BadInput
+from tests.conftest import wait_for
 
 EXPECTED = {"algo": "ppo", "env_id": "CartPole-v1"}
 
@@ -50,11 +50,26 @@ def test_prepare_run_dir_creates_a_new_directory(tmp_path: Path) -> None:
     prepare_run_dir(run_dir, resume=False)
 
 
-def test_prepare_run_dir_refuses_a_non_empty_directory(tmp_path: Path) -> None:
+def test_prepare_run_dir_refuses_a_directory_with_a_checkpoint_or_unknown_files(tmp_path: Path) -> None:
     (tmp_path / "progress.csv").write_text("global_step,wall_time_s\n")
+    save_checkpoint(tmp_path, {**EXPECTED})
     with pytest.raises(BadInput, match="--resume"):
         prepare_run_dir(tmp_path, resume=False)
     assert (tmp_path / "progress.csv").read_text() == "global_step,wall_time_s\n"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(BadInput, match="another --run-dir"):
+        prepare_run_dir(other, resume=False)
+    assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_prepare_run_dir_starts_again_where_no_checkpoint_was_written(tmp_path: Path) -> None:
+    # What a start writes before its first checkpoint: nothing in it can be continued, so it is cleared.
+    for name in ("config.yaml", "meta.json", "progress.csv", "events.out.tfevents.1.host.1.0"):
+        (tmp_path / name).write_text("x")
+    prepare_run_dir(tmp_path, resume=False).release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
 
 
 def test_prepare_run_dir_refuses_resume_without_checkpoint(tmp_path: Path) -> None:
@@ -295,23 +310,17 @@ def test_write_summary_turns_non_finite_numbers_into_null(tmp_path: Path) -> Non
     }
 
 
-def _wait_for(condition: Any, timeout_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.001)
-
-
 def test_stop_flag_turns_sigterm_into_a_flag() -> None:
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with StopFlag() as stop:
         assert not stop.raised
         os.kill(os.getpid(), signal.SIGTERM)
-        _wait_for(lambda: stop.raised)
+        wait_for(lambda: stop.raised)
         assert stop.raised and stop.signal == signal.SIGTERM
         # A second signal stops at once.
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
-            _wait_for(lambda: False, timeout_s=1.0)
+            wait_for(lambda: False, timeout_s=1.0)
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
@@ -319,7 +328,7 @@ def test_stop_flag_catches_sigint() -> None:
     before = signal.getsignal(signal.SIGINT)
     with StopFlag() as stop:
         os.kill(os.getpid(), signal.SIGINT)
-        _wait_for(lambda: stop.raised)
+        wait_for(lambda: stop.raised)
         assert stop.signal == signal.SIGINT
     assert signal.getsignal(signal.SIGINT) is before
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,27 +13,12 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch import nn
 
 from agents import runlog, sb3, training
-from agents.config import resolve_config
-from agents.ppo import TAGS, PPOConfig
+from agents.ppo import TAGS
 from envs import BadInput, normalizer_state
+from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
 
 SUMMARY_KEYS = {"algo", "env_id", "seed", "status", "total_steps", "wall_time_s", "sps", "final_eval_return_mean",
                 "final_eval_return_std", "final_eval_episodes", "eval_convention", "error"}  # fmt: skip
-
-
-def config(env_id: str, continuous: bool = False, **overrides: Any) -> PPOConfig:
-    cfg, _ = resolve_config(PPOConfig, "ppo", env_id, continuous, overrides)
-    return cfg
-
-
-def train(cfg: PPOConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
-    runlog.prepare_run_dir(run_dir, resume)  # as the CLI does (it also writes config.yaml and meta.json)
-    return sb3.train(cfg, run_dir, resume=resume)
-
-
-def read_progress(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "progress.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def steps_of(run_dir: Path) -> list[int]:
@@ -47,7 +29,7 @@ def steps_of(run_dir: Path) -> list[int]:
 
 
 def test_cartpole_preset_maps_to_sb3_arguments_with_linear_schedules() -> None:
-    args = sb3.sb3_arguments(config("CartPole-v1"))  # continuous looked up from the env id
+    args = sb3.sb3_arguments(ppo_config("CartPole-v1"))  # continuous looked up from the env id
     expected = {"n_steps": 32, "batch_size": 256, "n_epochs": 20, "gamma": 0.98, "gae_lambda": 0.8,
                 "clip_range_vf": None, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "target_kl": None,
                 "normalize_advantage": True, "seed": 0, "device": "cpu"}  # fmt: skip
@@ -60,7 +42,7 @@ def test_cartpole_preset_maps_to_sb3_arguments_with_linear_schedules() -> None:
 
 
 def test_halfcheetah_preset_maps_to_constant_values_and_the_continuous_policy() -> None:
-    args = sb3.sb3_arguments(config("HalfCheetah-v5", continuous=True))
+    args = sb3.sb3_arguments(ppo_config("HalfCheetah-v5", continuous=True))
     expected = {"n_steps": 512, "batch_size": 64, "n_epochs": 20, "gamma": 0.98, "gae_lambda": 0.92,
                 "learning_rate": 2.0633e-5, "clip_range": 0.1, "ent_coef": 0.000401762, "vf_coef": 0.58096,
                 "max_grad_norm": 0.8}  # fmt: skip
@@ -71,24 +53,24 @@ def test_halfcheetah_preset_maps_to_constant_values_and_the_continuous_policy() 
 
 
 def test_make_sb3_env_normalizes_as_our_factory() -> None:
-    cfg = config("Pendulum-v1", continuous=True, n_envs=2)
+    cfg = ppo_config("Pendulum-v1", continuous=True, n_envs=2)
     env = sb3.make_sb3_env(cfg)
     assert isinstance(env, VecNormalize) and isinstance(env.venv, DummyVecEnv) and env.num_envs == 2
     assert env.norm_obs and env.norm_reward and env.clip_obs == 10 and env.clip_reward == 10 and env.gamma == 0.99
     env.close()
-    plain = sb3.make_sb3_env(config("CartPole-v1"))
+    plain = sb3.make_sb3_env(ppo_config("CartPole-v1"))
     assert isinstance(plain, DummyVecEnv) and sb3.normalizer_state(plain) == {}
     plain.close()
 
 
 def test_what_sb3_cannot_run_is_refused_before_any_work() -> None:
     with pytest.raises(BadInput, match="shared_trunk"):
-        sb3.sb3_arguments(config("CartPole-v1", shared_trunk=True), continuous=False)
+        sb3.sb3_arguments(ppo_config("CartPole-v1", shared_trunk=True), continuous=False)
     with pytest.raises(BadInput, match="shared_trunk"):
-        sb3.validate(config("CartPole-v1", shared_trunk=True))
+        sb3.validate(ppo_config("CartPole-v1", shared_trunk=True))
     # Our eval envs one-hot a Discrete observation, which SB3's policy would one-hot again.
     with pytest.raises(BadInput, match="flat Box observations"):
-        sb3.validate(config("FrozenLake-v1"))
+        sb3.validate(ppo_config("FrozenLake-v1"))
 
 
 # ── short real runs ─────────────────────────────────────────────────────────────────────────────────
@@ -98,8 +80,8 @@ def test_cartpole_run_writes_our_run_directory(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
-    cfg = config("CartPole-v1", total_steps=2048, eval_episodes=2, eval_interval=1024)
-    summary = train(cfg, run_dir)
+    cfg = ppo_config("CartPole-v1", total_steps=2048, eval_episodes=2, eval_interval=1024)
+    summary = run_training(sb3, cfg, run_dir)
 
     assert summary["status"] == "completed" and summary["algo"] == "sb3-ppo" and summary["total_steps"] == 2048
     assert SUMMARY_KEYS <= set(summary) and summary["final_eval_episodes"] == 2
@@ -124,15 +106,17 @@ def test_cartpole_run_writes_our_run_directory(tmp_path: Path) -> None:
     assert {"model", "rng", "wall_time_s"} <= set(ckpt)
     # The checkpoint's policy, rebuilt without PPO (as `testbed eval` would), plays the final evaluation again.
     policy = sb3.load_policy(cfg, ckpt["model"])
-    envs = sb3.SB3Envs.open(cfg, sb3.make_sb3_env(cfg))
-    assert training.evaluate(policy, envs).mean() == pytest.approx(summary["final_eval_return_mean"])
-    envs.close()
+    eval_env = training.make_eval_env(cfg, cfg.eval_episodes)
+    seeds = [training.EVAL_SEED_BASE + i for i in range(cfg.eval_episodes)]
+    returns = training.evaluate_policy(policy, eval_env, seeds, deterministic=True)
+    assert returns.mean() == pytest.approx(summary["final_eval_return_mean"])
+    eval_env.close()
 
 
 def test_same_seed_gives_identical_losses(tmp_path: Path) -> None:
-    cfg = config("CartPole-v1", total_steps=512, eval_interval=0, eval_episodes=1)
-    train(cfg, tmp_path / "a")
-    train(cfg, tmp_path / "b")
+    cfg = ppo_config("CartPole-v1", total_steps=512, eval_interval=0, eval_episodes=1)
+    run_training(sb3, cfg, tmp_path / "a")
+    run_training(sb3, cfg, tmp_path / "b")
     keys = ["global_step", "losses/policy_loss", "losses/value_loss", "losses/approx_kl", "charts/episodic_return"]
     a = [[row[k] for k in keys] for row in read_progress(tmp_path / "a")]
     assert a == [[row[k] for k in keys] for row in read_progress(tmp_path / "b")] and len(a) == 2
@@ -149,9 +133,9 @@ def test_normalized_pendulum_run_evaluates_with_vecnormalize_statistics(
         return original(model, env, *args, **kwargs)
 
     monkeypatch.setattr(training, "evaluate_policy", recording)
-    cfg = config("Pendulum-v1", continuous=True, total_steps=512, n_steps=256, n_epochs=2, eval_episodes=2,
-                 eval_interval=256)  # fmt: skip
-    summary = train(cfg, tmp_path / "run")
+    cfg = ppo_config("Pendulum-v1", continuous=True, total_steps=512, n_steps=256, n_epochs=2, eval_episodes=2,
+                     eval_interval=256)  # fmt: skip
+    summary = run_training(sb3, cfg, tmp_path / "run")
     assert summary["status"] == "completed" and np.isfinite(summary["final_eval_return_mean"])
 
     saved = runlog.load_checkpoint(tmp_path / "run", {"algo": "sb3-ppo"})["normalizers"]
@@ -169,20 +153,11 @@ def test_sigint_checkpoints_and_a_resumed_run_finishes_without_duplicate_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
-    cfg = config("CartPole-v1", total_steps=2048, eval_episodes=2, eval_interval=1024, checkpoint_interval=0)
-    calls = {"n": 0}
-    original = sb3.RunCallback._on_rollout_end
-
-    def interrupting(self: sb3.RunCallback) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would, at the end of the second rollout
-        original(self)
-
+    cfg = ppo_config("CartPole-v1", total_steps=2048, eval_episodes=2, eval_interval=1024, checkpoint_interval=0)
     with monkeypatch.context() as patch:
-        patch.setattr(sb3.RunCallback, "_on_rollout_end", interrupting)
-        interrupted = train(cfg, run_dir)
-    # The second rollout's update completes and is logged; the third rollout stops at its first step.
+        interrupt_after(patch, sb3, "collect", 2)  # as the second rollout starts
+        interrupted = run_training(sb3, cfg, run_dir)
+    # The second rollout and its update complete and are logged; the run stops before the third.
     assert interrupted["status"] == "interrupted" and interrupted["total_steps"] == 512
     assert interrupted["final_eval_episodes"] == 0
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
@@ -190,7 +165,7 @@ def test_sigint_checkpoints_and_a_resumed_run_finishes_without_duplicate_rows(
     assert saved["global_step"] == 512 and saved["iteration"] == 2
     assert steps_of(run_dir) == [256, 512]
 
-    resumed = train(cfg, run_dir, resume=True)
+    resumed = run_training(sb3, cfg, run_dir, resume=True)
     assert resumed["status"] == "completed" and resumed["total_steps"] == 2048
     assert steps_of(run_dir) == list(range(256, 2049, 256))
     final = runlog.load_checkpoint(run_dir, {"algo": "sb3-ppo"})
@@ -208,7 +183,7 @@ def test_nan_loss_fails_the_run_and_keeps_the_last_good_checkpoint(
     # CartPole's preset has one minibatch per epoch, so update u makes calls (u−1)·K + 1 … u·K of SB3's value
     # loss. From update 4 on, the NaN parameters make torch.distributions raise in the next minibatch; at the
     # last minibatch only, the NaN reaches the logged losses instead. Both must read as a non-finite failure.
-    cfg = config("CartPole-v1", total_steps=2048, checkpoint_interval=256, eval_interval=0, eval_episodes=1)
+    cfg = ppo_config("CartPole-v1", total_steps=2048, checkpoint_interval=256, eval_interval=0, eval_episodes=1)
     calls = {"n": 0}
     first = 3 * cfg.n_epochs + (1 if poison == "from_update_4" else cfg.n_epochs)
     original = torch.nn.functional.mse_loss  # SB3's value loss, looked up at each call as F.mse_loss
@@ -219,7 +194,7 @@ def test_nan_loss_fails_the_run_and_keeps_the_last_good_checkpoint(
         return out * float("nan") if calls["n"] >= first else out
 
     monkeypatch.setattr(torch.nn.functional, "mse_loss", poisoned)
-    summary = train(cfg, tmp_path / "run")
+    summary = run_training(sb3, cfg, tmp_path / "run")
     assert summary["status"] == "failed" and "non-finite" in summary["error"]
     saved = runlog.load_checkpoint(tmp_path / "run", {"algo": "sb3-ppo"})
     assert saved["global_step"] == 3 * cfg.batch_size

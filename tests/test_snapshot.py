@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -30,12 +29,6 @@ RESTORABLE_IDS = [
     "testbed/Chain-v0",
     "testbed/KeyDoor-v0",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _outside_the_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """MuJoCo appends compiler warnings to MUJOCO_LOG.TXT in the working directory: keep it in tmp_path."""
-    monkeypatch.chdir(tmp_path)
 
 
 def _replay(env: gym.Env, actions: list[Any]) -> dict[str, np.ndarray]:

@@ -13,13 +13,13 @@ import torch
 
 import agents.grpo as grpo
 from agents import runlog, vine
-from agents.config import resolve_config
 from agents.networks import Actor, NetworkSpec
 from agents.rollout import SegmentBuffers, collect_episodes
 from envs import EnvOptions, make_vector
 from envs import start_states as starts
 from envs.errors import BadInput
 from lab.cli import main
+from tests.conftest import grpo_config
 
 
 def uniform_actor() -> Actor:
@@ -84,8 +84,7 @@ def test_member_point_needs_a_sync_env() -> None:
 
 
 def config(env_id: str = "testbed/Chain-v0", **overrides: Any) -> grpo.GRPOConfig:
-    cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, False, {"advantage": "vine", **overrides})
-    return cfg
+    return grpo_config(env_id, **{"advantage": "vine", **overrides})
 
 
 def test_grpo_vine_solves_a_short_chain_and_reports_its_branch_steps(tmp_path: Path) -> None:
