@@ -8,6 +8,8 @@ from __future__ import annotations
 import csv
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +69,31 @@ def interrupt_after(monkeypatch: pytest.MonkeyPatch, target: object, name: str, 
         return original(*args, **kwargs)
 
     monkeypatch.setattr(target, name, wrapper)
+
+
+# ── other processes ─────────────────────────────────────────────────────────────────────────────────
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from agents import runlog
+
+directory, seconds, then_write = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+lock = runlog.DirLock(directory).acquire()
+print("held", flush=True)
+time.sleep(seconds)
+if then_write:  # as a trainer stopping leaves its run directory
+    (directory / "summary.json").write_text(then_write)
+"""
+
+
+def hold_lock(directory: Path, seconds: float = 600.0, then_write: str = "") -> subprocess.Popen[str]:
+    """Another process holding ``directory``'s lock for ``seconds`` (then writing ``then_write`` to its
+    summary.json, if given); returns once the lock is held."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(directory), str(seconds), then_write],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
 
 
 # ── reading what a run wrote ─────────────────────────────────────────────────────────────────────────

@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from agents import runlog, training
 from lab.cli import main
-from tests.conftest import REPO, read_progress, wait_for
+from tests.conftest import REPO, hold_lock, read_progress, wait_for
 
 # CartPole's preset: 8 envs × 32 steps = 256 env steps an iteration.
 SMALL = ["--algo", "ppo", "--env", "CartPole-v1", "--set", "eval_episodes=2"]
@@ -169,13 +169,8 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_the_same_co
 
 def test_a_second_writer_is_refused_with_the_holder_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from agents.runlog import DirLock; "
-         "lock = DirLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)", str(run_dir)],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-    )  # fmt: skip
+    holder = hold_lock(run_dir)
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
         fails_cleanly(train_argv(run_dir), capsys, f"is being written by pid {holder.pid}")
         assert sorted(p.name for p in run_dir.iterdir()) == [runlog.LOCK]
     finally:

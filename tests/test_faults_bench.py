@@ -24,21 +24,9 @@ from agents import runlog
 from envs.errors import BadInput
 from lab import bench, credit
 from lab.results import find_runs
-from tests.conftest import REPO, read_csv, read_progress, wait_for
+from tests.conftest import REPO, hold_lock, read_csv, read_progress, wait_for
 
 SETS = ["eval_interval=0", "eval_episodes=2"]
-HOLD_LOCK = """
-import sys, time
-from pathlib import Path
-from agents import runlog
-
-directory, seconds, then_write = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-lock = runlog.DirLock(directory).acquire()
-print("held", flush=True)
-time.sleep(seconds)
-if then_write:  # as a trainer stopping leaves its run directory
-    (directory / "summary.json").write_text(then_write)
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -50,15 +38,6 @@ def _importable_project(monkeypatch: pytest.MonkeyPatch) -> None:
 def ppo_grid(name: str, seeds: int = 1, total_steps: int = 2048) -> bench.Grid:
     """A grid of PPO on CartPole-v1: ``seeds`` cells of ``total_steps`` env steps."""
     return bench.plan_grid(None, ["ppo"], ["CartPole-v1"], seeds, total_steps, SETS, name)
-
-
-def hold_lock(directory: Path, seconds: float = 600.0, then_write: str = "") -> subprocess.Popen[str]:
-    """Another process holding ``directory``'s lock for ``seconds`` (then writing ``then_write`` to its
-    summary.json, if given); returns once the lock is held."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(directory), str(seconds), then_write],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    return holder
 
 
 def status_of(run_dir: Path) -> str:
