@@ -242,6 +242,16 @@ def test_a_bench_name_outside_runs_bench_is_refused_before_any_work(name: str, t
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bad_env_setting_is_refused_before_the_bench_name_is_bound_to_it(tmp_path: Path) -> None:
+    # Before the env was built with the grid's kwargs at planning, bench.yaml kept the bad setting, and a
+    # corrected rerun under the same name was refused as "other settings".
+    with pytest.raises(BadInput, match="does not accept env_kwargs"):
+        bench.plan_grid(None, ["ppo"], ["CartPole-v1"], 1, 2048, [*SETS, "env_kwargs=foo:1"], "kw")
+    assert not (tmp_path / bench.BENCH_ROOT).exists()
+    _, outcomes = bench.run_grid(ppo_grid("kw", total_steps=512), 1, "local", None)
+    assert [o.status for o in outcomes] == ["completed"]
+
+
 def test_a_plain_bench_name_is_kept() -> None:
     assert ppo_grid("ppo_v2-1.0").name == "ppo_v2-1.0"
     assert bench.plan_grid("quick", ["ppo"], None, 1, 2048, SETS, None).name == "quick"
