@@ -119,11 +119,11 @@ def obs_statistics(env: VectorEnv) -> dict[str, Any]:
     return stats
 
 
-def evaluate(policy: torch.nn.Module, agent: Agent, deterministic: bool = True, device: str = "cpu") -> np.ndarray:
-    """One episode per eval sub-env, with the training observation statistics, frozen."""
+def evaluate(agent: Agent, deterministic: bool = True, device: str = "cpu") -> np.ndarray:
+    """One episode per eval sub-env of the agent's policy, with the training observation statistics, frozen."""
     envs_pkg.load_normalizer_state(agent.eval_env, agent.obs_stats())
     seeds = [EVAL_SEED_BASE + i for i in range(agent.eval_env.num_envs)]
-    return evaluate_policy(policy, agent.eval_env, seeds, deterministic, device)
+    return evaluate_policy(agent.policy, agent.eval_env, seeds, deterministic, device)
 
 
 class EvalSchedule:
@@ -146,7 +146,7 @@ class EvalSchedule:
 
     def run(self, agent: Agent, step: int) -> dict[str, float]:
         if not self.ran_at(step):
-            self.last = (step, evaluate(agent.policy, agent, True, self.device))
+            self.last = (step, evaluate(agent, True, self.device))
         returns = self.last[1]
         return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
 
