@@ -50,7 +50,7 @@ from agents import runlog
 from agents.config import check
 from agents.networks import load_weights
 from agents.ppo import TAGS, PPOConfig
-from agents.training import Agent, Collected, make_eval_env, run
+from agents.training import Agent, Collected, make_eval_env, observation_statistics, run
 from envs.delay import DelayedReward
 from envs.errors import BadInput
 
@@ -253,7 +253,7 @@ def build(cfg: PPOConfig) -> Agent:
 
     return Agent(
         model=model.policy, policy=SB3Policy(model.policy), optimizer=model.policy.optimizer, eval_env=eval_env,
-        obs_stats=lambda: {k: v for k, v in normalizer_state(sb3_env).items() if k == "obs_rms"},
+        obs_stats=lambda: observation_statistics(normalizer_state(sb3_env)),
         collect=partial(collect, sb3), update=partial(learn, sb3), save=lambda: {"normalizers": normalizer_state(sb3_env)},
         load=partial(load, sb3), tags=TAGS, networks={"actor_critic": model.policy}, close=close,
     )  # fmt: skip

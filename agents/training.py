@@ -86,7 +86,7 @@ def check_env(cfg: RunConfig) -> None:
     """Build the env once with the config's keyword arguments, so that a wrong one is refused before any
     run directory exists rather than crashing the run."""
     envs_pkg.check_env_installed(cfg.env_id)
-    for kwargs in (cfg.env_kwargs, {**cfg.env_kwargs, **cfg.eval_env_kwargs}):
+    for kwargs in [cfg.env_kwargs] + ([{**cfg.env_kwargs, **cfg.eval_env_kwargs}] if cfg.eval_env_kwargs else []):
         try:
             gym.make(cfg.env_id, **kwargs).close()
         except (TypeError, ValueError) as error:
@@ -112,11 +112,14 @@ def network_spec(env: VectorEnv, cfg: RunConfig, shared_trunk: bool = False) -> 
     )  # fmt: skip
 
 
+def observation_statistics(normalizers: dict[str, Any]) -> dict[str, Any]:
+    """The part of a training env's normalizer statistics that evaluation uses: observations, not rewards."""
+    return {name: stats for name, stats in normalizers.items() if name != "return_rms"}
+
+
 def obs_statistics(env: VectorEnv) -> dict[str, Any]:
     """The observation statistics of a training env, as evaluation uses them (no reward scaling)."""
-    stats = envs_pkg.normalizer_state(env)
-    stats.pop("return_rms", None)
-    return stats
+    return observation_statistics(envs_pkg.normalizer_state(env))
 
 
 def evaluate(agent: Agent, deterministic: bool = True, device: str = "cpu") -> np.ndarray:

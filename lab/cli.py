@@ -82,8 +82,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise BadInput(f"{run_dir} has already trained {trained} steps; --total-steps must be at least that")
         preset_name = "resumed"
     else:
-        if "env_id" in overrides:
-            resolve_config(algo.config, args.algo, args.env, False, overrides)  # refuses it, saying why
         action_space = action_space_of(args.env)
         continuous = isinstance(action_space, gym.spaces.Box)
         cfg, preset_name = resolve_config(algo.config, algo.preset or args.algo, args.env, continuous, overrides)
@@ -141,15 +139,13 @@ def _checkpoint_policy(
 ) -> tuple[dict[str, Any], VectorEnv, torch.nn.Module]:
     """The run's checkpoint, an evaluation env holding its observation statistics, and its policy; a
     checkpoint that does not match config.yaml (network, normalization) is bad input."""
-    from agents.training import make_eval_env
+    from agents.training import make_eval_env, observation_statistics
     from envs import load_normalizer_state
 
     ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
     env = make_eval_env(cfg, episodes)
     try:
-        stats = dict(ckpt["normalizers"])
-        stats.pop("return_rms", None)
-        load_normalizer_state(env, stats)
+        load_normalizer_state(env, observation_statistics(ckpt["normalizers"]))
         return ckpt, env, ALGOS[algo_name].load_policy(cfg, env, ckpt["model"])
     except BaseException:
         env.close()
