@@ -75,7 +75,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if changed:
             raise BadInput(f"a resumed run keeps its settings; only --total-steps may change, not {', '.join(changed)}")
         cfg = build_config(algo.config, {**saved, **overrides})
-        ckpt, env, _ = _checkpoint_policy(args.algo, cfg, run_dir, episodes=1)  # a network config.yaml can't hold
+        # Refuses a checkpoint that config.yaml's network or normalization no longer fits, before anything is written.
+        ckpt, env, _ = _checkpoint_policy(args.algo, cfg, run_dir, episodes=1)
         env.close()
         trained = ckpt["global_step"]
         if cfg.total_steps < trained:
