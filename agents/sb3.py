@@ -141,13 +141,13 @@ def sb3_arguments(cfg: PPOConfig, continuous: bool | None = None) -> dict[str, A
     }
 
 
-def make_sb3_env(cfg: PPOConfig, seed: int | None = None) -> VecEnv:
+def make_sb3_env(cfg: PPOConfig) -> VecEnv:
     """N Monitor-wrapped envs (DummyVecEnv; SubprocVecEnv for ``vectorization=async``), then VecNormalize
-    with our factory's settings when either normalization is on. Sub-env i is seeded ``seed + i``
-    (default ``cfg.seed``) at its first reset."""
+    with our factory's settings when either normalization is on. Sub-env i is seeded ``cfg.seed + i`` at
+    its first reset."""
     vec_env_cls = SubprocVecEnv if cfg.vectorization == "async" else DummyVecEnv  # SB3 has no native vector envs
     delay = {"wrapper_class": DelayedReward, "wrapper_kwargs": {"delay": cfg.reward_delay}} if cfg.reward_delay else {}
-    env = make_vec_env(cfg.env_id, n_envs=cfg.n_envs, seed=cfg.seed if seed is None else seed, vec_env_cls=vec_env_cls,
+    env = make_vec_env(cfg.env_id, n_envs=cfg.n_envs, seed=cfg.seed, vec_env_cls=vec_env_cls,
                        env_kwargs=cfg.env_kwargs, **delay)  # fmt: skip
     if cfg.normalize_obs or cfg.normalize_reward:
         env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=10.0,
