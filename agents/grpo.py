@@ -272,7 +272,8 @@ def build(cfg: GRPOConfig) -> Agent:
     """GRPO's envs, actor, reference and Adam, as the parts that ``training.run`` drives."""
     H, M = horizon(cfg), cfg.batch_trajectories
     limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
-    options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization, reward_delay=cfg.reward_delay)
+    options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization,
+                         reward_delay=cfg.reward_delay)
     envs = open_envs(cfg, M, options, **limit)
     mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs) if cfg.start_mode == "branch" else None
     trunk_options = EnvOptions(vectorization="sync", reward_delay=cfg.reward_delay)  # B raw envs, no normalization
@@ -290,10 +291,19 @@ def build(cfg: GRPOConfig) -> Agent:
             trunk_env.close()
 
     return Agent(
-        model=actor, policy=actor, optimizer=optimizer, eval_env=envs.eval, obs_stats=partial(obs_statistics, envs.train),
-        collect=partial(collect, grpo), update=partial(learn, grpo), save=partial(save, grpo), load=partial(load, grpo),
-        tags=TAGS, networks={"actor": actor, "reference": reference}, close=close,
-    )  # fmt: skip
+        model=actor,
+        policy=actor,
+        optimizer=optimizer,
+        eval_env=envs.eval,
+        obs_stats=partial(obs_statistics, envs.train),
+        collect=partial(collect, grpo),
+        update=partial(learn, grpo),
+        save=partial(save, grpo),
+        load=partial(load, grpo),
+        tags=TAGS,
+        networks={"actor": actor, "reference": reference},
+        close=close,
+    )
 
 
 def collect(grpo: Learner, iteration: int) -> Collected:

@@ -209,10 +209,19 @@ def build(cfg: PPOConfig) -> Agent:
     rollout = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool))  # (N, obs_dim)
     ppo = Learner(cfg, envs, model, optimizer, buffers, rollout)
     return Agent(
-        model=model, policy=model, optimizer=optimizer, eval_env=envs.eval, obs_stats=partial(obs_statistics, envs.train),
-        collect=partial(collect, ppo), update=partial(learn, ppo), save=lambda: save_envs(envs.train, ppo.rollout),
-        load=partial(load, ppo), tags=TAGS, networks={"actor_critic": model}, close=envs.close,
-    )  # fmt: skip
+        model=model,
+        policy=model,
+        optimizer=optimizer,
+        eval_env=envs.eval,
+        obs_stats=partial(obs_statistics, envs.train),
+        collect=partial(collect, ppo),
+        update=partial(learn, ppo),
+        save=lambda: save_envs(envs.train, ppo.rollout),
+        load=partial(load, ppo),
+        tags=TAGS,
+        networks={"actor_critic": model},
+        close=envs.close,
+    )
 
 
 def collect(ppo: Learner, iteration: int) -> Collected:

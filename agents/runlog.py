@@ -262,8 +262,9 @@ def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001  any unpickling failure means the same thing to the user
         # torch's own message suggests weights_only=False, i.e. running the file's code: never here.
+        first_line = (str(error).splitlines() or ["no detail"])[0]
         why = ("it holds objects other than tensors and plain data, which this testbed never unpickles"
-               if isinstance(error, pickle.UnpicklingError) else f"{type(error).__name__}: {(str(error).splitlines() or ['no detail'])[0]}")
+               if isinstance(error, pickle.UnpicklingError) else f"{type(error).__name__}: {first_line}")
         raise BadInput(
             f"{path} is corrupted or not a checkpoint of this testbed ({why}). "
             "Start a new run in another directory, or restore the file from a backup."
@@ -297,7 +298,9 @@ class MetricLog:
     step), and TensorBoard drops the events after that step.
     """
 
-    def __init__(self, run_dir: Path, columns: list[str], resume_step: int | None, csv_bytes: int | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, columns: list[str], resume_step: int | None, csv_bytes: int | None = None
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.columns = ["global_step", "wall_time_s", *columns]

@@ -252,11 +252,19 @@ def build(cfg: PPOConfig) -> Agent:
         sb3_env.close()
 
     return Agent(
-        model=model.policy, policy=SB3Policy(model.policy), optimizer=model.policy.optimizer, eval_env=eval_env,
+        model=model.policy,
+        policy=SB3Policy(model.policy),
+        optimizer=model.policy.optimizer,
+        eval_env=eval_env,
         obs_stats=lambda: observation_statistics(normalizer_state(sb3_env)),
-        collect=partial(collect, sb3), update=partial(learn, sb3), save=lambda: {"normalizers": normalizer_state(sb3_env)},
-        load=partial(load, sb3), tags=TAGS, networks={"actor_critic": model.policy}, close=close,
-    )  # fmt: skip
+        collect=partial(collect, sb3),
+        update=partial(learn, sb3),
+        save=lambda: {"normalizers": normalizer_state(sb3_env)},
+        load=partial(load, sb3),
+        tags=TAGS,
+        networks={"actor_critic": model.policy},
+        close=close,
+    )
 
 
 def collect(sb3: Learner, iteration: int) -> Collected:
