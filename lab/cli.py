@@ -226,7 +226,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from lab.bench import build_reports
 
-    written = build_reports(Path(args.bench_dir))
+    bench_dir = Path(args.bench_dir)
+    if not bench_dir.is_dir():
+        raise BadInput(f"{bench_dir} is not a folder; give a bench directory, runs/bench/NAME")
+    with runlog.DirLock(bench_dir):  # a running bench's driver holds it, and rebuilds the report when it ends
+        written = build_reports(bench_dir)
     print(f"wrote {written['markdown']} and {written['html']}")
     return 0
 

@@ -298,3 +298,18 @@ def test_the_report_modules_import_no_circle_and_build_reports_writes_both(tmp_p
     assert all(path.is_file() for path in written.values())
     assert [row["status"] for row in read_csv(bench_dir / "summary.csv")] == ["completed"]
     assert "| 1 | ppo | 1/1 |" in (bench_dir / "credit.md").read_text()
+
+
+def test_report_refuses_a_bench_that_a_driver_is_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lab.cli import main
+
+    bench_dir = tmp_path / "runs" / "bench" / "b"
+    holder = hold_lock(bench_dir)
+    try:
+        assert main(["report", str(bench_dir)]) == 2
+        assert f"is being written by pid {holder.pid}" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["report", str(tmp_path / "absent")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
