@@ -276,9 +276,10 @@ def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bo
                 metrics = {**agent.update(collected, iteration, remaining), "charts/learning_rate": lr}
                 runlog.check_finite({k: v for k, v in metrics.items() if k in LOSS_TAGS and v is not None}, agent.model)
                 tracker.record(global_step, metrics, agent, collected.episode_returns, collected.episode_lengths)
-                if tracker.checkpoint_due(global_step, stop.raised):
+                stopping = stop.raised  # read once: a signal landing between two reads would skip the checkpoint
+                if tracker.checkpoint_due(global_step, stopping):
                     checkpoint()
-                if stop.raised:
+                if stopping:
                     status = "interrupted"
                     break
             else:

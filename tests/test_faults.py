@@ -309,6 +309,29 @@ def test_a_stop_signal_during_the_final_evaluation(
     assert runlog.load_checkpoint(run_dir, {"algo": "ppo"})["global_step"] == 512
 
 
+def test_a_stop_signal_right_after_the_checkpoint_decision_still_checkpoints_where_the_run_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The signal lands just after the lifecycle decided not to checkpoint this iteration: the run must not
+    # then stop there without one (summary.json ahead of checkpoint.pt). It runs one more iteration instead.
+    original = training.RunTracker.checkpoint_due
+
+    def signalled_after(self: training.RunTracker, step: int, stopping: bool) -> bool:
+        due = original(self, step, stopping)
+        if step == 512:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # the handler runs between bytecodes
+        return due
+
+    monkeypatch.setattr(training.RunTracker, "checkpoint_due", signalled_after)
+    run_dir = tmp_path / "run"
+    assert main(train_argv(run_dir, 4096, "--set", "checkpoint_interval=0", "--set", "eval_interval=0")) == 130
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["total_steps"] == 768
+    assert runlog.load_checkpoint(run_dir, {"algo": "ppo"})["global_step"] == 768
+    assert [int(r["global_step"]) for r in read_progress(run_dir)] == [256, 512, 768]
+
+
 def test_mujoco_warnings_are_not_repeated_for_every_env(tmp_path: Path) -> None:
     code = ("from envs import EnvOptions, make_vector\n"
             "for _ in range(3): make_vector('HalfCheetah-v5', 4, EnvOptions(vectorization='sync')).close()")  # fmt: skip
