@@ -67,7 +67,7 @@ def normalize(advantages: Tensor, eps: float = 1e-8) -> Tensor:
 # Shapes: B start states (groups) × G members. R (B, G) is each member's return. A group whose
 # returns all tie carries no signal: its advantages are exactly 0, never NaN or rounding noise.
 
-GROUP_ADVANTAGES = ("outcome", "no_std", "batch_std", "rloo", "process")
+GROUP_ADVANTAGES = ("outcome", "no_std", "batch_std", "rloo", "process", "step_baseline")
 
 
 def _ties(returns: Tensor) -> Tensor:
@@ -131,6 +131,15 @@ def group_process(rewards: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
 
     rewards, mask: (T, B, G), mask True on a member's valid steps (before its episode ended).
     Returns (T, B, G), zero on invalid steps and for groups whose step rewards all tie.
+
+    Made for language models, whose episodes have one reward model and similar lengths, it carries three
+    flaws into control, kept here as published (``group_step_baseline`` is the estimator without them):
+    - it erases constant rewards: CartPole's +1 per step normalizes to 0 everywhere, so surviving
+      longer earns nothing;
+    - it is biased when lengths differ: the mean subtracted from each step is the group's mean reward
+      per step, so a member's advantage grows with the number of steps it has left, whatever their
+      rewards, and the mean depends on the member's own length;
+    - it ignores γ: the reward-to-go is an undiscounted sum.
     """
     if rewards.shape != mask.shape or rewards.dim() != 3:
         raise ValueError("group_process: rewards and mask must share one (T, B, G) shape")
@@ -144,6 +153,47 @@ def group_process(rewards: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
     masked_min = torch.where(mask, rewards, torch.inf).amin(dim=(0, 2), keepdim=True)
     normalized = normalized.masked_fill(masked_max == masked_min, 0.0)
     return normalized.flip(0).cumsum(0).flip(0) * weights
+
+
+def group_step_baseline(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """Per-step group baseline: each step's discounted reward-to-go against the reward-to-go of the other
+    members of its group at the same time step (a leave-one-out baseline, as RLOO, taken per step).
+
+        Q̂_{b,i,t} = Σ_{t'=t}^{L_{b,i} − 1} γ^{t'−t} r_{b,i,t'}           0 once t ≥ L_{b,i}
+        A_{b,i,t} = Q̂_{b,i,t} − 1/(G − 1) · Σ_{j≠i} Q̂_{b,j,t}
+
+    Symbols:
+        r_{b,i,t}   reward of step t of member i of group b                ``rewards``  (T, B, G)
+        L_{b,i}     its episode's length (the valid steps)                 ``mask``     (T, B, G) bool
+        γ           discount                                               ``gamma``
+        G           members per group, all from one start state
+
+    A member whose episode has ended by step t contributes Q̂ = 0: an ended episode earns no more reward.
+    Its ending counts as an outcome, so on CartPole (+1 per step) a member that outlives the others gets
+    positive advantages, and one that falls first negative ones. Comparing at the same t compares members
+    with the same time left before the time limit, so a truncation is judged against equals.
+
+    Why the estimate does not depend on the member's own future length: the baseline of member i is
+    built only from the other members, which were sampled independently of i's actions. It is therefore
+    independent of a_{b,i,t}, of what follows, and of how long i's own episode runs, and
+    E[∇ log π(a_{b,i,t} | s_{b,i,t}) · baseline] = 0: A is an unbiased estimate of the advantage up to a
+    term that does not depend on a_{b,i,t}. A baseline that included i's own reward-to-go (the plain
+    group mean) would shrink every advantage by (G − 1)/G; one that normalized over the group's steps
+    (``group_process``) would move with i's own length.
+
+    Returns (T, B, G), zero on invalid steps and for groups whose members' rewards and lengths all tie.
+    """
+    if rewards.shape != mask.shape or rewards.dim() != 3 or rewards.shape[2] < 2:
+        raise ValueError("group_step_baseline: rewards and mask must share one (T, B, G) shape with G >= 2")
+    G = rewards.shape[2]
+    earned = rewards * mask  # (T, B, G)
+    to_go = torch.zeros_like(earned)  # Q̂ (T, B, G)
+    running = torch.zeros_like(earned[0])  # (B, G)
+    for t in range(earned.shape[0] - 1, -1, -1):
+        running = earned[t] + gamma * running
+        to_go[t] = running
+    others = (to_go.sum(dim=2, keepdim=True) - to_go) / (G - 1)  # (T, B, G)
+    return (to_go - others) * mask
 
 
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:

@@ -1,4 +1,4 @@
-"""GRPO's groups: B start states, each shared by G members, run until every member's episode has ended.
+"""GRPO's groups: B start states, each shared by G members, each run until its own episode ends.
 
 A group's members start from the same state: a seeded reset (``start_mode=reset``), or a state part-way
 along a trunk episode (``start_mode=branch``, see ``envs/start_states.py``). With dynamic sampling (DAPO),
@@ -40,31 +40,14 @@ def horizon(cfg: GRPOConfig) -> int:
 
 
 def validate(cfg: GRPOConfig) -> None:
-    """Checks that need the env, run before any work starts."""
-    H = horizon(cfg)
-    if cfg.batch_trajectories * H > cfg.total_steps:
-        raise BadInput(
-            f"one iteration can take B·G·H = {cfg.num_groups}·{cfg.group_size}·{H} = {cfg.batch_trajectories * H} "
-            f"env steps, more than total_steps = {cfg.total_steps}. Lower num_groups, group_size or "
-            "max_episode_steps, or raise --total-steps."
-        )
+    """Checks that need the env, run before any work starts. A budget smaller than one iteration is not
+    among them: the run takes one whole iteration and its summary reports the steps it took."""
+    horizon(cfg)  # raises BadInput for an env without a time limit
     if cfg.start_mode == "branch":
         try:
             starts.restore_mode(cfg.env_id, **cfg.env_kwargs)
         except NotRestorable as error:
             raise BadInput(f"start_mode=branch: {error}") from None
-    if cfg.advantage == "vine":
-        J = -(-H // vine_interval(cfg, H))
-        # Point j of a full-length trunk has H − j·m = H·(J − j)/J steps left; K branches from each of the J
-        # points take K·H·(J + 1)/2 steps in all.
-        per_iteration = cfg.batch_trajectories * H * (1 + cfg.vine_branches * (J + 1) // 2)
-        if per_iteration > cfg.total_steps:
-            raise BadInput(
-                f"one iteration with vine values takes about B·G·H·(1 + K·(J + 1)/2) = {per_iteration} env steps "
-                f"(J = {J} points per trajectory, K = {cfg.vine_branches} branches each), more than total_steps = "
-                f"{cfg.total_steps}. Lower vine_points, vine_branches, num_groups or group_size, or raise "
-                "--total-steps."
-            )
     if cfg.advantage == "vine" and not starts.settable(cfg.env_id, **cfg.env_kwargs):
         raise BadInput(f"advantage=vine restores states along trajectories, which needs an env whose state can be "
                        f"set (MuJoCo, classic control, the testbed's tasks); {cfg.env_id}'s cannot")  # fmt: skip
@@ -141,3 +124,23 @@ def collect_groups(
         restore_time += values.restore_time_s
     batch = concat_episodes(parts)
     return Groups(batch, rounds, torch.cat(group_returns), episode_returns, env_steps, restore_time, values)
+
+
+def group_statistics(groups: Groups) -> dict[str, float | None]:
+    """The grpo/ tags of a collection: ties, spread, episode lengths, idle steps, restores, the vine."""
+    lengths = torch.cat([e.lengths for e in groups.rounds]).float()  # every collected trajectory
+    truncated = torch.cat([e.truncated for e in groups.rounds]).float()
+    tied = groups.group_returns.amax(1) == groups.group_returns.amin(1)
+    idle_steps = sum(e.idle_steps for e in groups.rounds)
+    stepped = sum(e.env_steps for e in groups.rounds) + idle_steps
+    return {
+        "grpo/frac_zero_std_groups": float(tied.float().mean()),
+        "grpo/group_return_std": float(groups.group_returns.std(1).mean()),
+        "grpo/episode_length_mean": float(lengths.mean()), "grpo/episode_length_min": float(lengths.min()),
+        "grpo/episode_length_max": float(lengths.max()), "grpo/truncated_fraction": float(truncated.mean()),
+        "grpo/idle_step_fraction": idle_steps / stepped,
+        "grpo/dropped_groups": float(len(tied) - groups.kept_groups),
+        "grpo/restore_time_s": groups.restore_time_s, "grpo/step_time_s": sum(e.step_time_s for e in groups.rounds),
+        "grpo/vine_points": groups.vine.points if groups.vine else None,
+        "grpo/vine_branch_step_fraction": groups.vine.branch_steps / groups.env_steps if groups.vine else None,
+    }  # fmt: skip

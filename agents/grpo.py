@@ -1,18 +1,21 @@
 """A GRPO-style agent for control (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300), read top to bottom.
 
 No critic. One iteration: reset B start states, each shared by a group of G members (same seed, or
-the same state in the middle of an episode) → run the B·G members as one vector env until every one
-has ended (``groups.collect_groups``) → score each trajectory against its own group
+the same state in the middle of an episode) → run the B·G members as one vector env, each until its own
+episode ends (``groups.collect_groups``) → score each trajectory against its own group
 (``advantages.group_*``) → epochs × minibatches of trajectories of the clipped surrogate with separate
 lower and upper clips, a k3 KL penalty to a reference policy and an optional entropy bonus, averaged by
 the chosen aggregation (``losses``). ``training.run`` logs, evaluates and checkpoints around it.
 
-Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process), the
+Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process,
+step_baseline: per-step group baselines, vine), the
 aggregation (trajectory = GRPO, step = DAPO, constant = Dr. GRPO), ε_low/ε_high (DAPO's clip-higher),
-β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of truncated trajectories, the reference refresh.
+β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of truncated trajectories, the reference refresh,
+and a per-iteration KL target that adapts the step size (``kl_target``).
 
-Every env step counts toward the budget: the wasted steps a member takes after its episode ended, the
-trunk steps before a branch point and the replayed steps of a restore included.
+The budget counts every step that produced a sample, and the trunk steps before a branch point, the
+replayed steps of a restore and the vine's branch steps. A member whose episode has ended takes no more
+steps; where the vector env cannot skip it (async), its idle steps are not counted.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import losses
 from agents.config import RunConfig, check
-from agents.groups import Groups, collect_groups, horizon, validate, vine_interval
-from agents.networks import Actor, adam, gradient_step
+from agents.groups import Groups, collect_groups, group_statistics, horizon, validate, vine_interval
+from agents.networks import Actor, adam, adapt_step_size, gradient_step, refresh_reference
 from agents.rollout import Episodes, SegmentBuffers
 from agents.training import Agent, Collected, Envs, network_spec, obs_statistics, open_envs, run
 from envs import EnvOptions, load_normalizer_state, make_vector, normalizer_state
@@ -41,8 +44,9 @@ TAGS = [
     "losses/policy_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
     "grpo/frac_zero_std_groups", "grpo/group_return_std", "grpo/clipfrac_low", "grpo/clipfrac_high",
     "grpo/kl_ref", "grpo/ratio_mean", "grpo/episode_length_mean", "grpo/episode_length_min",
-    "grpo/episode_length_max", "grpo/truncated_fraction", "grpo/wasted_step_fraction", "grpo/dropped_groups",
+    "grpo/episode_length_max", "grpo/truncated_fraction", "grpo/idle_step_fraction", "grpo/dropped_groups",
     "grpo/restore_time_s", "grpo/step_time_s", "grpo/vine_points", "grpo/vine_branch_step_fraction",
+    "grpo/update_kl", "grpo/lr_scale", "grpo/epochs_run",
     "eval/return_mean", "eval/return_std",
 ]  # fmt: skip
 
@@ -53,7 +57,8 @@ class GRPOConfig(RunConfig):
     ``agents/presets/grpo.yaml``; overrides: ``--set key=value``."""
 
     total_steps: int = 1_000_000
-    """Env steps to train for; every sub-env step counts, wasted and replayed ones included."""
+    """Env steps to train for: the members' own steps, and trunk, replay and vine-branch steps. A run
+    ends after the iteration that reaches it, so it overshoots by at most one iteration."""
     gamma: float = 1.0
     """Discount of the return R that scores a trajectory (1: the plain sum, as DeepSeekMath)."""
     n_epochs: int = 4
@@ -68,7 +73,7 @@ class GRPOConfig(RunConfig):
     """reset: groups start from a seeded reset; branch: from a state part-way along a trunk episode."""
     branch_max_depth: int = 100
     """branch: the trunk runs a uniformly drawn 0 … branch_max_depth steps before the branch point."""
-    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process", "vine"] = "outcome"
+    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process", "step_baseline", "vine"] = "outcome"
     """How a trajectory is scored against its group (see agents/advantages.py); vine: from Monte-Carlo
     values of branches at states along it instead (agents/vine.py, the ``grpo-vine`` algo)."""
     vine_points: int = 4
@@ -85,6 +90,10 @@ class GRPOConfig(RunConfig):
     """β: weight of the k3 KL penalty to the reference policy (0 drops it, as DAPO)."""
     num_minibatches: int = 4
     """Minibatches of trajectories per epoch; more gradient steps make clipping active."""
+    kl_target: float | None = None
+    """Per-iteration KL(π_old ‖ π_θ) to aim for: the step size grows ×1.5 after an iteration below half
+    of it and shrinks ÷1.5 above twice it, and an iteration's epochs stop once a minibatch exceeds twice
+    it. None: a fixed step."""
     ref_update: Literal["never", "periodic", "ema"] = "never"
     """Reference policy refresh: never, a copy every ref_update_interval iterations, or an EMA."""
     ref_update_interval: int = 10
@@ -113,6 +122,7 @@ class GRPOConfig(RunConfig):
             1 <= self.num_minibatches <= self.batch_trajectories,
             f"num_minibatches must be in [1, B·G = {self.batch_trajectories}], got {self.num_minibatches}",
         )
+        check(self.kl_target is None or self.kl_target > 0, f"kl_target must be positive or none, got {self.kl_target}")
         check(self.ref_update_interval >= 1, "ref_update_interval must be at least 1")
         check(0.0 <= self.ref_ema < 1.0, f"ref_ema must be in [0, 1), got {self.ref_ema}")
         check(self.max_resample_rounds >= 0, "max_resample_rounds must be >= 0")
@@ -143,9 +153,13 @@ def group_advantages(
         # Standardized over the batch's steps, as PPO's: returns of control tasks run into the hundreds.
         A[valid] = adv.normalize(A[valid])
         return A
+    groups = (T, -1, cfg.group_size)  # (T, B, G)
     if cfg.advantage == "process":
-        rewards = batch.rewards.view(T, -1, cfg.group_size)  # (T, B, G)
-        return adv.group_process(rewards, batch.mask.view(T, -1, cfg.group_size)).view(T, M)
+        return adv.group_process(batch.rewards.view(groups), batch.mask.view(groups)).view(T, M)
+    if cfg.advantage == "step_baseline":
+        A = adv.group_step_baseline(batch.rewards.view(groups), batch.mask.view(groups), cfg.gamma).view(T, M)
+        # One positive scale for the whole batch, which keeps tied groups at 0 and every sign as it is.
+        return A / (A[batch.mask].std() + 1e-8) if batch.mask.sum() > 1 else A
     scores = {"outcome": adv.group_outcome, "no_std": adv.group_no_std, "batch_std": adv.group_batch_std,
               "rloo": adv.group_rloo}[cfg.advantage](returns)  # (B, G)  # fmt: skip
     return scores.reshape(1, M).expand(T, M) * batch.mask
@@ -163,7 +177,7 @@ def minibatch_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO objective on the trajectories ``members``, aggregated over their valid steps.
 
-        L = agg_{i,t} [ −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A) + β · k3(π_ref ‖ π_θ) − c_H · H(π_θ) ]
+        L = agg_{i,t} [ −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A) + β · k3(π_ref / π_θ) − c_H · H(π_θ) ]
 
     ``advantages``, ``ref_log_probs`` and ``loss_mask`` are (T, M); returns the loss and detached stats.
     """
@@ -175,7 +189,8 @@ def minibatch_loss(
     log_ratio = log_probs - batch.log_probs[:, members][steps]
     ratio = log_ratio.exp()
     surrogate = losses.clipped_surrogate(ratio, advantages[:, members][steps], cfg.clip_low, cfg.clip_high)
-    kl_ref = losses.k3_kl(ref_log_probs[:, members][steps] - log_probs)  # KL(π_θ ‖ π_ref), x ~ π_θ
+    # k3 at x ~ π_old: a penalty toward π_ref, not KL(π_θ ‖ π_ref)'s exact gradient (see losses.k3_kl).
+    kl_ref = losses.k3_kl(ref_log_probs[:, members][steps] - log_probs)
     per_step = surrogate + cfg.beta * kl_ref - cfg.ent_coef * entropy
 
     def agg(values: Tensor) -> Tensor:
@@ -192,61 +207,51 @@ def minibatch_loss(
     return agg(per_step), stats
 
 
-def refresh_reference(reference: Actor, actor: Actor, cfg: GRPOConfig, iteration: int) -> None:
-    if cfg.ref_update == "periodic" and iteration % cfg.ref_update_interval == 0:
-        reference.load_state_dict(actor.state_dict())
-    elif cfg.ref_update == "ema":
-        with torch.no_grad():
-            for ref_p, p in zip(reference.parameters(), actor.parameters(), strict=True):
-                ref_p.lerp_(p, 1.0 - cfg.ref_ema)
-
-
 def update(
     actor: Actor, reference: Actor, optimizer: torch.optim.Optimizer, groups: Groups, cfg: GRPOConfig, H: int
 ) -> dict[str, float]:
-    """Epochs × minibatches of trajectories; returns the means of the minibatch statistics."""
+    """Epochs × minibatches of trajectories, the epochs cut short once a minibatch's approx_kl passes
+    twice ``kl_target``; returns the means of the minibatch statistics and the whole update's KL."""
     batch = groups.batch
     G, M = cfg.group_size, batch.mask.shape[1]
     returns = adv.discounted_returns(batch.rewards, batch.mask, cfg.gamma).view(M // G, G)  # (B', G)
     vine_values = groups.vine.values if groups.vine else None
     advantages = group_advantages(cfg, batch, returns, vine_values, H)  # (T, M)
     loss_mask = batch.mask & ~batch.truncated if cfg.mask_truncated else batch.mask  # (T, M)
+    valid = batch.mask.nonzero(as_tuple=True)
     with torch.no_grad():
-        valid = batch.mask.nonzero(as_tuple=True)
         ref_log_probs = torch.zeros(batch.mask.shape)  # (T, M)  fixed during the iteration
         ref_log_probs[valid] = reference.log_prob_entropy(reference(batch.obs[valid]), batch.actions[valid])[0]
     n_minibatches = min(cfg.num_minibatches, M)
     totals: dict[str, Tensor] = {}
-    for _ in range(cfg.n_epochs):
+    count, epochs, kl_stop = 0, 0, False
+    while epochs < cfg.n_epochs and not kl_stop:
+        epochs += 1
         for members in torch.randperm(M).tensor_split(n_minibatches):
             loss, stats = minibatch_loss(actor, batch, members, advantages, ref_log_probs, loss_mask, cfg, H)
+            kl_stop = cfg.kl_target is not None and bool(stats["approx_kl"] > 2.0 * cfg.kl_target)
+            if kl_stop:
+                break
             gradient_step(optimizer, loss, cfg.max_grad_norm)
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + value
-    return {key: float(value) / (cfg.n_epochs * n_minibatches) for key, value in totals.items()}
+            count += 1
+            totals = {key: totals.get(key, 0.0) + value for key, value in stats.items()}
+    with torch.no_grad():  # KL(π_old ‖ π_θ) of the whole update, over every sample of the batch
+        log_probs = actor.log_prob_entropy(actor(batch.obs[valid]), batch.actions[valid])[0]
+        update_kl = float(losses.k3_kl(log_probs - batch.log_probs[valid]).mean())
+    means = {key: float(value) / max(count, 1) for key, value in totals.items()}
+    return {**means, "update_kl": update_kl, "epochs_run": float(epochs)}
 
 
-def diagnostics(groups: Groups, stats: dict[str, float]) -> dict[str, float | None]:
-    """PPO's loss tags where they mean the same thing, and the grpo/ group statistics."""
-    lengths = torch.cat([e.lengths for e in groups.rounds]).float()  # every collected trajectory
-    truncated = torch.cat([e.truncated for e in groups.rounds]).float()
-    tied = groups.group_returns.amax(1) == groups.group_returns.amin(1)
-    member_steps = sum(e.env_steps for e in groups.rounds)
+def diagnostics(groups: Groups, stats: dict[str, float], lr_scale: float) -> dict[str, float | None]:
+    """PPO's loss tags where they mean the same thing, the update's grpo/ tags and the groups' own."""
     clipfrac = stats["clipfrac_low"] + stats["clipfrac_high"] if stats else None
     return {
         "losses/policy_loss": stats.get("policy_loss"), "losses/entropy": stats.get("entropy"),
         "losses/approx_kl": stats.get("approx_kl"), "losses/clipfrac": clipfrac,
-        "grpo/frac_zero_std_groups": float(tied.float().mean()),
-        "grpo/group_return_std": float(groups.group_returns.std(1).mean()),
         "grpo/clipfrac_low": stats.get("clipfrac_low"), "grpo/clipfrac_high": stats.get("clipfrac_high"),
         "grpo/kl_ref": stats.get("kl_ref"), "grpo/ratio_mean": stats.get("ratio_mean"),
-        "grpo/episode_length_mean": float(lengths.mean()), "grpo/episode_length_min": float(lengths.min()),
-        "grpo/episode_length_max": float(lengths.max()), "grpo/truncated_fraction": float(truncated.mean()),
-        "grpo/wasted_step_fraction": sum(e.wasted_steps for e in groups.rounds) / member_steps,
-        "grpo/dropped_groups": float(len(tied) - groups.kept_groups),
-        "grpo/restore_time_s": groups.restore_time_s, "grpo/step_time_s": sum(e.step_time_s for e in groups.rounds),
-        "grpo/vine_points": groups.vine.points if groups.vine else None,
-        "grpo/vine_branch_step_fraction": groups.vine.branch_steps / groups.env_steps if groups.vine else None,
+        "grpo/update_kl": stats.get("update_kl"), "grpo/epochs_run": stats.get("epochs_run"),
+        "grpo/lr_scale": lr_scale, **group_statistics(groups),
     }  # fmt: skip
 
 
@@ -266,6 +271,7 @@ class Learner:
     optimizer: torch.optim.Optimizer
     buffers: SegmentBuffers  # (H, B·G) storage, reused by every collection
     H: int  # the training time limit
+    lr_scale: float = 1.0  # kl_target: the factor on the scheduled learning rate, adapted every iteration
 
 
 def build(cfg: GRPOConfig) -> Agent:
@@ -315,22 +321,31 @@ def collect(grpo: Learner, iteration: int) -> Collected:
 
 
 def learn(grpo: Learner, collected: Collected, iteration: int, progress_remaining: float) -> dict[str, float | None]:
-    """Group advantages and the clipped update, then the reference refresh; returns the diagnostics."""
+    """Group advantages and the clipped update, the step size adapted to ``kl_target``, then the reference
+    refresh; returns the diagnostics."""
     groups: Groups = collected.batch
+    for group in grpo.optimizer.param_groups:
+        group["lr"] *= grpo.lr_scale
     # Without an informative group (every group tied in every round) there is nothing to learn.
     stats = update(grpo.actor, grpo.reference, grpo.optimizer, groups, grpo.cfg, grpo.H) if groups.kept_groups else {}
-    refresh_reference(grpo.reference, grpo.actor, grpo.cfg, iteration)
-    return diagnostics(groups, stats)
+    if grpo.cfg.kl_target is not None and stats:
+        grpo.lr_scale = adapt_step_size(grpo.lr_scale, stats["update_kl"], grpo.cfg.kl_target)
+    cfg = grpo.cfg
+    refresh_reference(grpo.reference, grpo.actor, cfg.ref_update, iteration % cfg.ref_update_interval == 0, cfg.ref_ema)
+    return diagnostics(groups, stats, grpo.lr_scale)
 
 
 def save(grpo: Learner) -> dict[str, Any]:
-    """The reference policy and the observation statistics; every iteration starts from seeded resets."""
-    return {"reference": grpo.reference.state_dict(), "normalizers": normalizer_state(grpo.envs.train)}
+    """The reference policy, the observation statistics and the step-size factor; every iteration starts
+    from seeded resets."""
+    return {"reference": grpo.reference.state_dict(), "normalizers": normalizer_state(grpo.envs.train),
+            "lr_scale": grpo.lr_scale}  # fmt: skip
 
 
 def load(grpo: Learner, ckpt: dict[str, Any]) -> None:
     grpo.reference.load_state_dict(ckpt["reference"])
     load_normalizer_state(grpo.envs.train, ckpt["normalizers"])
+    grpo.lr_scale = ckpt.get("lr_scale", 1.0)
 
 
 def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False, name: str = "grpo") -> dict[str, Any]:

@@ -52,12 +52,21 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_range_v
 
 
 def k3_kl(log_ratio: Tensor) -> Tensor:
-    """Schulman's unbiased, non-negative k3 estimator of KL(p ‖ q) from samples x ~ p, per sample.
+    """Schulman's k3 estimator of KL(p ‖ q) from a sample x ~ p, per sample: unbiased and non-negative.
 
         k3 = (r − 1) − log r,     r = q(x) / p(x),     ``log_ratio`` = log q(x) − log p(x)
 
-    PPO: x ~ π_old, p = π_old, q = π_θ gives the approx_kl diagnostic.
-    GRPO: x ~ π_θ, p = π_θ, q = π_ref gives the KL penalty to the reference policy (DeepSeekMath eq. 4).
+    PPO's approx_kl: x ~ π_old, q = π_θ, an estimate of KL(π_old ‖ π_θ).
+
+    GRPO's penalty (DeepSeekMath eq. 4, as TRL computes it): r = π_ref(x) / π_θ(x), but x comes from
+    π_old, the policy that collected the batch, not from π_θ. What that estimates:
+    - its value, averaged over the batch, is an unbiased estimate of KL(π_θ ‖ π_ref) only while
+      π_θ = π_old (the first minibatch of an iteration); afterwards it is E_{x~π_old}[k3], with no
+      importance weight for π_θ / π_old;
+    - its gradient is E_{x~π_old}[(1 − π_ref/π_θ) ∇ log π_θ(x)]. At π_θ = π_old this equals
+      −Σ_x π_ref(x) ∇ log π_θ(x) = ∇ KL(π_ref ‖ π_θ): the gradient of the *reverse* direction of the
+      KL the value estimates. Both pull π_θ toward π_ref and agree to first order when π_θ ≈ π_ref.
+    So β · k3 is a penalty that keeps π_θ near π_ref, not the exact gradient of β · KL(π_θ ‖ π_ref).
     """
     return torch.expm1(log_ratio) - log_ratio
 

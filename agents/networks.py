@@ -203,6 +203,32 @@ def gradient_step(optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm:
     optimizer.step()
 
 
+def adapt_step_size(scale: float, kl: float, kl_target: float) -> float:
+    """The step-size factor after an update whose KL(π_old ‖ π_new) was ``kl`` (Schulman et al. 2017's
+    adaptive KL rule, applied to the learning rate as in legged-robot PPO):
+
+        scale ← scale · 1.5   if KL < KL_target / 2
+        scale ← scale / 1.5   if KL > 2 · KL_target
+        scale                 otherwise,                 kept in [10⁻³, 10³]
+    """
+    if kl > 2.0 * kl_target:
+        return max(scale / 1.5, 1e-3)
+    if kl < kl_target / 2.0:
+        return min(scale * 1.5, 1e3)
+    return scale
+
+
+def refresh_reference(reference: nn.Module, policy: nn.Module, mode: str, due: bool, ema: float) -> None:
+    """Move a reference policy toward the trained one: ``periodic`` copies it when ``due``; ``ema`` sets
+    θ_ref ← ema · θ_ref + (1 − ema) · θ; ``never`` keeps it."""
+    if mode == "periodic" and due:
+        reference.load_state_dict(policy.state_dict())
+    elif mode == "ema":
+        with torch.no_grad():
+            for ref_p, p in zip(reference.parameters(), policy.parameters(), strict=True):
+                ref_p.lerp_(p, 1.0 - ema)
+
+
 def load_weights(model: M, weights: dict[str, Tensor], source: str) -> M:
     """Load a checkpoint's weights into ``model``; a network of another shape is bad input, not a crash."""
     try:

@@ -22,6 +22,7 @@ from gymnasium.vector import VectorEnv
 from torch import Tensor
 
 from agents.networks import Actor, ActorCritic
+from envs.members import step_members
 
 
 @dataclass
@@ -114,8 +115,9 @@ def collect_segment(
 class Episodes:
     """M = B·G whole trajectories for GRPO, member (b, g) at index b·G + g, run until every one ended.
 
-    Steps a member takes after its episode ended (the vector env keeps stepping it) are not samples:
-    ``mask`` is False there, and they are counted in ``wasted_steps``.
+    A member whose episode has ended takes no more steps (``envs.members.step_members``): ``mask`` is
+    False from there on, and only the members' own steps count toward the budget. Where the vector env
+    cannot skip a member (async, native), the steps it gave ended members are ``idle_steps``, not counted.
     """
 
     obs: Tensor  # (T, M, obs_dim)
@@ -125,23 +127,24 @@ class Episodes:
     mask: Tensor  # (T, M) bool  True on a member's steps before its episode ended
     terminated: Tensor  # (M,) bool  the trajectory ended by termination
     truncated: Tensor  # (M,) bool  the trajectory ended by the time limit
-    env_steps: int  # every sub-env step taken, wasted ones included
-    step_time_s: float  # time spent in env.step
+    idle_steps: int  # steps the vector env gave members after their episode ended; not counted
+    step_time_s: float  # time spent stepping the env
 
     @property
     def lengths(self) -> Tensor:
         return self.mask.sum(0)  # (M,)
 
     @property
-    def wasted_steps(self) -> int:
-        return self.env_steps - int(self.mask.sum())
+    def env_steps(self) -> int:
+        """The steps that produced samples, the ones the budget counts: Σ_i L_i."""
+        return int(self.mask.sum())
 
     def select(self, members: Tensor) -> Episodes:
-        """The trajectories at indices ``members`` (the step count stays that of the whole collection)."""
+        """The trajectories at indices ``members`` (the idle steps stay those of the whole collection)."""
         return Episodes(
             obs=self.obs[:, members], actions=self.actions[:, members], log_probs=self.log_probs[:, members],
             rewards=self.rewards[:, members], mask=self.mask[:, members], terminated=self.terminated[members],
-            truncated=self.truncated[members], env_steps=self.env_steps, step_time_s=self.step_time_s,
+            truncated=self.truncated[members], idle_steps=self.idle_steps, step_time_s=self.step_time_s,
         )  # fmt: skip
 
 
@@ -153,7 +156,8 @@ def collect_episodes(
     device: str = "cpu",
     before_step: Callable[[int, np.ndarray], None] | None = None,
 ) -> Episodes:
-    """Step all M sub-envs from ``first_obs`` (M, obs_dim) with π_θ until each has ended once.
+    """Step the M sub-envs from ``first_obs`` (M, obs_dim) with π_θ until each has ended once; a member
+    whose episode has ended is not stepped again, and π_θ acts only for the live ones.
 
     ``buffers`` is (T_max, M): T_max must bound the episode length (the env's time limit).
     ``before_step(t, alive (M,))`` runs before step t, while the sub-envs are in the states s_t (the
@@ -163,25 +167,31 @@ def collect_episodes(
     alive = np.ones(M, dtype=bool)  # (M,)
     terminated_at_end = np.zeros(M, dtype=bool)  # (M,)
     truncated_at_end = np.zeros(M, dtype=bool)  # (M,)
-    obs, t, step_time = first_obs, 0, 0.0
+    actions = np.zeros((M, *buffers.actions.shape[2:]), dtype=buffers.actions.numpy().dtype)  # (M, ...)
+    obs, t, idle, step_time = first_obs, 0, 0, 0.0
     with torch.inference_mode():
         while alive.any():
             if t == T_max:
                 raise RuntimeError(f"an episode outlived max_episode_steps={T_max}; the env's time limit is longer")
             if before_step is not None:
                 before_step(t, alive)
+            live = torch.from_numpy(np.flatnonzero(alive))  # (K,) the members still in their episode
             buffers.obs[t] = obs
             buffers.sample_mask[t] = alive
-            sample = actor.act(torch.from_numpy(buffers.obs[t]).to(device))
-            buffers.actions[t] = sample.actions
-            buffers.log_probs[t] = sample.log_probs
+            sample = actor.act(torch.from_numpy(buffers.obs[t][alive]).to(device))
+            buffers.actions[t].zero_()
+            buffers.log_probs[t].zero_()
+            buffers.actions[t, live] = sample.actions.cpu()
+            buffers.log_probs[t, live] = sample.log_probs.cpu()
+            actions[alive] = sample.actions.cpu().numpy()
             started = time.perf_counter()
-            obs, reward, terminated, truncated, _ = env.step(sample.actions.cpu().numpy())
+            result = step_members(env, actions, alive)
             step_time += time.perf_counter() - started
-            buffers.rewards[t] = reward
-            ended = alive & (terminated | truncated)
-            terminated_at_end |= ended & terminated
-            truncated_at_end |= ended & truncated & ~terminated
+            obs, idle = result.obs, idle + result.idle_steps
+            buffers.rewards[t] = result.rewards
+            ended = alive & (result.terminated | result.truncated)
+            terminated_at_end |= ended & result.terminated
+            truncated_at_end |= ended & result.truncated & ~result.terminated
             alive &= ~ended
             t += 1
     return Episodes(
@@ -192,7 +202,7 @@ def collect_episodes(
         mask=torch.from_numpy(buffers.sample_mask[:t].copy()),
         terminated=torch.from_numpy(terminated_at_end),
         truncated=torch.from_numpy(truncated_at_end),
-        env_steps=t * M,
+        idle_steps=idle,
         step_time_s=step_time,
     )
 
@@ -214,7 +224,7 @@ def concat_episodes(parts: list[Episodes]) -> Episodes:
         mask=torch.cat([pad(p.mask) for p in parts], dim=1),
         terminated=torch.cat([p.terminated for p in parts]),
         truncated=torch.cat([p.truncated for p in parts]),
-        env_steps=sum(p.env_steps for p in parts),
+        idle_steps=sum(p.idle_steps for p in parts),
         step_time_s=sum(p.step_time_s for p in parts),
     )
 

@@ -11,6 +11,7 @@ Baselines3's ``OnPolicyAlgorithm.learn`` drives each algorithm's ``train()``, wi
 from __future__ import annotations
 
 import math
+import sys
 import time
 import traceback
 from collections import deque
@@ -380,12 +381,17 @@ class RunTracker:
                     self.log.scalars(step, final)
             except KeyboardInterrupt:
                 status, final = "interrupted", {}
+        if step > self.cfg.total_steps:
+            # Iterations are whole: a budget smaller than one is a run of one iteration, not an error.
+            print(f"trained {step} env steps, {step - self.cfg.total_steps} past total_steps={self.cfg.total_steps}: "
+                  "the last iteration ran whole", file=sys.stderr)  # fmt: skip
         summary = {
             "algo": self.algo,
             "env_id": self.cfg.env_id,
             "seed": self.cfg.seed,
             "status": status,
             "total_steps": step,
+            "requested_steps": self.cfg.total_steps,
             "wall_time_s": round(wall_time_s, 3),
             "sps": round(sps, 1),
             "final_eval_return_mean": final.get("eval/return_mean"),

@@ -3,8 +3,10 @@ agent's networks hold.
 
     python benchmarks/throughput.py [--envs CartPole-v1 LunarLander-v3 HalfCheetah-v5] [--seconds 5]
 
-Both agents use their presets and an untrained policy; every env step counts, GRPO's wasted steps (a
-member stepping on after its episode ended) included. Writes benchmarks/results/throughput.md.
+Both agents use their presets and an untrained policy. PPO's rate counts every env step of its rollout;
+GRPO's counts the steps that produce samples, the ones its budget counts: a member whose episode has
+ended takes no more steps (sync vector envs), and the steps an async vector env still gives it are
+reported apart as idle. Writes benchmarks/results/throughput.md.
 """
 
 from __future__ import annotations
@@ -58,16 +60,16 @@ def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, flo
     actor = Actor(network_spec(envs.train, cfg))
     reference = Actor(network_spec(envs.train, cfg))
     buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)
-    steps, wasted, iteration, started = 0, 0, 0, time.perf_counter()
+    steps, idle, iteration, started = 0, 0, 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         first = starts.reset_groups(envs.train, starts.group_seeds(0, iteration, cfg.num_groups), cfg.group_size)
         episodes = collect_episodes(envs.train, actor, np.asarray(first, dtype=np.float32), buffers)
-        steps, wasted, iteration = steps + episodes.env_steps, wasted + episodes.wasted_steps, iteration + 1
+        steps, idle, iteration = steps + episodes.env_steps, idle + episodes.idle_steps, iteration + 1
     rate = steps / (time.perf_counter() - started)
     optimizer = torch.optim.Adam([flatten_parameters(actor)], lr=cfg.learning_rate)
     optimizer.step()
     envs.close()
-    return rate, wasted / steps, memory_report(optimizer, actor=actor, reference=reference)
+    return rate, idle / (steps + idle), memory_report(optimizer, actor=actor, reference=reference)
 
 
 def main() -> None:
@@ -83,9 +85,10 @@ def main() -> None:
         "",
         f"Command: `python benchmarks/throughput.py --envs {' '.join(args.envs)} --seconds {args.seconds:g}`. "
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch thread, torch {torch.__version__}, "
-        f"gymnasium {gym.__version__}. Presets of each agent, untrained policies, every env step counted.",
+        f"gymnasium {gym.__version__}. Presets of each agent, untrained policies; GRPO counts the steps that "
+        "produce samples, as its budget does.",
         "",
-        "| env | PPO rollout steps/s | GRPO group sampling steps/s | PPO / GRPO | GRPO wasted steps | "
+        "| env | PPO rollout steps/s | GRPO sample steps/s | GRPO / PPO | GRPO idle steps (not counted) | "
         "PPO parameters (actor+critic) | GRPO parameters (actor + reference) | PPO bytes (nets + Adam) | "
         "GRPO bytes (actor + reference + Adam) |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -93,8 +96,8 @@ def main() -> None:
     for env_id in args.envs:
         continuous = isinstance(action_space_of(env_id), gym.spaces.Box)
         ppo_sps, ppo_mem = ppo_rate(env_id, continuous, args.seconds)
-        grpo_sps, waste, grpo_mem = grpo_rate(env_id, continuous, args.seconds)
-        row = (f"| {env_id} | {ppo_sps:,.0f} | {grpo_sps:,.0f} | {ppo_sps / grpo_sps:.2f} | {waste:.0%} | "
+        grpo_sps, idle, grpo_mem = grpo_rate(env_id, continuous, args.seconds)
+        row = (f"| {env_id} | {ppo_sps:,.0f} | {grpo_sps:,.0f} | {grpo_sps / ppo_sps:.2f} | {idle:.0%} | "
                f"{ppo_mem['parameters_actor_critic']:,} | {grpo_mem['parameters_actor']:,} + "
                f"{grpo_mem['parameters_reference']:,} | {ppo_mem['model_memory_bytes']:,} | "
                f"{grpo_mem['model_memory_bytes']:,} |")  # fmt: skip

@@ -27,21 +27,14 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import (
-    AsyncVectorEnv,
-    SyncVectorEnv,
-    VectorActionWrapper,
-    VectorEnv,
-    VectorObservationWrapper,
-    VectorWrapper,
-)
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import iterate
 from gymnasium.wrappers import vector as vector_wrappers
-from gymnasium.wrappers.vector.vectorize_observation import VectorizeTransformObservation
 
 from envs import snapshot
 from envs.errors import BadInput
 from envs.factory import check_env_installed, find_wrapper
+from envs.members import as_passed, observe, sub_env_actions
 from envs.snapshot import NotRestorable
 
 __all__ = [
@@ -194,47 +187,6 @@ def restore_mode(env_id: str, **env_kwargs: Any) -> RestoreMode:
     return "replay"
 
 
-def _vector_layers(env: VectorEnv) -> list[VectorWrapper]:
-    """The wrappers of a vector env, outermost first."""
-    layers: list[VectorWrapper] = []
-    layer: Any = env
-    while isinstance(layer, VectorWrapper):
-        layers.append(layer)
-        layer = layer.env
-    return layers
-
-
-def observe(env: VectorEnv, raw_obs: np.ndarray) -> np.ndarray:
-    """Apply ``env``'s observation transforms to sub-env observations (K, ...) -> (K, obs_dim).
-
-    The transforms are those of the wrapper chain, inner to outer: ``FlattenObservation``,
-    ``NormalizeObservation`` with its current statistics (NOT updated), the clip ``TransformObservation``.
-    K need not equal ``env.num_envs``. The dtype is the one the vector env delivers: float32 whenever
-    observations are normalized, the env's own dtype otherwise.
-    """
-    obs: Any = np.asarray(raw_obs)
-    for layer in reversed(_vector_layers(env)):
-        if isinstance(layer, vector_wrappers.NormalizeObservation):
-            # The wrapper's own formula, with updates off: branching must not shift the statistics.
-            updating = layer.update_running_mean
-            layer.update_running_mean = False
-            try:
-                obs = layer.observations(obs)
-            finally:
-                layer.update_running_mean = updating
-        elif isinstance(layer, VectorizeTransformObservation):
-            # Row by row with the single-env transform: the batched version writes into a buffer sized
-            # for num_envs, and K may differ.
-            obs = np.stack([np.asarray(layer.wrapper.observation(row)) for row in obs])
-        elif isinstance(layer, vector_wrappers.TransformObservation):
-            obs = layer.func(obs)
-        elif isinstance(layer, VectorObservationWrapper):
-            raise TypeError(f"observe does not know how to apply {type(layer).__name__} without side effects")
-    if obs is raw_obs:
-        obs = np.array(obs, copy=True)  # never hand back the caller's array as the env's output
-    return obs  # (K, obs_dim)
-
-
 def _check_mode(mode: str) -> None:
     if mode not in ("direct", "replay"):
         raise BadInput(f"restore mode must be 'direct' or 'replay' (see restore_mode), got {mode!r}")
@@ -248,19 +200,6 @@ def _sync_base(env: VectorEnv, what: str) -> SyncVectorEnv:
             "make the env with vectorization=sync"
         )
     return base
-
-
-def _sub_env_actions(env: VectorEnv, actions: Any) -> Any:
-    """The batch of actions after the chain's action transforms (ClipAction), as the sub-envs get them."""
-    for layer in _vector_layers(env):
-        if isinstance(layer, VectorActionWrapper):
-            actions = layer.actions(actions)
-    return actions
-
-
-def _as_passed(action: np.ndarray) -> Any:
-    # SyncVectorEnv hands a discrete sub-env a numpy scalar, not a 0-d array: pass the same thing.
-    return action[()] if action.ndim == 0 else action
 
 
 def run_trunks(
@@ -286,17 +225,23 @@ def run_trunks(
     _check_mode(mode)
     B = len(seeds)
     if B != env.num_envs or len(depths) != B:
-        raise BadInput(f"run_trunks needs one seed and one depth per sub-env: {env.num_envs} sub-envs, "
-                       f"{B} seeds, {len(depths)} depths")
+        raise BadInput(
+            f"run_trunks needs one seed and one depth per sub-env: {env.num_envs} sub-envs, "
+            f"{B} seeds, {len(depths)} depths"
+        )
     if any(d < 0 for d in depths):
         raise BadInput(f"branch depths must be non-negative, got {depths}")
     for kind in (vector_wrappers.NormalizeObservation, vector_wrappers.NormalizeReward):
         if find_wrapper(env, kind) is not None:
-            raise BadInput(f"the trunk env must be built without normalization ({kind.__name__} found): "
-                           "branch points hold raw observations and rewards")
+            raise BadInput(
+                f"the trunk env must be built without normalization ({kind.__name__} found): "
+                "branch points hold raw observations and rewards"
+            )
     if mode == "direct" and not all(snapshot.is_restorable(e) for e in base.envs):
-        raise NotRestorable(f"{base.envs[0].spec.id if base.envs[0].spec else 'this env'} has no settable "
-                            "state; use restore mode 'replay'")
+        raise NotRestorable(
+            f"{base.envs[0].spec.id if base.envs[0].spec else 'this env'} has no settable "
+            "state; use restore mode 'replay'"
+        )
 
     def point_here(b: int, actions: list[np.ndarray], prefix_return: float) -> BranchPoint:
         return BranchPoint(
@@ -321,7 +266,7 @@ def run_trunks(
     while any(pending):
         actions = policy(raw_batch())  # (B, ...)
         # Record the actions as the sub-envs receive them (clipped), since a replay bypasses the wrappers.
-        received = _sub_env_actions(env, np.array(actions, copy=True))
+        received = sub_env_actions(env, np.array(actions, copy=True))
         rows = [np.array(row, copy=True) for row in iterate(base.action_space, received)]
         _, rewards, terminated, truncated, _ = env.step(actions)
         steps += B
@@ -371,7 +316,7 @@ def _replay(sub_env: gym.Env, point: BranchPoint, b: int) -> Any:
     obs, _ = sub_env.reset(seed=point.seed)
     total = 0.0
     for t, action in enumerate(point.actions):
-        obs, reward, terminated, truncated, _ = sub_env.step(_as_passed(action))
+        obs, reward, terminated, truncated, _ = sub_env.step(as_passed(action))
         total += float(reward)
         if terminated or truncated:
             raise NotRestorable(

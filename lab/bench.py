@@ -138,13 +138,15 @@ def plan_grid(
     sets: list[str],
     name: str | None,
     variants: dict[str, list[str]] | None = None,
+    first_seed: int = 0,
 ) -> Grid:
     """Resolve a suite and explicit options into a validated grid.
 
     ``sets`` are ``ALGO.key=value`` (one algo) or ``key=value`` (every algo). ``variants`` (label →
     key=value pairs for every algo) multiply the grid: a study's horizons or reward delays. ``name`` (by
-    default the suite's, else ``custom``) is the bench's folder under runs/bench."""
-    from agents.config import parse_overrides, resolve_config
+    default the suite's, else ``custom``) is the bench's folder under runs/bench. Seeds run from
+    ``first_seed``: a sweep on seeds 100 … leaves 0 … unseen for the results it chooses between."""
+    from agents.config import SEED_LIMIT, parse_overrides, resolve_config
     from agents.registry import ALGOS
 
     name = name if name is not None else suite or "custom"
@@ -158,7 +160,7 @@ def plan_grid(
         name=name,
         algos=list(algos or base.algos),
         envs=list(envs or base.envs),
-        seeds=list(range(seeds if seeds is not None else base.seeds)),
+        seeds=list(range(first_seed, first_seed + (seeds if seeds is not None else base.seeds))),
         total_steps=total_steps if total_steps is not None else base.total_steps,
         variants=variants or {"": []},
     )
@@ -166,6 +168,8 @@ def plan_grid(
         raise BadInput("no environments: pass --envs ENV_ID ... or --suite quick|classic|mujoco")
     if not grid.seeds:
         raise BadInput("--seeds must be at least 1")
+    if not (0 <= first_seed and grid.seeds[-1] < SEED_LIMIT):
+        raise BadInput(f"--first-seed must leave every seed in [0, 2**32 - 1], got {first_seed}")
     if grid.total_steps is not None and grid.total_steps < 1:
         raise BadInput(f"--total-steps must be positive, got {grid.total_steps}")
     unknown = [a for a in grid.algos if a not in ALGOS]

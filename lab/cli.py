@@ -193,7 +193,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from lab import bench
 
     workers = _workers(args)
-    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name)
+    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name,
+                           first_seed=args.first_seed)  # fmt: skip
     cells = len(grid.cells())
     print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {len(grid.seeds)} seeds = {cells} runs, "
           f"{args.backend} backend, {workers} workers → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
@@ -207,7 +208,7 @@ def cmd_credit(args: argparse.Namespace) -> int:
     study = credit.plan_study(args.task, args.horizons, args.env_kwargs)
     name = args.name or "credit-" + args.task.replace(":", "-").replace("/", "_")
     grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, args.set, name,
-                           variants=study.variants())  # fmt: skip
+                           variants=study.variants(), first_seed=args.first_seed)  # fmt: skip
     bench_dir = bench.BENCH_ROOT / grid.name
     print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × {len(grid.algos)} algos "
           f"× {len(grid.seeds)} seeds = {len(grid.cells())} runs, {args.backend} backend, {workers} workers → {bench_dir}")  # fmt: skip
@@ -269,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--suite", choices=None, default=None, help=f"a named grid: {', '.join(SUITES)}")
     grid.add_argument("--algos", nargs="+", default=None, help="algos (default: the suite's, else ppo grpo sb3-ppo)")
     grid.add_argument("--envs", nargs="+", default=None, help="gymnasium ids (default: the suite's)")
-    grid.add_argument("--seeds", type=int, default=None, help="number of seeds, 0 … N−1 (default: the suite's, 3)")
+    grid.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the suite's, 3)")
+    grid.add_argument("--first-seed", type=int, default=0, help="seeds run FIRST … FIRST+N−1; sweeps use seeds that "
+                      "final results never do")  # fmt: skip
     grid.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
     grid.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
                       help="override a config key of one algo (ALGO.KEY=VALUE) or of all (KEY=VALUE); repeatable")  # fmt: skip
@@ -288,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="episode lengths of chain/keydoor (default 10 30 100 300 1000); reward delays k of "
                        "delayed:ENV_ID, integers or end (default 1 20 100 end)")  # fmt: skip
     study.add_argument("--algos", nargs="+", default=["ppo", "grpo", "grpo-vine"], help=f"of: {', '.join(ALGOS)}")
-    study.add_argument("--seeds", type=int, default=3, help="number of seeds, 0 … N−1")
+    study.add_argument("--seeds", type=int, default=3, help="number of seeds")
+    study.add_argument("--first-seed", type=int, default=0, help="seeds run FIRST … FIRST+N−1")
     study.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
     study.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE", help="more env keyword arguments")
     study.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",

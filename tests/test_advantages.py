@@ -441,3 +441,43 @@ def test_discounted_returns() -> None:
     rewards = torch.tensor([[1.0, 1.0], [1.0, 5.0], [1.0, 0.0]])
     mask = torch.tensor([[True, True], [True, True], [True, False]])
     torch.testing.assert_close(adv.discounted_returns(rewards, mask, 0.5), torch.tensor([1.75, 3.5]))
+
+
+def test_step_baseline_by_hand_with_unequal_lengths_survival_rewards_and_discount() -> None:
+    # One group of G = 3 with CartPole's +1 per step, lengths 3, 1, 2, γ = 0.5. Reward-to-go Q̂:
+    # member 0: 1.75, 1.5, 1; member 1: 1, then 0 (ended); member 2: 1.5, 1, then 0.
+    # A = Q̂ − mean of the other two: t = 0: 1.75 − 1.25, 1 − 1.625, 1.5 − 1.375; t = 1: 1.5 − 0.5, (ended),
+    # 1 − 0.75; t = 2: 1 − 0, (ended), (ended). Rewards on ended steps (7) are ignored.
+    mask = torch.tensor([[True, True, True], [True, False, True], [True, False, False]]).view(3, 1, 3)
+    rewards = torch.where(mask, 1.0, 7.0)
+    expected = torch.tensor([[0.5, -0.625, 0.125], [1.0, 0.0, 0.25], [1.0, 0.0, 0.0]]).view(3, 1, 3)
+    torch.testing.assert_close(adv.group_step_baseline(rewards, mask, 0.5), expected)
+    # The published process advantage erases the survival reward: identically 0 on the same group.
+    assert torch.equal(adv.group_process(rewards, mask), torch.zeros(3, 1, 3))
+
+
+def test_step_baseline_of_a_member_does_not_depend_on_its_own_trajectory() -> None:
+    # Member 0's baseline Q̂ − A is the mean of the others' reward-to-go, whatever member 0 did or how long it ran.
+    mask = torch.ones(4, 1, 3, dtype=torch.bool)
+    rewards = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 1.0, 1.0], [5.0, 0.0, 2.0]]).view(4, 1, 3)
+    short = mask.clone()
+    short[1:, 0, 0] = False  # member 0 ends after one step instead of four
+    baselines = []
+    for m in (mask, short):
+        A = adv.group_step_baseline(rewards, m, 1.0)
+        to_go = (rewards * m).flip(0).cumsum(0).flip(0)
+        baselines.append((to_go - A)[:, 0, 0])
+    # Others' reward-to-go: member 1 has 5, 4, 1, 0 and member 2 has 4, 4, 3, 2.
+    torch.testing.assert_close(baselines[0], torch.tensor([4.5, 4.0, 2.0, 1.0]))
+    assert baselines[1][0] == baselines[0][0]  # the step both versions of member 0 took
+
+
+def test_step_baseline_ties_give_zero_and_discount_one_compares_plain_sums() -> None:
+    tied = adv.group_step_baseline(torch.full((3, 2, 4), 0.3), torch.ones(3, 2, 4, dtype=torch.bool), 0.9)
+    assert torch.equal(tied, torch.zeros(3, 2, 4))
+    # G = 2, one step each: A = r_i − r_j, the RLOO advantage.
+    rewards = torch.tensor([[1.0, 4.0]]).view(1, 1, 2)
+    torch.testing.assert_close(adv.group_step_baseline(rewards, torch.ones(1, 1, 2, dtype=torch.bool), 1.0),
+                               torch.tensor([[-3.0, 3.0]]).view(1, 1, 2))  # fmt: skip
+    with pytest.raises(ValueError, match="G >= 2"):
+        adv.group_step_baseline(torch.zeros(2, 1, 1), torch.ones(2, 1, 1, dtype=torch.bool), 1.0)

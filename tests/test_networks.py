@@ -10,7 +10,15 @@ import torch
 from torch import Tensor, nn
 
 from agents import distributions as D
-from agents.networks import ActorCritic, NetworkSpec, clip_grad_norm_, flatten_parameters
+from agents.networks import (
+    Actor,
+    ActorCritic,
+    NetworkSpec,
+    adapt_step_size,
+    clip_grad_norm_,
+    flatten_parameters,
+    refresh_reference,
+)
 
 OBS_DIM = 4
 B = 5
@@ -234,3 +242,25 @@ def test_clip_grad_norm_agrees_with_torch_on_the_layers_of_a_network() -> None:
     assert expected_norm > 0.5 and not torch.equal(before, next(reference.parameters()).grad)  # it clipped
     for mine, theirs in zip(ours.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+def test_adapt_step_size_by_hand() -> None:
+    assert adapt_step_size(1.0, kl=0.004, kl_target=0.01) == 1.5  # below half the target: ×1.5
+    assert adapt_step_size(1.0, kl=0.025, kl_target=0.01) == pytest.approx(1 / 1.5)  # above twice: ÷1.5
+    assert adapt_step_size(2.0, kl=0.01, kl_target=0.01) == 2.0  # in [target/2, 2·target]: kept
+    assert adapt_step_size(1e-3, kl=1.0, kl_target=0.01) == 1e-3 and adapt_step_size(1e3, 0.0, 0.01) == 1e3
+
+
+def test_refresh_reference_modes() -> None:
+    torch.manual_seed(0)
+    spec = NetworkSpec(obs_dim=2, action_dim=2, continuous=False)
+    policy, reference = Actor(spec), Actor(spec)
+    start = [p.detach().clone() for p in reference.parameters()]
+    refresh_reference(reference, policy, "never", True, 0.9)
+    refresh_reference(reference, policy, "periodic", False, 0.9)
+    assert all(torch.equal(p, q) for p, q in zip(reference.parameters(), start, strict=True))
+    refresh_reference(reference, policy, "ema", False, 0.75)  # θ_ref ← 0.75 θ_ref + 0.25 θ
+    for p, q, r in zip(reference.parameters(), start, policy.parameters(), strict=True):
+        torch.testing.assert_close(p, 0.75 * q + 0.25 * r)
+    refresh_reference(reference, policy, "periodic", True, 0.75)
+    assert all(torch.equal(p, r) for p, r in zip(reference.parameters(), policy.parameters(), strict=True))
