@@ -30,10 +30,14 @@ if TYPE_CHECKING:
     from agents.grpo import GRPOConfig
 
 
+def time_limit(cfg: GRPOConfig) -> dict[str, int]:
+    """The training envs' keyword for the time limit: ``max_episode_steps`` if set, else nothing."""
+    return {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+
+
 def horizon(cfg: GRPOConfig) -> int:
     """H: the longest an episode can run in training (the time limit)."""
-    limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
-    H = episode_limit(cfg.env_id, **cfg.env_kwargs, **limit)
+    H = episode_limit(cfg.env_id, **cfg.env_kwargs, **time_limit(cfg))
     if H is None:
         raise BadInput(f"{cfg.env_id} has no time limit; GRPO needs whole episodes: --set max_episode_steps=N")
     return H

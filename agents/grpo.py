@@ -32,7 +32,7 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import losses
 from agents.config import RunConfig, check
-from agents.groups import Groups, collect_groups, group_statistics, horizon, validate, vine_interval
+from agents.groups import Groups, collect_groups, group_statistics, horizon, time_limit, validate, vine_interval
 from agents.networks import Actor, adam, adapt_step_size, gradient_step, refresh_reference
 from agents.rollout import Episodes, SegmentBuffers
 from agents.training import Agent, Collected, Envs, network_spec, obs_statistics, open_envs, run
@@ -277,7 +277,7 @@ class Learner:
 def build(cfg: GRPOConfig) -> Agent:
     """GRPO's envs, actor, reference and Adam, as the parts that ``training.run`` drives."""
     H, M = horizon(cfg), cfg.batch_trajectories
-    limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    limit = time_limit(cfg)
     options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization,
                          reward_delay=cfg.reward_delay)
     envs = open_envs(cfg, M, options, **limit)

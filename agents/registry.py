@@ -63,10 +63,12 @@ ALGOS: dict[str, Algo] = {
     "sb3-ppo": Algo(config=ppo.PPOConfig, train=sb3.train, load_policy=_load_sb3_policy, checks=sb3.validate,
                     preset="ppo"),
     # The credit-assignment study's methods: GAE's λ at its ends (one-step TD, Monte Carlo), GRPO's
-    # per-step reward-to-go, and Monte-Carlo values from branches (agents/vine.py).
+    # per-step reward-to-go, its per-step group baselines, and Monte-Carlo values from branches
+    # (agents/vine.py).
     "ppo-lambda0": Algo(**_PPO, fixed={"gae_lambda": 0.0}),
     "ppo-lambda1": Algo(**_PPO, fixed={"gae_lambda": 1.0}),
     "grpo-process": Algo(**_GRPO, fixed={"advantage": "process"}),
+    "grpo-step": Algo(**_GRPO, fixed={"advantage": "step_baseline"}),
     "grpo-vine": Algo(**_GRPO, fixed={"advantage": "vine"}),
 }
 

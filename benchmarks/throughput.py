@@ -24,7 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agents import grpo, ppo  # noqa: E402
+from agents import groups, grpo, ppo  # noqa: E402
 from agents.config import resolve_config  # noqa: E402
 from agents.networks import Actor, ActorCritic, flatten_parameters  # noqa: E402
 from agents.rollout import RolloutState, SegmentBuffers, collect_episodes, collect_segment  # noqa: E402
@@ -56,7 +56,8 @@ def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict
 def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, float, dict[str, int]]:
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, {})
     H, M = grpo.horizon(cfg), cfg.batch_trajectories
-    envs = open_envs(cfg, M, EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization))
+    envs = open_envs(cfg, M, EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization),
+                     **groups.time_limit(cfg))
     actor = Actor(network_spec(envs.train, cfg))
     reference = Actor(network_spec(envs.train, cfg))
     buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)

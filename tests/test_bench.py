@@ -119,6 +119,7 @@ def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path) -> None:
         (["--algos", "ppo", "--envs", "CartPol-v1"], "Closest registered ids: CartPole-v1"),
         (["--suite", "everything"], "unknown suite 'everything'"),
         (["--suite", "quick", "--seeds", "0"], "--seeds must be at least 1"),
+        (["--suite", "quick", "--first-seed", "-1"], "--first-seed must leave every seed in [0, 2**32 - 1]"),
         (["--suite", "quick", "--set", "ppo.gamma=2"], "gamma must be in [0, 1]"),
         (["--suite", "quick", "--set", "trpo.gamma=0.9"], "ALGO.key=value (ALGO one of"),
         (["--suite", "quick", "--set", "gamma=2"], "gamma must be in [0, 1]"),  # key=value: every algo

@@ -1,8 +1,9 @@
-"""Smoke tests for benchmarks/speed.py and benchmarks/learning.py: tiny budgets, real subprocesses."""
+"""Smoke tests for benchmarks/speed.py, learning.py and sweeps.py: tiny budgets, real subprocesses."""
 
 from __future__ import annotations
 
 import functools
+import os
 import importlib.util
 import re
 import subprocess
@@ -98,3 +99,24 @@ def test_learning_records_a_failed_run(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert [(r["env_id"], r["status"]) for r in read_csv(out)] == [("NoSuchEnv-v0", "failed")]
     assert "failed" in out.with_suffix(".md").read_text()
+
+
+def test_a_sweep_on_its_own_seeds_is_tabulated(tmp_path: Path) -> None:
+    bench_dir = tmp_path / "runs" / "bench" / "sweep-a"
+    argv = ["-m", "lab", "bench", "--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "1", "--first-seed", "7",
+            "--total-steps", "1024", "--set", "eval_interval=512", "--set", "ent_coef=0.01", "--workers", "1",
+            "--name", "sweep-a"]  # fmt: skip
+    proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (bench_dir / "CartPole-v1" / "ppo" / "seed7" / "summary.json").exists()
+    out = tmp_path / "sweeps.md"
+    proc = _run(["benchmarks/sweeps.py", "--benches", str(bench_dir), "--title", "A sweep", "--threshold", "5",
+                 "--out", str(out)], timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = out.read_text()
+    assert "# A sweep" in md and "## CartPole-v1" in md and "first eval ≥ 5" in md
+    row = next(line for line in md.splitlines() if line.startswith("| `sweep-a`"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "`eval_interval=512`<br>`ent_coef=0.01`" and cells[2] == "7" and cells[4].startswith("1/1")
+    assert "--first-seed 7" in md and str(tmp_path) not in md

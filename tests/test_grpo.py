@@ -52,7 +52,7 @@ def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_bet
     returns = adv.discounted_returns(batch.rewards, batch.mask, 1.0).view(2, 2)  # every return is 5: ties
     members = torch.arange(4)
     for aggregation in ("trajectory", "step", "constant"):
-        cfg = grpo_config(beta=0.0, aggregation=aggregation)
+        cfg = grpo_config(beta=0.0, aggregation=aggregation, advantage="outcome")
         advantages = grpo.group_advantages(cfg, batch, returns, None, H=500)
         assert torch.equal(advantages, torch.zeros(5, 4))
         ref = torch.zeros(5, 4)
@@ -60,7 +60,7 @@ def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_bet
         grad = gradient(actor, loss)
         assert torch.equal(grad, torch.zeros_like(grad))
 
-        cfg = grpo_config(beta=0.1, aggregation=aggregation)
+        cfg = grpo_config(beta=0.1, aggregation=aggregation, advantage="outcome")
         ref_log_probs = batch.log_probs - 0.3  # a reference policy different from π_θ
         loss, _ = grpo.minibatch_loss(actor, batch, members, advantages, ref_log_probs, batch.mask, cfg, H=500)
         log_probs, _ = actor.log_prob_entropy(actor(batch.obs.flatten(0, 1)), batch.actions.flatten())
