@@ -153,11 +153,11 @@ def group_advantages(
         # Standardized over the batch's steps, as PPO's: returns of control tasks run into the hundreds.
         A[valid] = adv.normalize(A[valid])
         return A
-    groups = (T, -1, cfg.group_size)  # (T, B, G)
+    by_group = (T, -1, cfg.group_size)  # (T, B, G)
     if cfg.advantage == "process":
-        return adv.group_process(batch.rewards.view(groups), batch.mask.view(groups)).view(T, M)
+        return adv.group_process(batch.rewards.view(by_group), batch.mask.view(by_group)).view(T, M)
     if cfg.advantage == "step_baseline":
-        A = adv.group_step_baseline(batch.rewards.view(groups), batch.mask.view(groups), cfg.gamma).view(T, M)
+        A = adv.group_step_baseline(batch.rewards.view(by_group), batch.mask.view(by_group), cfg.gamma).view(T, M)
         # One positive scale for the whole batch, which keeps tied groups at 0 and every sign as it is.
         return A / (A[batch.mask].std() + 1e-8) if batch.mask.sum() > 1 else A
     scores = {"outcome": adv.group_outcome, "no_std": adv.group_no_std, "batch_std": adv.group_batch_std,

@@ -1,7 +1,7 @@
 """Tables of benches that differ in their settings: the sweeps behind the presets, and the ablations.
 
     python benchmarks/sweeps.py --benches runs/bench/sweep-ll-* --title "GRPO on LunarLander-v3" \
-        [--threshold 200] [--out benchmarks/results/grpo-sweeps/lunarlander.md]
+        [--threshold 200] [--seeds 0 1 2] [--envs LunarLander-v3] [--out benchmarks/results/grpo-sweeps/lunarlander.md]
 
 Each bench (made by ``testbed bench --set …``) is one row per env: its ``--set`` overrides, its seeds, the
 final deterministic evaluation (mean ± population std over seeds, and each seed's), the env steps and
@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--benches", nargs="+", type=Path, required=True, help="bench folders, one row each")
     parser.add_argument("--title", required=True)
     parser.add_argument("--threshold", type=float, default=None, help="report steps and time to first reach it")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="only these seeds (default: all)")
+    parser.add_argument("--envs", nargs="+", default=None, help="only these env labels (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="Markdown file (default: print)")
     args = parser.parse_args()
     by_env: dict[str, list[str]] = {}
@@ -63,7 +65,8 @@ def main() -> None:
         spec = yaml.safe_load((bench / "bench.yaml").read_text())
         overrides = [o for values in (spec.get("overrides") or {}).values() for o in values]
         commands += spec.get("commands", [])[:1]
-        runs = [r for r in find_runs([bench]) if r.status == "completed"]
+        runs = [r for r in find_runs([bench]) if r.status == "completed" and (args.seeds is None or r.seed in args.seeds)
+                and (args.envs is None or r.env_id in args.envs)]  # fmt: skip
         for env_id in sorted({r.env_id for r in runs}):
             mine = [r for r in runs if r.env_id == env_id]
             by_env.setdefault(env_id, []).append(row(bench.name, overrides, mine, args.threshold))
