@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the machine line comes from speed.py
-from speed import ROOT, machine_line  # noqa: E402
+from speed import machine_line  # noqa: E402
 
 from lab.results import Run, find_runs  # noqa: E402
 
@@ -76,8 +76,8 @@ def main() -> None:
     header += ["env steps", "wall s"]
     lines = [f"# {args.title}", "", f"Machine: {machine_line()}.", "",
              "Final eval: the final deterministic policy, 10 episodes on the fixed seeds 1000000…, the raw env "
-             "return; mean ± population std over seeds, then each seed's. Wall seconds are those of runs that "
-             "shared the machine's cores with one other run.", ""]  # fmt: skip
+             "return; mean ± population std over seeds, then each seed's. Wall seconds come from runs that shared "
+             "the machine's cores with other runs: they order settings, they are not a speed benchmark.", ""]  # fmt: skip
     for env_id, rows in by_env.items():
         lines += [f"## {env_id}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows, ""]
     lines += ["Commands:", "", "```bash", *commands, "```", ""]
@@ -87,7 +87,7 @@ def main() -> None:
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    print(f"wrote {args.out.relative_to(ROOT) if args.out.resolve().is_relative_to(ROOT) else args.out}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
