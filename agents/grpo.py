@@ -91,9 +91,8 @@ class GRPOConfig(RunConfig):
     num_minibatches: int = 4
     """Minibatches of trajectories per epoch; more gradient steps make clipping active."""
     kl_target: float | None = None
-    """Per-iteration KL(π_old ‖ π_θ) to aim for: the step size grows ×1.5 after an iteration below half
-    of it and shrinks ÷1.5 above twice it, and an iteration's epochs stop once a minibatch exceeds twice
-    it. None: a fixed step."""
+    """Per-iteration KL(π_old ‖ π_θ) to aim for: the step size ×1.5 after an update below half of it, ÷1.5
+    above twice it; the epochs stop once a minibatch passes twice it (``networks.adapt_step_size``)."""
     ref_update: Literal["never", "periodic", "ema"] = "never"
     """Reference policy refresh: never, a copy every ref_update_interval iterations, or an EMA."""
     ref_update_interval: int = 10
@@ -229,8 +228,7 @@ def update(
         epochs += 1
         for members in torch.randperm(M).tensor_split(n_minibatches):
             loss, stats = minibatch_loss(actor, batch, members, advantages, ref_log_probs, loss_mask, cfg, H)
-            kl_stop = cfg.kl_target is not None and bool(stats["approx_kl"] > 2.0 * cfg.kl_target)
-            if kl_stop:
+            if kl_stop := cfg.kl_target is not None and bool(stats["approx_kl"] > 2.0 * cfg.kl_target):
                 break
             gradient_step(optimizer, loss, cfg.max_grad_norm)
             count += 1
@@ -321,23 +319,20 @@ def collect(grpo: Learner, iteration: int) -> Collected:
 
 
 def learn(grpo: Learner, collected: Collected, iteration: int, progress_remaining: float) -> dict[str, float | None]:
-    """Group advantages and the clipped update, the step size adapted to ``kl_target``, then the reference
-    refresh; returns the diagnostics."""
-    groups: Groups = collected.batch
+    """Group advantages, the clipped update, the step size adapted to ``kl_target``, the reference refresh."""
+    groups, cfg = collected.batch, grpo.cfg
     for group in grpo.optimizer.param_groups:
         group["lr"] *= grpo.lr_scale
     # Without an informative group (every group tied in every round) there is nothing to learn.
-    stats = update(grpo.actor, grpo.reference, grpo.optimizer, groups, grpo.cfg, grpo.H) if groups.kept_groups else {}
-    if grpo.cfg.kl_target is not None and stats:
-        grpo.lr_scale = adapt_step_size(grpo.lr_scale, stats["update_kl"], grpo.cfg.kl_target)
-    cfg = grpo.cfg
+    stats = update(grpo.actor, grpo.reference, grpo.optimizer, groups, cfg, grpo.H) if groups.kept_groups else {}
+    if cfg.kl_target is not None and stats:
+        grpo.lr_scale = adapt_step_size(grpo.lr_scale, stats["update_kl"], cfg.kl_target)
     refresh_reference(grpo.reference, grpo.actor, cfg.ref_update, iteration % cfg.ref_update_interval == 0, cfg.ref_ema)
     return diagnostics(groups, stats, grpo.lr_scale)
 
 
 def save(grpo: Learner) -> dict[str, Any]:
-    """The reference policy, the observation statistics and the step-size factor; every iteration starts
-    from seeded resets."""
+    """The reference policy, the observation statistics and the step-size factor (iterations start afresh)."""
     return {"reference": grpo.reference.state_dict(), "normalizers": normalizer_state(grpo.envs.train),
             "lr_scale": grpo.lr_scale}  # fmt: skip
 
