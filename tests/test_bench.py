@@ -18,8 +18,9 @@ from lab import bench
 from lab.cli import main
 from tests.conftest import REPO, read_csv, wait_for
 
-# Small budgets: PPO's CartPole preset does 256 steps an iteration; GRPO with B = G = 2 fits 4·500 steps.
-TINY = ["ppo.eval_episodes=2", "grpo.eval_episodes=2", "grpo.num_groups=2", "grpo.group_size=2"]
+# Small budgets: PPO's CartPole preset does 256 steps an iteration; GRPO with B = G = 2 at most 4·500 steps.
+TINY = ["ppo.eval_episodes=2", "grpo.eval_episodes=2", "grpo.num_groups=2", "grpo.group_size=2",
+        "grpo.num_minibatches=2"]
 
 
 @pytest.fixture(autouse=True)
