@@ -71,10 +71,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         saved = runlog.read_config(run_dir)
         if saved.pop("algo") != args.algo or saved.get("env_id") != args.env:
             raise BadInput(f"{run_dir} is a {saved.get('env_id')} run of another algo or env; check --algo and --env")
-        changed = sorted(k for k, v in overrides.items() if k != "total_steps" and str(saved.get(k)) != str(v))
+        cfg = build_config(algo.config, {**saved, **overrides})
+        # Compared as typed values: a bench's rerun repeats `--set learning_rate=3e-4 --set env_kwargs=horizon:10`,
+        # which config.yaml holds as 0.0003 and {horizon: 10}.
+        resolved = runlog.config_to_dict(cfg)
+        changed = sorted(k for k in overrides if k != "total_steps" and resolved[k] != saved.get(k))
         if changed:
             raise BadInput(f"a resumed run keeps its settings; only --total-steps may change, not {', '.join(changed)}")
-        cfg = build_config(algo.config, {**saved, **overrides})
         # Refuses a checkpoint that config.yaml's network or normalization no longer fits, before anything is written.
         ckpt, env, _ = _checkpoint_policy(args.algo, cfg, run_dir, episodes=1)
         env.close()

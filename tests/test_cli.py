@@ -163,6 +163,19 @@ def test_resume_refuses_changed_settings_and_missing_checkpoints(
     assert "no config.yaml" in capsys.readouterr().err
 
 
+def test_resume_accepts_the_same_settings_written_another_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A bench resumes a cell with the --set values it started with; config.yaml holds them typed.
+    run_dir = tmp_path / "chain"
+    argv = ["train", "--algo", "grpo-step", "--env", "testbed/Chain-v0", "--run-dir", str(run_dir),
+            "--set", "env_kwargs=horizon:5", "--set", "learning_rate=1e-3", "--set", "eval_episodes=2"]  # fmt: skip
+    assert main([*argv, "--total-steps", "1000"]) == 0
+    assert main([*argv, "--total-steps", "2000", "--resume"]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["total_steps"] >= 2000
+    changed = [a.replace("horizon:5", "horizon:6") for a in argv]
+    assert main([*changed, "--total-steps", "3000", "--resume"]) == 2
+    assert "not env_kwargs" in capsys.readouterr().err
+
+
 def test_corrupted_checkpoint_is_refused(cartpole_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
