@@ -133,10 +133,15 @@ def evaluate(agent: Agent, deterministic: bool = True, device: str = "cpu") -> n
 class EvalSchedule:
     """Deterministic evaluation every ``interval`` env steps (0: only at the end)."""
 
-    def __init__(self, interval: int, device: str, start_step: int) -> None:
+    def __init__(self, interval: int, device: str, start_step: int, logged_step: int | None = None) -> None:
         self.interval, self.device = interval, device
         self.next_step = (start_step // interval + 1) * interval if interval else math.inf
         self.last: tuple[int, np.ndarray] | None = None
+        self.logged_step = logged_step  # the last evaluation's step, this session's or a resumed checkpoint's
+
+    def logged_at(self, step: int) -> bool:
+        """An evaluation at ``step`` is in the logs already, in this session or before its checkpoint."""
+        return self.ran_at(step) or self.logged_step == step
 
     def maybe_run(self, agent: Agent, step: int) -> dict[str, float]:
         if step < self.next_step:
@@ -151,6 +156,7 @@ class EvalSchedule:
     def run(self, agent: Agent, step: int) -> dict[str, float]:
         if not self.ran_at(step):
             self.last = (step, evaluate(agent, True, self.device))
+            self.logged_step = step
         returns = self.last[1]
         return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
 
@@ -240,7 +246,7 @@ def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bo
     """
     seed_everything(cfg.seed)
     agent = build(cfg)
-    global_step, iteration, wall_offset, csv_bytes = 0, 0, 0.0, None
+    global_step, iteration, wall_offset, csv_bytes, eval_step = 0, 0, 0.0, None, None
     if resume:
         try:
             ckpt = runlog.load_checkpoint(run_dir, {"algo": name, "env_id": cfg.env_id})
@@ -251,9 +257,9 @@ def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bo
             agent.close()
             raise
         global_step, iteration, wall_offset = ckpt["global_step"], ckpt["iteration"], ckpt["wall_time_s"]
-        csv_bytes = ckpt.get("csv_bytes")
+        csv_bytes, eval_step = ckpt.get("csv_bytes"), ckpt.get("eval_step")
         runlog.load_rng_state(ckpt["rng"])
-    tracker = RunTracker(run_dir, name, cfg, agent.tags, global_step, wall_offset, resume, csv_bytes)
+    tracker = RunTracker(run_dir, name, cfg, agent.tags, global_step, wall_offset, resume, csv_bytes, eval_step)
     status, error, disk_error = "completed", None, None
 
     def checkpoint() -> None:
@@ -261,6 +267,7 @@ def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bo
         runlog.save_checkpoint(run_dir, {
             "algo": name, "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
             "wall_time_s": tracker.wall_time(), "csv_bytes": tracker.log.csv_bytes(), "rng": runlog.rng_state(),
+            "eval_step": tracker.evals.logged_step,
             "model": agent.model.state_dict(), "optimizer": agent.optimizer.state_dict(), **agent.save(),
         })  # fmt: skip
 
@@ -315,10 +322,11 @@ class RunTracker:
         wall_offset: float,
         resume: bool,
         csv_bytes: int | None = None,
+        eval_step: int | None = None,
     ) -> None:
         self.run_dir, self.algo, self.cfg = run_dir, algo, cfg
         self.log = runlog.MetricLog(run_dir, tags, resume_step=global_step if resume else None, csv_bytes=csv_bytes)
-        self.evals = EvalSchedule(cfg.eval_interval, cfg.device, global_step)
+        self.evals = EvalSchedule(cfg.eval_interval, cfg.device, global_step, eval_step)
         self.progress = runlog.Progress(cfg.total_steps, global_step, f"{algo} {cfg.env_id} seed {cfg.seed}")
         self.recent_returns: deque[float] = deque(maxlen=20)
         self.start_step = self.last_checkpoint_step = global_step
@@ -375,7 +383,8 @@ class RunTracker:
         final: dict[str, float] = {}
         if status == "completed":
             try:
-                logged = self.evals.ran_at(step)
+                # A kill between the last checkpoint and the summary leaves that step's evaluation logged.
+                logged = self.evals.logged_at(step)
                 final = self.evals.run(agent, step)
                 if not logged:  # an evaluation due at this very step is already in TensorBoard
                     self.log.scalars(step, final)

@@ -102,6 +102,16 @@ def test_fifteen_sigkills_and_resumes_end_bit_identical_with_every_row_once(tmp_
     assert scalar_steps(run_dir, "eval/return_mean") == [10240, 20480, 30720, 40960]  # the final one once
 
 
+def test_a_kill_between_the_last_checkpoint_and_the_summary_logs_the_final_evaluation_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert main(train_argv(run_dir, 2048, "--set", "eval_interval=1024", "--set", "checkpoint_interval=0")) == 0
+    (run_dir / "summary.json").unlink()  # as if killed after the final checkpoint, before the summary
+    assert main(train_argv(run_dir, 2048, "--set", "eval_interval=1024", "--set", "checkpoint_interval=0",
+                           "--resume")) == 0  # fmt: skip
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert scalar_steps(run_dir, "eval/return_mean") == [1024, 2048]
+
+
 def test_a_checkpoint_holds_every_row_before_it_and_a_resume_keeps_its_own_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     assert main(train_argv(run_dir, 1024, "--set", "checkpoint_interval=512", "--set", "eval_interval=0")) == 0
