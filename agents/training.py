@@ -141,7 +141,7 @@ class EvalSchedule:
 
     def logged_at(self, step: int) -> bool:
         """An evaluation at ``step`` is in the logs already, in this session or before its checkpoint."""
-        return self.ran_at(step) or self.logged_step == step
+        return self.logged_step == step  # run() sets it with every evaluation
 
     def maybe_run(self, agent: Agent, step: int) -> dict[str, float]:
         if step < self.next_step:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.wrappers import vector as vector_wrappers
 
 from envs import tasks
@@ -211,11 +211,16 @@ def episode_limit(env_id: str, **env_kwargs: Any) -> int | None:
     return min(limits) if limits else None
 
 
+def vector_layers(env: VectorEnv) -> list[VectorWrapper]:
+    """The wrappers of a vector env, outermost first."""
+    layers: list[VectorWrapper] = []
+    layer: Any = env
+    while isinstance(layer, VectorWrapper):
+        layers.append(layer)
+        layer = layer.env
+    return layers
+
+
 def find_wrapper(env: VectorEnv, kind: type) -> Any | None:
     """The first wrapper of type ``kind`` in the chain, or None."""
-    layer: Any = env
-    while layer is not None:
-        if isinstance(layer, kind):
-            return layer
-        layer = getattr(layer, "env", None)
-    return None
+    return next((layer for layer in vector_layers(env) if isinstance(layer, kind)), None)

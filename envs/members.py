@@ -21,19 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gymnasium.vector import SyncVectorEnv, VectorActionWrapper, VectorEnv, VectorObservationWrapper, VectorWrapper
+from gymnasium.vector import SyncVectorEnv, VectorActionWrapper, VectorEnv, VectorObservationWrapper
 from gymnasium.wrappers import vector as vector_wrappers
 from gymnasium.wrappers.vector.vectorize_observation import VectorizeTransformObservation
 
-
-def vector_layers(env: VectorEnv) -> list[VectorWrapper]:
-    """The wrappers of a vector env, outermost first."""
-    layers: list[VectorWrapper] = []
-    layer: Any = env
-    while isinstance(layer, VectorWrapper):
-        layers.append(layer)
-        layer = layer.env
-    return layers
+from envs.factory import vector_layers
 
 
 def observe(env: VectorEnv, raw_obs: np.ndarray, update: bool = False) -> np.ndarray:
