@@ -101,18 +101,29 @@ class RunConfig:
         check(self.checkpoint_interval >= 0, f"checkpoint_interval must be >= 0, got {self.checkpoint_interval}")
 
 
-def load_preset(algo: str, env_id: str, continuous: bool) -> tuple[dict[str, Any], str]:
+def load_preset(algo: str, env_id: str, continuous: bool, preset_file: Path | None = None) -> tuple[dict[str, Any], str]:
     """The preset for ``env_id`` from ``presets/<algo>.yaml``, else its discrete/continuous default.
 
-    Returns the values and the name of the preset used.
+    ``preset_file`` (``testbed train --preset``, RL Zoo's ``--conf-file``) is a file of the same form, e.g.
+    the block ``testbed tune`` exports: its ``envs`` entry for ``env_id`` replaces the packaged one, and its
+    ``defaults``, if any, the packaged defaults. Returns the values and the name of the preset used.
     """
-    path = PRESET_DIR / f"{algo}.yaml"
-    presets = yaml.safe_load(path.read_text())
+    presets = yaml.safe_load((PRESET_DIR / f"{algo}.yaml").read_text())
+    if preset_file is not None:
+        try:
+            own = yaml.safe_load(preset_file.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise BadInput(f"--preset {preset_file}: cannot be read as YAML ({str(error).splitlines()[0]})") from None
+        entry = own.get("envs", {}).get(env_id) if isinstance(own, dict) and isinstance(own.get("envs"), dict) else None
+        if not isinstance(entry, dict):
+            raise BadInput(f"--preset {preset_file} has no entry for {env_id}: it needs `envs: {{{env_id}: {{key: value, ...}}}}`, "
+                           f"the form of agents/presets/{algo}.yaml")  # fmt: skip
+        presets = {"defaults": {**presets["defaults"], **(own.get("defaults") or {})}, "envs": {env_id: entry}}
     default_name = "continuous" if continuous else "discrete"
     values = dict(presets["defaults"][default_name])
     if env_id in presets.get("envs", {}):
         values.update(presets["envs"][env_id])
-        return values, env_id
+        return values, f"{env_id} from {preset_file}" if preset_file is not None else env_id
     return values, f"default ({default_name})"
 
 
@@ -217,11 +228,11 @@ def build_config(cls: type[C], values: dict[str, Any]) -> C:
 
 
 def resolve_config(
-    cls: type[C], algo: str, env_id: str, continuous: bool, overrides: dict[str, Any]
+    cls: type[C], algo: str, env_id: str, continuous: bool, overrides: dict[str, Any], preset_file: Path | None = None
 ) -> tuple[C, str]:
     """Preset, then overrides; returns the validated config and the preset's name."""
     if "env_id" in overrides:
         raise BadInput(f"--set env_id={overrides['env_id']} would replace the env given by --env ({env_id}); "
                        "choose the env with --env (or --envs in a bench) instead")  # fmt: skip
-    preset, preset_name = load_preset(algo, env_id, continuous)
+    preset, preset_name = load_preset(algo, env_id, continuous, preset_file)
     return build_config(cls, {**preset, "env_id": env_id, **overrides}), preset_name

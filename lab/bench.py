@@ -285,13 +285,26 @@ class Stop:
     """
 
     requested = False
-    children: set[subprocess.Popen[bytes]] = set()
+    children: dict[subprocess.Popen[bytes], Path] = {}  # each running trainer → its run directory
+    stopped: set[Path] = set()  # run directories stopped on their own (a pruned tuning trial's seeds)
 
     @classmethod
     def request(cls) -> None:
         cls.requested = True
         for process in list(cls.children):
             process.send_signal(signal.SIGINT)
+
+    @classmethod
+    def stop_runs(cls, run_dirs: set[Path]) -> None:
+        """Stop the trainers of these run directories only, with a checkpoint; none of them starts again."""
+        cls.stopped |= run_dirs
+        for process, run_dir in list(cls.children.items()):
+            if run_dir in run_dirs:
+                process.send_signal(signal.SIGINT)
+
+    @classmethod
+    def halted(cls, run_dir: Path) -> bool:
+        return cls.requested or run_dir in cls.stopped
 
 
 def _train(cell: Cell, run_dir: Path, resume: bool) -> tuple[str, str | None]:
@@ -303,14 +316,16 @@ def _train(cell: Cell, run_dir: Path, resume: bool) -> tuple[str, str | None]:
         log.flush()
         process = subprocess.Popen(cell.command(run_dir, resume), stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)  # fmt: skip
-        Stop.children.add(process)
+        Stop.children[process] = run_dir
+        if run_dir in Stop.stopped:  # stopped while this process was starting
+            process.send_signal(signal.SIGINT)
         try:
             returncode = process.wait()
         except KeyboardInterrupt:  # a cancelled Ray task: let the cell checkpoint before leaving
             process.send_signal(signal.SIGINT)
             returncode = process.wait()
         finally:
-            Stop.children.discard(process)
+            Stop.children.pop(process, None)
     try:
         summary = read_summary(run_dir)
     except BadInput as error:  # a summary cut short: the attempt failed, and is set aside like any other
@@ -339,7 +354,7 @@ def run_cell(cell: Cell, bench_dir: Path, retries: int = 1) -> Outcome:
     if run_dir.exists() and not resumed:
         _set_aside(run_dir)
     outcome = Outcome(cell, *_train(cell, run_dir, resumed), resumed=resumed)
-    while outcome.status == "failed" and outcome.attempts <= retries and not Stop.requested:
+    while outcome.status == "failed" and outcome.attempts <= retries and not Stop.halted(run_dir):
         _set_aside(run_dir)
         outcome = Outcome(cell, *_train(cell, run_dir, False), attempts=outcome.attempts + 1)
     return outcome

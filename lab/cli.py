@@ -1,4 +1,4 @@
-"""The ``testbed`` command line: ``train``, ``eval``, ``bench``, ``credit``, ``plot`` and ``report``.
+"""The ``testbed`` command line: ``train``, ``eval``, ``bench``, ``credit``, ``tune``, ``plot`` and ``report``.
 
 Bad input exits with status 2 and a one-paragraph message, before any work starts.
 """
@@ -88,7 +88,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         action_space = action_space_of(args.env)
         continuous = isinstance(action_space, gym.spaces.Box)
-        cfg, preset_name = resolve_config(algo.config, algo.preset or args.algo, args.env, continuous, overrides)
+        preset_file = Path(args.preset) if args.preset else None
+        cfg, preset_name = resolve_config(algo.config, algo.preset or args.algo, args.env, continuous, overrides,
+                                          preset_file)  # fmt: skip
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, cfg.seed)
     algo.validate(cfg)
     with runlog.prepare_run_dir(run_dir, args.resume):
@@ -219,6 +221,29 @@ def cmd_credit(args: argparse.Namespace) -> int:
                      prepare=lambda folder: credit.write_study(folder, study))
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from lab import tune
+
+    if args.workers < 1:
+        raise BadInput(f"--workers must be at least 1, got {args.workers}")
+    plan = tune.plan_tune(args.algo, args.env, args.trials, args.total_steps, args.seeds, args.space, args.set,
+                          args.name, args.storage, args.first_seed, args.pruner, args.startup_trials,
+                          args.sampler_seed)  # fmt: skip
+    print(f"tune {plan.name}: {args.algo} on {args.env}, {plan.trials} trials × seeds {', '.join(map(str, plan.seeds))}, "
+          f"{len(plan.space)} parameters, {args.backend} backend, {args.workers} trials at a time → "
+          f"{tune.TUNE_ROOT / plan.name}")  # fmt: skip
+    try:
+        tune_dir, counts = tune.run_study(plan, args.workers, args.backend, args.ray_address)
+    except KeyboardInterrupt:
+        print("interrupted: running trials saved checkpoints; rerun the same command to continue", file=sys.stderr)
+        return 130
+    done = ", ".join(f"{n} {state}" for state, n in counts.items()) or "nothing new: the study is full"
+    reports = (f"report: {tune_dir}/tune.md; preset: {tune_dir}/preset.yaml" if (tune_dir / "tune.md").exists()
+               else "no trial has completed, so there is no report yet")  # fmt: skip
+    print(f"this run: {done}; {reports}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from lab.plot import plot_runs
 
@@ -232,7 +257,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     bench_dir = Path(args.bench_dir)
     if not bench_dir.is_dir():
-        raise BadInput(f"{bench_dir} is not a folder; give a bench directory, runs/bench/NAME")
+        raise BadInput(f"{bench_dir} is not a folder; give a bench directory, runs/bench/NAME, or a study's, runs/tune/NAME")
+    if (bench_dir / "tune.yaml").exists():
+        from lab.tune_report import build_tune_report
+
+        written = build_tune_report(bench_dir)  # read-only on the study: a running driver may keep adding trials
+        print(f"wrote {written['markdown']}, {written['html']} and {written['preset']}")
+        return 0
     with runlog.DirLock(bench_dir):  # a running bench's driver holds it, and rebuilds the report when it ends
         written = build_reports(bench_dir)
     print(f"wrote {written['markdown']} and {written['html']}")
@@ -255,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keyword arguments of the env, e.g. horizon:300 (config key env_kwargs)")  # fmt: skip
     train.add_argument("--reward-delay", default=None, metavar="K|end",
                        help="release rewards every K steps or at the episode's end (config key reward_delay)")  # fmt: skip
+    train.add_argument("--preset", default=None, metavar="FILE",
+                       help="a presets file whose entry for --env replaces the packaged one (e.g. a tune's preset.yaml)")  # fmt: skip
     train.add_argument("--run-dir", default=None, help="output directory (default: runs/ALGO/ENV/seedN-TIME)")
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     train.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="network device (default cpu)")
@@ -306,14 +339,35 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--name", default=None, help="runs/bench/NAME (default: credit-TASK)")
     study.set_defaults(func=cmd_credit)
 
+    tuner = sub.add_parser("tune", help="tune an algo's hyperparameters on one env (Optuna: TPE + median pruner)",
+                           formatter_class=fmt)  # fmt: skip
+    tuner.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGOS)}")
+    tuner.add_argument("--env", required=True, help="any registered gymnasium id")
+    tuner.add_argument("--trials", type=int, default=50, help="trials in the study, all runs of it together")
+    tuner.add_argument("--total-steps", type=int, default=None, help="env steps per seed of a trial (default: the preset's)")
+    tuner.add_argument("--seeds", type=int, default=1, help="seeds per trial; its score is their mean final return")
+    tuner.add_argument("--first-seed", type=int, default=100, help="seeds FIRST … FIRST+K−1; bench's 0 … stay unseen")
+    tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: lab/spaces/ALGO.yaml)")
+    tuner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a config key in every trial")
+    tuner.add_argument("--workers", type=int, default=1, help="trials at a time, each running its seeds side by side")
+    tuner.add_argument("--backend", choices=["local", "ray"], default="local", help="where the trials execute")
+    tuner.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port)")
+    tuner.add_argument("--name", default=None, help="runs/tune/NAME and the study's name (default: ALGO-ENV)")
+    tuner.add_argument("--storage", default=None, metavar="URL",
+                       help="an Optuna database URL shared by several drivers (default: runs/tune/NAME/study.log)")  # fmt: skip
+    tuner.add_argument("--pruner", choices=["median", "none"], default="median", help="stop trials below the median")
+    tuner.add_argument("--startup-trials", type=int, default=5, help="trials before the pruner and TPE start")
+    tuner.add_argument("--sampler-seed", type=int, default=0, help="the TPE sampler's seed")
+    tuner.set_defaults(func=cmd_tune)
+
     plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=fmt)
     plot.add_argument("paths", nargs="+", help="run directories or folders holding them (benches)")
     plot.add_argument("--x", choices=["steps", "time"], default="steps", help="x-axis: env steps or wall-clock")
     plot.add_argument("--out", default=None, help="image file (PNG; an SVG is written beside it)")
     plot.set_defaults(func=cmd_plot)
 
-    report = sub.add_parser("report", help="rebuild a bench's report from disk", formatter_class=fmt)
-    report.add_argument("bench_dir", help="runs/bench/NAME")
+    report = sub.add_parser("report", help="rebuild a bench's or a study's report from disk", formatter_class=fmt)
+    report.add_argument("bench_dir", help="runs/bench/NAME or runs/tune/NAME")
     report.set_defaults(func=cmd_report)
     return parser
 

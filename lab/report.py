@@ -127,7 +127,13 @@ class Image:
     alt: str
 
 
-Block = Heading | Para | Bullets | Table | Image
+@dataclass
+class Code:
+    text: str
+    language: str = ""
+
+
+Block = Heading | Para | Bullets | Table | Image | Code
 
 
 def _md_cell(text: str) -> str:
@@ -150,6 +156,8 @@ def render_markdown(blocks: Sequence[Block]) -> str:
             out.append("\n".join(lines))
         elif isinstance(block, Image):
             out.append(f"![{block.alt}]({quote(block.path)})")
+        elif isinstance(block, Code):
+            out.append(f"```{block.language}\n{block.text.rstrip()}\n```")
     return "\n\n".join(out) + "\n"
 
 
@@ -190,6 +198,8 @@ def render_html(blocks: Sequence[Block], title: str, base_dir: Path) -> str:
         elif isinstance(block, Image):
             data = base64.b64encode((base_dir / block.path).read_bytes()).decode("ascii")
             out.append(f'<figure><img alt="{html.escape(block.alt)}" src="data:image/png;base64,{data}"></figure>')
+        elif isinstance(block, Code):
+            out.append(f"<pre><code>{html.escape(block.text.rstrip())}</code></pre>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 

@@ -1,0 +1,567 @@
+"""Hyperparameter studies: Optuna's TPE sampler and median pruner over ordinary training runs.
+
+``testbed tune --algo ALGO --env ENV_ID`` is RL Zoo's ``--optimize`` for this testbed. Each trial samples
+config values from a search space (YAML, ``lab/spaces/<algo>.yaml`` by default), trains its K seeds
+side by side as ordinary ``testbed train`` runs under ``runs/tune/NAME/trialNNNN/``, and scores the
+mean of their final evaluations. While they train, the mean over seeds of each evaluation is reported
+to the pruner, which stops a trial that falls below the median of earlier trials at the same step.
+
+The study lives in a storage that Optuna reads: by default a journal file, ``runs/tune/NAME/study.log``;
+with ``--storage URL`` any database Optuna accepts, so drivers on several machines can share one study.
+A study is idempotent: ``--trials N`` is the study's total, so a rerun adds only what is missing, and a
+trial that a killed driver left running resumes from its runs' checkpoints. Trials run on the same
+backends as ``bench`` (``lab.bench``): the local pool, or one Ray task per trial; a failed trial is
+recorded with its error and the study goes on.
+
+Trial 0 of every study is the preset itself (the values the space can express), so the report shows
+whether tuning beat it. Tuning seeds start at 100 by default: the seeds ``bench`` reports on (0 …) stay
+unseen by the search.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import yaml
+
+from agents import runlog
+from envs import action_space_of
+from envs.errors import BadInput
+from lab.bench import BENCH_NAME, Cell, Outcome, Stop, _import_ray, connect_ray, receive_cell, run_cell
+from lab.results import read_progress, read_summary
+
+if TYPE_CHECKING:
+    import optuna
+
+TUNE_ROOT = Path("runs") / "tune"
+SPACES = Path(__file__).with_name("spaces")
+STUDY_FILE = "study.log"
+TUNE_FILE = "tune.yaml"
+POLL_S = 1.0
+"""How often a running trial's evaluations are read and reported to the pruner."""
+FIRST_TUNING_SEED = 100
+
+
+# ── the search space ───────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Param:
+    """One config key's range: ``choices`` (categorical), or ``low``..``high`` (float, or int), maybe log."""
+
+    name: str
+    choices: tuple[Any, ...] | None = None
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    integer: bool = False
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.choices is not None:
+            # Optuna's choices are scalars: a list (hidden_sizes) travels as its YAML text.
+            encoded = [_encode(c) for c in self.choices]
+            return _decode(trial.suggest_categorical(self.name, encoded))
+        if self.integer:
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+
+    def contains(self, value: Any) -> bool:
+        if self.choices is not None:
+            return _encode(value) in [_encode(c) for c in self.choices]
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high
+
+    def ends(self) -> list[Any]:
+        """The values a config must accept for the whole range to be valid: every choice, or both ends."""
+        if self.choices is not None:
+            return list(self.choices)
+        return [int(self.low), int(self.high)] if self.integer else [self.low, self.high]
+
+
+def _encode(value: Any) -> Any:
+    return yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, (list, tuple, dict)) else value
+
+
+def _decode(value: Any) -> Any:
+    return yaml.safe_load(value) if isinstance(value, str) and value[:1] in "[{" else value
+
+
+def _as_tuple(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def parse_space(text: str, source: str) -> dict[str, Param]:
+    """A space file's text as params. Each key: a list of choices, or ``{low, high, log?, int?}``."""
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise BadInput(f"{source} is not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise BadInput(f"{source} must map config keys to a list of choices or {{low, high, log}}; it is empty or not a mapping")
+    space: dict[str, Param] = {}
+    for name, entry in raw.items():
+        where = f"{source}: {name}"
+        if isinstance(entry, list):
+            if not entry:
+                raise BadInput(f"{where} has no choices; list at least one value")
+            space[name] = Param(str(name), choices=tuple(entry))
+            continue
+        if not isinstance(entry, dict) or not {"low", "high"} <= set(entry) or set(entry) - {"low", "high", "log", "int"}:
+            raise BadInput(f"{where} must be a list of choices or a mapping with low and high (and optionally log, int); "
+                           f"got {entry!r}")  # fmt: skip
+        low, high, log, integer = entry["low"], entry["high"], bool(entry.get("log", False)), bool(entry.get("int", False))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+            raise BadInput(f"{where}: low and high must be finite numbers; got {low!r} and {high!r}")
+        if not low < high:
+            raise BadInput(f"{where}: the range is empty, low ({low}) must be below high ({high}); for one value, "
+                           f"fix it with --set {name}={low} instead")  # fmt: skip
+        if log and low <= 0:
+            raise BadInput(f"{where}: a log range needs low > 0; got {low}")
+        if integer and not (float(low).is_integer() and float(high).is_integer()):
+            raise BadInput(f"{where}: an int range needs whole low and high; got {low} and {high}")
+        space[name] = Param(str(name), low=float(low), high=float(high), log=log, integer=integer)
+    return space
+
+
+def default_space_file(algo: str) -> Path:
+    """``lab/spaces/<algo>.yaml``, else the space of the algo's presets file (``grpo-step`` → grpo)."""
+    from agents.registry import ALGOS
+
+    own = SPACES / f"{algo}.yaml"
+    return own if own.exists() else SPACES / f"{ALGOS[algo].preset or algo}.yaml"
+
+
+# ── a study's plan: everything is checked before the first trial starts ─────────────────────────────
+
+
+@dataclass(frozen=True)
+class TunePlan:
+    name: str
+    algo: str
+    env_id: str
+    trials: int
+    total_steps: int | None  # None: the preset's budget
+    seeds: tuple[int, ...]
+    space: dict[str, Param]
+    space_text: str
+    sets: tuple[str, ...]
+    storage: str | None  # None: the journal file in the study's folder
+    pruner: str
+    startup_trials: int
+    sampler_seed: int
+
+    def definition(self) -> dict[str, Any]:
+        """What makes two runs of ``tune`` the same study: a rerun with another definition is refused."""
+        return {"algo": self.algo, "env_id": self.env_id, "total_steps": self.total_steps, "seeds": list(self.seeds),
+                "sets": list(self.sets), "space": yaml.safe_load(self.space_text)}  # fmt: skip
+
+    def cells(self, number: int, overrides: list[str]) -> list[Cell]:
+        pairs = (*self.sets, *overrides)
+        return [Cell(self.algo, self.env_id, seed, self.total_steps, pairs) for seed in self.seeds]
+
+    def config(self, values: dict[str, Any]) -> Any:
+        """The validated config a trial with these sampled values trains; BadInput if the algo refuses it."""
+        from agents.config import parse_overrides, resolve_config
+        from agents.registry import ALGOS
+
+        spec = ALGOS[self.algo]
+        fixed: dict[str, Any] = {**parse_overrides(list(self.sets)), **values, "seed": self.seeds[0]}
+        if self.total_steps is not None:
+            fixed["total_steps"] = self.total_steps
+        continuous = isinstance(action_space_of(self.env_id), gym.spaces.Box)
+        cfg, _ = resolve_config(spec.config, spec.preset or self.algo, self.env_id, continuous, {**spec.fixed, **fixed})
+        return cfg
+
+
+def plan_tune(
+    algo: str,
+    env_id: str,
+    trials: int,
+    total_steps: int | None,
+    seeds: int,
+    space_file: str | None,
+    sets: list[str],
+    name: str | None,
+    storage: str | None = None,
+    first_seed: int = FIRST_TUNING_SEED,
+    pruner: str = "median",
+    startup_trials: int = 5,
+    sampler_seed: int = 0,
+) -> TunePlan:
+    """Resolve and check a study's settings: the algo, env, space, budget, seeds and the preset they vary."""
+    import dataclasses
+
+    from agents.config import SEED_LIMIT
+    from agents.registry import ALGOS
+
+    if algo not in ALGOS:
+        raise BadInput(f"unknown algo {algo!r}; choose one of {', '.join(ALGOS)}")
+    name = name or f"{algo}-{env_id.replace('/', '_')}"
+    if not BENCH_NAME.fullmatch(name):
+        raise BadInput(f"--name {name!r} is not a study name: give one folder name (it becomes runs/tune/NAME) made "
+                       "of letters, digits, '.', '_' and '-', not starting with '.'")  # fmt: skip
+    if trials < 1:
+        raise BadInput(f"--trials must be at least 1, got {trials}")
+    if seeds < 1:
+        raise BadInput(f"--seeds must be at least 1, got {seeds}")
+    if not (0 <= first_seed and first_seed + seeds - 1 < SEED_LIMIT):
+        raise BadInput(f"--first-seed must leave every seed in [0, 2**32 - 1], got {first_seed}")
+    if total_steps is not None and total_steps < 1:
+        raise BadInput(f"--total-steps must be positive, got {total_steps}")
+    if pruner not in ("median", "none"):
+        raise BadInput(f"unknown --pruner {pruner!r}; choose median or none")
+    if startup_trials < 0:
+        raise BadInput(f"--startup-trials must be >= 0, got {startup_trials}")
+    action_space_of(env_id)  # BadInput for an id gymnasium does not know
+    path = Path(space_file) if space_file else default_space_file(algo)
+    if not path.is_file():
+        raise BadInput(f"--space {path}: no such file; give a YAML search space (see lab/spaces/{algo}.yaml)")
+    text = path.read_text()
+    space = parse_space(text, path.name)
+    fields = [f.name for f in dataclasses.fields(ALGOS[algo].config)]
+    unknown = sorted(set(space) - set(fields))
+    if unknown:
+        raise BadInput(f"{path.name}: {', '.join(unknown)} {'is not a config key' if len(unknown) == 1 else 'are not config keys'} "
+                       f"of {algo}; valid keys: {', '.join(fields)}")  # fmt: skip
+    fixed = sorted(set(space) & set(ALGOS[algo].fixed))
+    if fixed and space_file is None:  # a variant's default space: its parent's, less what the variant fixes
+        text = yaml.safe_dump({k: v for k, v in yaml.safe_load(text).items() if k not in fixed}, sort_keys=False)
+        space = parse_space(text, path.name)
+    elif fixed:
+        raise BadInput(f"{path.name}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} "
+                       "from the space, or tune the algo it varies")  # fmt: skip
+    swept = sorted(set(space) & {pair.partition("=")[0] for pair in sets})
+    if swept:
+        raise BadInput(f"--set {', '.join(swept)} fixes what the space tunes; drop one of the two")
+    plan = TunePlan(name, algo, env_id, trials, total_steps, tuple(range(first_seed, first_seed + seeds)), space, text,
+                    tuple(sets), storage, pruner, startup_trials, sampler_seed)  # fmt: skip
+    base = plan.config({})  # the preset with --set: BadInput for a bad key or value
+    ALGOS[algo].validate(base)
+    for param in space.values():
+        for value in param.ends():
+            try:
+                plan.config({param.name: value})
+            except BadInput as error:
+                raise BadInput(f"{path.name}: {param.name} includes {value!r}, which {algo} refuses ({error}); narrow "
+                               "the range")  # fmt: skip
+    return plan
+
+
+# ── the study ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def storage_for(url: str | None, tune_dir: Path) -> Any:
+    """The study's storage: the journal file in ``tune_dir``, or the database at ``url``; BadInput if unreachable."""
+    import optuna
+
+    if url is None:
+        backend = optuna.storages.journal.JournalFileBackend(str((tune_dir / STUDY_FILE).resolve()))
+        return optuna.storages.JournalStorage(backend)
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+    except Exception as error:  # noqa: BLE001  SQLAlchemy and drivers raise many kinds; all mean "unreachable"
+        raise BadInput(f"cannot open the study storage {url!r} ({type(error).__name__}: "
+                       f"{str(error).splitlines()[0] if str(error) else 'no detail'}). Give a database URL Optuna "
+                       "accepts, e.g. sqlite:///tune.db or postgresql://user@host/db, or leave --storage out for a "
+                       "local file.") from None  # fmt: skip
+
+
+def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
+    """Create or load the study NAME in its storage, with its sampler and pruner."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=plan.sampler_seed, n_startup_trials=max(plan.startup_trials, 1))
+    warmup = (plan.config({}).total_steps) // 3  # RL Zoo: no pruning in the first third of the budget
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=plan.startup_trials, n_warmup_steps=warmup)
+              if plan.pruner == "median" else optuna.pruners.NopPruner())  # fmt: skip
+    return optuna.create_study(storage=storage_for(plan.storage, tune_dir), study_name=plan.name, direction="maximize",
+                               sampler=sampler, pruner=pruner, load_if_exists=True)  # fmt: skip
+
+
+def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:
+    path = tune_dir / TUNE_FILE
+    if path.exists():
+        saved = yaml.safe_load(path.read_text()) or {}
+        if {k: saved.get(k) for k in plan.definition()} != plan.definition():
+            differ = sorted(k for k, v in plan.definition().items() if saved.get(k) != v)
+            raise BadInput(f"{tune_dir} holds a study with other {', '.join(differ)}; use another --name for "
+                           "different settings")  # fmt: skip
+
+
+def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> None:
+    import sys
+
+    path = tune_dir / TUNE_FILE
+    saved = yaml.safe_load(path.read_text()) if path.exists() else {}
+    merged = {"name": plan.name, **plan.definition(), "trials": plan.trials, "storage": plan.storage,
+              "pruner": plan.pruner, "startup_trials": plan.startup_trials, "sampler_seed": plan.sampler_seed,
+              "commands": [*saved.get("commands", []), " ".join(["testbed", *sys.argv[1:]])]}  # fmt: skip
+    tune_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(merged, sort_keys=False))
+
+
+def enqueue_preset(study: optuna.Study, plan: TunePlan) -> None:
+    """Trial 0 of a new study: the preset's own values, for every parameter whose range holds them."""
+    if study.trials:
+        return
+    base = runlog.config_to_dict(plan.config({}))
+    params = {name: _encode(_as_tuple(base[name])) for name, p in plan.space.items() if p.contains(_as_tuple(base[name]))}
+    study.enqueue_trial(params, user_attrs={"preset": True})
+
+
+def trial_dir(tune_dir: Path, number: int) -> Path:
+    return tune_dir / f"trial{number:04d}"
+
+
+def overrides_of(values: dict[str, Any]) -> list[str]:
+    """``key=value`` pairs for ``testbed train --set``, values in YAML's flow style."""
+    return [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+            for k, v in values.items()]  # fmt: skip
+
+
+def new_trial(study: optuna.Study, plan: TunePlan, driver: str) -> optuna.Trial | None:
+    """Ask for a trial and sample its values; a sample the algo refuses is told as failed (no env step spent)."""
+    import optuna
+
+    trial = study.ask()
+    values = {name: param.suggest(trial) for name, param in plan.space.items()}
+    trial.set_user_attr("driver", driver)
+    trial.set_user_attr("overrides", overrides_of(values))
+    try:
+        plan.config(values)
+    except BadInput as error:
+        trial.set_user_attr("error", f"config refused: {error}")
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return None
+    return trial
+
+
+# ── one trial: its seeds side by side, their evaluations reported as they come ─────────────────────
+
+
+Reporter = Callable[[int, float], bool]
+"""``report(step, value) → prune?``: hands the pruner the mean evaluation over seeds at ``step``."""
+
+
+def mean_curve(run_dirs: list[Path]) -> dict[int, float]:
+    """The mean over runs of each evaluation that every run has reached so far (step → mean return)."""
+    curves = []
+    for run_dir in run_dirs:
+        steps, _, returns, _, _ = read_progress(run_dir / "progress.csv")
+        curves.append(dict(zip(steps.tolist(), returns.tolist())))
+    common = set.intersection(*(set(c) for c in curves)) if curves else set()
+    return {int(s): float(np.mean([c[s] for c in curves])) for s in sorted(common)}
+
+
+def run_trial(cells: list[Cell], bench_dir: Path, report: Reporter, retries: int = 1) -> tuple[list[Outcome], bool]:
+    """Train the trial's seeds side by side; stop them all when the pruner says so. (outcomes, pruned)."""
+    run_dirs = [cell.run_dir(bench_dir) for cell in cells]
+    reported: set[int] = set()
+    pruned = False
+
+    def report_new() -> bool:
+        for step, value in mean_curve(run_dirs).items():
+            if step not in reported:
+                reported.add(step)
+                if report(step, value):
+                    return True
+        return False
+
+    with ThreadPoolExecutor(max_workers=len(cells)) as pool:
+        futures = [pool.submit(run_cell, cell, bench_dir, retries) for cell in cells]
+        while not all(f.done() for f in futures):
+            wait(futures, timeout=POLL_S)
+            if not pruned and report_new():
+                pruned = True
+                Stop.stop_runs(set(run_dirs))
+        outcomes = [f.result() for f in futures]
+    if not pruned and all(o.status == "completed" for o in outcomes):
+        report_new()  # the last evaluations, written as the runs ended: later trials are pruned against them
+    return outcomes, pruned
+
+
+def reporter_for(study: optuna.Study, trial_id: int) -> Reporter:
+    import optuna
+
+    trial = optuna.trial.Trial(study, trial_id)
+    # A resumed trial reported some steps before its driver was killed; Optuna takes each step once.
+    done = set(study._storage.get_trial(trial_id).intermediate_values)
+
+    def report(step: int, value: float) -> bool:
+        if step not in done:
+            trial.report(value, step)
+            done.add(step)
+        return trial.should_prune()
+
+    return report
+
+
+class RayReporter:
+    """A Ray actor on the driver's node: the trials' tasks report through it to the study's storage."""
+
+    def __init__(self, plan: TunePlan, tune_dir: str) -> None:
+        self.study = open_study(plan, Path(tune_dir))
+
+    def report(self, trial_id: int, step: int, value: float) -> bool:
+        return reporter_for(self.study, trial_id)(step, value)
+
+
+def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any, trial_id: int) -> Any:
+    """A Ray task: the trial's seeds in a scratch folder; returns (outcomes, pruned, each run's files)."""
+    import tempfile
+
+    from lab.bench import _pack, _unpack
+
+    ray = _import_ray()
+    with tempfile.TemporaryDirectory() as scratch:
+        for cell, packed in zip(cells, files):
+            cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
+            if packed is not None:
+                _unpack(packed, cell.run_dir(Path(scratch)).parent)
+        outcomes, pruned = run_trial(cells, Path(scratch), lambda s, v: ray.get(reporter.report.remote(trial_id, s, v)))
+        return outcomes, pruned, [_pack(cell.run_dir(Path(scratch))) for cell in cells]
+
+
+def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool,
+           bench_dir: Path) -> tuple[str, float | None]:  # fmt: skip
+    """Tell the study how the trial ended: (state, score). An interrupted trial stays running, to resume."""
+    import optuna
+
+    states = optuna.trial.TrialState
+    failed = [o for o in outcomes if o.status == "failed"]
+    finals = [(read_summary(o.cell.run_dir(bench_dir)) or {}).get("final_eval_return_mean") for o in outcomes]
+    if pruned:
+        study.tell(trial.number, state=states.PRUNED)
+        return "pruned", None
+    if not failed and any(o.status != "completed" for o in outcomes):
+        return "interrupted", None
+    if not failed and any(v is None or not math.isfinite(float(v)) for v in finals):
+        error = "a seed completed without a finite final evaluation"
+    elif failed:
+        error = f"seed {failed[0].cell.seed}: {failed[0].error}"
+    else:
+        score = float(np.mean([float(v) for v in finals]))
+        study.tell(trial.number, score)
+        return "completed", score
+    optuna.trial.Trial(study, trial._trial_id).set_user_attr("error", error)
+    study.tell(trial.number, state=states.FAIL)
+    return "failed", None
+
+
+# ── the driver ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def _started(study: optuna.Study) -> int:
+    import optuna
+
+    return sum(t.state != optuna.trial.TrialState.WAITING for t in study.get_trials(deepcopy=False))
+
+
+def _resumable(study: optuna.Study, driver: str) -> list[Any]:
+    """Trials this driver's folder left running (its process was killed): they continue from checkpoints."""
+    import optuna
+
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs.get("driver") == driver]  # fmt: skip
+
+
+def run_study(
+    plan: TunePlan, workers: int, backend: str, ray_address: str | None, root: Path = TUNE_ROOT
+) -> tuple[Path, dict[str, int]]:
+    """Run the study until it holds ``plan.trials`` trials; write its report. (tune dir, counts by state)."""
+    from lab.tune_report import build_tune_report
+
+    tune_dir = root / plan.name
+    if workers < 1:
+        raise BadInput(f"--workers must be at least 1, got {workers}")
+    if backend == "ray":
+        connect_ray(ray_address, workers * len(plan.seeds))
+    elif backend != "local":
+        raise BadInput(f"unknown --backend {backend!r}; choose local or ray")
+    driver = f"{socket.gethostname()}:{tune_dir.resolve()}"
+    counts: dict[str, int] = {}
+    with runlog.DirLock(tune_dir):
+        check_tune_dir(tune_dir, plan)
+        study = open_study(plan, tune_dir)
+        write_tune_yaml(tune_dir, plan)
+        enqueue_preset(study, plan)
+        interrupted = _drive(study, plan, tune_dir, driver, workers, backend, counts)
+        if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)):
+            build_tune_report(tune_dir)
+    if interrupted:
+        raise KeyboardInterrupt
+    return tune_dir, counts
+
+
+def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, workers: int, backend: str,
+           counts: dict[str, int]) -> bool:  # fmt: skip
+    """Start trials until the study is full, ``workers`` at a time; True if stopped by Ctrl-C or SIGTERM."""
+    import signal
+
+    resumable = _resumable(study, driver)
+    ray_reporter = None
+    if backend == "ray":
+        ray = _import_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        ray_reporter = ray.remote(num_cpus=0, scheduling_strategy=here)(RayReporter).remote(plan, str(tune_dir))
+        remote = ray.remote(num_cpus=len(plan.seeds))(run_trial_remote)
+
+    def execute(trial: Any) -> tuple[list[Outcome], bool]:
+        bench_dir = trial_dir(tune_dir, trial.number)
+        cells = plan.cells(trial.number, list(trial.user_attrs["overrides"]))
+        if backend == "local":
+            return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id))
+        from lab.bench import _pack
+
+        for cell in cells:
+            cell.run_dir(bench_dir).parent.mkdir(parents=True, exist_ok=True)
+        outcomes, pruned, files = ray.get(remote.remote(cells, [_pack(c.run_dir(bench_dir)) for c in cells],
+                                                        ray_reporter, trial._trial_id))  # fmt: skip
+        return [receive_cell(o, f, bench_dir) for o, f in zip(outcomes, files)], pruned
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    Stop.requested = False
+    pending: dict[Future[tuple[list[Outcome], bool]], Any] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            try:
+                while True:
+                    while len(pending) < workers and (resumable or _started(study) < plan.trials):
+                        trial = resumable.pop(0) if resumable else new_trial(study, plan, driver)
+                        if trial is None:
+                            counts["failed"] = counts.get("failed", 0) + 1
+                            continue
+                        print(f"trial {trial.number}: {' '.join(trial.user_attrs['overrides']) or 'the preset'}", flush=True)
+                        pending[pool.submit(execute, trial)] = trial
+                    if not pending:
+                        return False
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        trial = pending.pop(future)
+                        state, score = settle(study, trial, *future.result(), trial_dir(tune_dir, trial.number))
+                        counts[state] = counts.get(state, 0) + 1
+                        print(f"trial {trial.number}: {state}" + (f", score {score:.2f}" if score is not None else ""),
+                              flush=True)  # fmt: skip
+            except KeyboardInterrupt:
+                Stop.request()  # every running trial's seeds checkpoint and exit; their trials stay running
+                for future in pending:
+                    future.result()
+                return True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        Stop.stopped.clear()

@@ -1,0 +1,190 @@
+"""A study's report, rebuilt from its storage and trial folders: tune.md, tune.html, preset.yaml, plots/.
+
+It holds the best trial and its values, the whole trial history (with the env steps each trial spent,
+so two studies' budgets can be compared), Optuna's parameter importances, the optimization history,
+slice and parallel-coordinate plots, and a preset block ready to paste under ``envs:`` in
+``agents/presets/<algo>.yaml``. ``preset.yaml`` holds the same block: ``testbed train --preset`` takes it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agents.config import PRESET_DIR
+from envs.errors import BadInput
+from lab.report import Block, Bullets, Code, Heading, Image, Para, Table, fmt_steps, render_html, render_markdown
+from lab.results import read_progress, read_summary
+from lab.tune import TUNE_FILE, storage_for, trial_dir
+
+
+def load_study(tune_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The study of ``tune_dir`` (from its tune.yaml's storage) and tune.yaml's contents."""
+    import optuna
+
+    path = tune_dir / TUNE_FILE
+    if not path.is_file():
+        raise BadInput(f"{tune_dir} holds no {TUNE_FILE}: give a study folder, runs/tune/NAME")
+    saved = yaml.safe_load(path.read_text()) or {}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=saved["name"], storage=storage_for(saved.get("storage"), tune_dir)), saved
+
+
+def trial_cost(tune_dir: Path, number: int) -> tuple[int, float]:
+    """(env steps, wall-clock s) a trial spent: steps summed over its seeds; time of its slowest seed."""
+    steps, seconds = 0, 0.0
+    folder = trial_dir(tune_dir, number)
+    for progress in sorted(folder.rglob("progress.csv")) if folder.exists() else []:
+        if any(part.startswith(".") for part in progress.relative_to(folder).parts):
+            continue  # a failed attempt set aside: its steps still count (below)
+        summary = read_summary(progress.parent) or {}
+        _, _, _, last_step, last_time = read_progress(progress)
+        steps += int(summary.get("total_steps") or last_step)
+        seconds = max(seconds, float(summary.get("wall_time_s") or last_time))
+    for progress in sorted(folder.glob("**/.*/progress.csv")) if folder.exists() else []:
+        steps += read_progress(progress)[3]
+    return steps, seconds
+
+
+def _params_text(trial: Any) -> str:
+    return " ".join(trial.user_attrs.get("overrides", [])) or "—"
+
+
+def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int) -> str:
+    """The env's preset entry with the best trial's values: YAML for ``agents/presets/<algo>.yaml``."""
+    from agents.config import parse_overrides
+    from agents.registry import ALGOS
+
+    algo, env_id = saved["algo"], saved["env_id"]
+    preset_name = ALGOS[algo].preset or algo
+    packaged = (yaml.safe_load((PRESET_DIR / f"{preset_name}.yaml").read_text()).get("envs") or {}).get(env_id) or {}
+    fixed = {k: yaml.safe_load(v) for k, v in parse_overrides(saved.get("sets") or []).items()}
+    tuned = {k: yaml.safe_load(v) for k, v in parse_overrides(best.user_attrs.get("overrides", [])).items()}
+    entry = {**packaged, **fixed, **tuned}
+    if saved.get("total_steps") is not None and "total_steps" not in entry:
+        entry["total_steps"] = saved["total_steps"]
+    seeds = ", ".join(map(str, saved["seeds"]))
+    lines = [
+        f"# testbed tune {saved['name']}: trial {best.number} of {len(study.trials)}, mean final return "
+        f"{best.value:.2f} over seeds {seeds}; the study spent {spent:,} env steps.",
+        f"# Paste the entry under `envs:` in agents/presets/{preset_name}.yaml, or train with --preset on this file.",
+        "envs:",
+        f"  {env_id}:",
+    ]
+    for key, value in entry.items():
+        text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+        source = "tuned" if key in tuned else "--set in the study" if key in fixed else "kept from the preset"
+        if key == "total_steps" and saved.get("total_steps") not in (None, value):
+            source += f"; the study trained {saved['total_steps']:,} per seed"
+        lines.append(f"    {key}: {text}  # {source}")
+    return "\n".join(lines) + "\n"
+
+
+def _save(ax: Any, out: Path) -> Path:
+    """Save the figure of an Optuna matplotlib plot (an Axes, or an array of them) and close it."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure = np.ravel(ax)[0].figure
+    figure.set_size_inches(max(figure.get_size_inches()[0], 8), max(figure.get_size_inches()[1], 4.5))
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def build_tune_report(tune_dir: Path) -> dict[str, Path]:
+    """Write tune.md, tune.html, preset.yaml and plots/ for the study in ``tune_dir``; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import optuna
+    from optuna.visualization import matplotlib as optuna_plots
+
+    study, saved = load_study(tune_dir)
+    trials = study.get_trials(deepcopy=False)
+    states = optuna.trial.TrialState
+    complete = [t for t in trials if t.state == states.COMPLETE]
+    if not complete:
+        raise BadInput(f"{tune_dir}: no trial has completed yet; nothing to report")
+    best = study.best_trial
+    costs = {t.number: trial_cost(tune_dir, t.number) for t in trials}
+    spent = sum(steps for steps, _ in costs.values())
+    written = {"markdown": tune_dir / "tune.md", "html": tune_dir / "tune.html", "preset": tune_dir / "preset.yaml"}
+
+    by_state = {s.name.lower(): sum(t.state == s for t in trials) for s in states if any(t.state == s for t in trials)}
+    budget = fmt_steps(saved["total_steps"]) if saved.get("total_steps") else "the preset's"
+    facts = [
+        f"Algo: {saved['algo']}; env: {saved['env_id']}",
+        f"Trials: {len(trials)} of {saved.get('trials')} ({', '.join(f'{n} {s}' for s, n in by_state.items())})",
+        f"Budget per seed: {budget} env steps; seeds per trial: {', '.join(map(str, saved['seeds']))} (a trial's "
+        "score is the mean of their final evaluations)",
+        f"Env steps spent by the whole study, pruned and failed trials included: {spent:,}",
+        f"Sampler: TPE (seed {saved.get('sampler_seed')}); pruner: {saved.get('pruner')} (after "
+        f"{saved.get('startup_trials')} trials, from a third of the budget on)",
+        f"Fixed with --set: {', '.join(saved.get('sets') or []) or 'nothing'}",
+        "Trial 0 is the preset: the values of the preset that the space can express.",
+    ]
+    baseline = next((t for t in trials if t.user_attrs.get("preset")), None)
+    best_rows = [[k.partition("=")[0], k.partition("=")[2]] for k in best.user_attrs.get("overrides", [])]
+    blocks: list[Block] = [
+        Heading(1, f"Tuning report: {saved['name']}"),
+        Heading(2, "What was run"),
+        Bullets(facts),
+        Heading(2, "Best trial"),
+        Para(f"Trial {best.number}: mean final return {best.value:.2f}"
+             + (f", against {baseline.value:.2f} for the preset (trial {baseline.number})."
+                if baseline is not None and baseline.value is not None else ".")),  # fmt: skip
+        Table(["parameter", "value"], best_rows),
+        Heading(2, "Preset block"),
+        Para(f"Also in `preset.yaml`: `testbed train --algo {saved['algo']} --env {saved['env_id']} --preset "
+             f"{tune_dir.as_posix()}/preset.yaml` trains with it. Validate it on seeds the study never used "
+             "(`testbed bench` runs seeds 0 …) before you commit it."),  # fmt: skip
+        Code(preset_block(study, saved, best, spent), "yaml"),
+    ]
+    written["preset"].write_text(preset_block(study, saved, best, spent))
+
+    blocks.append(Heading(2, "Parameter importances"))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "importances will be equal" when trials tie
+            importances = optuna.importance.get_param_importances(study)
+        blocks.append(Para("Optuna's default evaluator over the completed trials: the share of the score's variation "
+                           "that each parameter explains."))  # fmt: skip
+        blocks.append(Table(["parameter", "importance"], [[k, f"{v:.3f}"] for k, v in importances.items()]))
+    except (RuntimeError, ValueError) as error:
+        blocks.append(Para(f"Not computed: {error}"))
+
+    rows = []
+    for t in trials:
+        steps, seconds = costs[t.number]
+        last = max(t.intermediate_values, default=None)
+        pruned = t.state == states.PRUNED and last is not None
+        rows.append([str(t.number), t.state.name.lower(), f"{t.value:.2f}" if t.state == states.COMPLETE else "—",
+                     f"{last:,} (return {t.intermediate_values[last]:.2f})" if pruned else "—",
+                     f"{steps:,}", f"{seconds:.0f} s", _params_text(t), t.user_attrs.get("error", "")])  # fmt: skip
+    blocks.append(Heading(2, "Trial history"))
+    blocks.append(Para("Score: the mean final return over the trial's seeds. A pruned trial stopped at the step shown, "
+                       "where its mean evaluation fell below the median of earlier trials at that step."))  # fmt: skip
+    blocks.append(Table(["trial", "state", "score", "pruned at step", "env steps", "wall-clock", "values", "error"], rows))
+
+    plots = tune_dir / "plots"
+    images = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+        images.append(("history", _save(optuna_plots.plot_optimization_history(study), plots / "history.png")))
+        if study.best_trial.params and len(complete) >= 2:
+            images.append(("slice", _save(optuna_plots.plot_slice(study), plots / "slice.png")))
+            images.append(("parallel coordinates",
+                           _save(optuna_plots.plot_parallel_coordinate(study), plots / "parallel.png")))  # fmt: skip
+    blocks.append(Heading(2, "Plots"))
+    for title, path in images:
+        written[path.relative_to(tune_dir).as_posix()] = path
+        blocks.append(Image(path.relative_to(tune_dir).as_posix(), f"{title} of the completed trials"))
+    written["markdown"].write_text(render_markdown(blocks))
+    written["html"].write_text(render_html(blocks, f"Tuning report: {saved['name']}", tune_dir))
+    return written
