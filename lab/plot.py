@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import matplotlib
 import numpy as np
@@ -188,6 +188,7 @@ def plot_intervals(
         ax.vlines(point, y - 0.3, y + 0.3, color="black", linewidth=2)
     for value in references:
         ax.axvline(value, color="gray", linestyle="--", linewidth=1)
+    _fit_x(ax, [v for _, point, low, high in rows for v in (point, low, high)] + list(references))
     ax.set_yticks(range(len(rows)), [label for label, *_ in reversed(rows)])
     ax.set_xlabel(xlabel)
     ax.grid(axis="x", alpha=0.3)
@@ -195,4 +196,68 @@ def plot_intervals(
         ax.spines[edge].set_visible(False)
     if title:
         ax.set_title(title)
+    return save_figure(fig, out)
+
+
+def _fit_x(ax: Axes, values: Sequence[float]) -> None:
+    """x-limits that hold every value with a margin, so that no bar or reference line touches the edge."""
+    low, high = min(values), max(values)
+    pad = 0.08 * (high - low) if high > low else 0.5
+    ax.set_xlim(low - pad, high + pad)
+
+
+def plot_aggregates(
+    aggregates: dict[str, dict[str, Any]], metric_names: Sequence[str], out: Path,
+    colors: dict[str, tuple[float, ...]] | None = None,
+) -> list[Path]:  # fmt: skip
+    """rliable's interval-estimate figure: one panel per metric, one bar (CI) per algo, a tick at the point."""
+    algos = list(aggregates)
+    colors = colors or algo_colors(algos)
+    fig, axes = new_figure(len(metric_names), panel_size=(3.6, 0.5 * len(algos) + 1.2))
+    for ax, name in zip(axes, metric_names, strict=True):
+        for i, algo in enumerate(algos):
+            y, interval = len(algos) - 1 - i, aggregates[algo][name]
+            ax.barh(y, max(interval.high - interval.low, 0.0), left=interval.low, height=0.6,
+                    color=colors.get(algo, "tab:gray"), alpha=0.75)  # fmt: skip
+            ax.vlines(interval.point, y - 0.3, y + 0.3, color="black", linewidth=2)
+        _fit_x(ax, [v for algo in algos for v in (aggregates[algo][name].low, aggregates[algo][name].high)])
+        ax.set_yticks(range(len(algos)), list(reversed(algos)) if ax is axes[0] else [])
+        ax.set_title(name)
+        ax.set_xlabel("normalized score")
+        ax.grid(axis="x", alpha=0.3)
+    return save_figure(fig, out)
+
+
+def plot_profiles(
+    taus: np.ndarray, profiles: dict[str, np.ndarray], cis: dict[str, np.ndarray], out: Path,
+    colors: dict[str, tuple[float, ...]] | None = None,
+) -> list[Path]:  # fmt: skip
+    """Performance profiles: the fraction of runs above each normalized score τ, with a CI band."""
+    colors = colors or algo_colors(list(profiles))
+    fig, (ax,) = new_figure(1, panel_size=(6.0, 3.8))
+    for algo, profile in profiles.items():
+        ax.plot(taus, profile, color=colors.get(algo), label=algo)
+        ax.fill_between(taus, cis[algo][0], cis[algo][1], color=colors.get(algo), alpha=0.2, linewidth=0)
+    ax.set_xlabel("normalized score τ")
+    ax.set_ylabel("fraction of runs with score > τ")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save_figure(fig, out)
+
+
+def plot_sample_efficiency(
+    steps: np.ndarray, points: dict[str, np.ndarray], cis: dict[str, np.ndarray], out: Path,
+    colors: dict[str, tuple[float, ...]] | None = None,
+) -> list[Path]:  # fmt: skip
+    """IQM normalized evaluation return against env steps, one line per algo, with a CI band."""
+    colors = colors or algo_colors(list(points))
+    fig, (ax,) = new_figure(1, panel_size=(6.0, 3.8))
+    for algo, curve in points.items():
+        ax.plot(steps, curve, color=colors.get(algo), label=algo)
+        ax.fill_between(steps, cis[algo][0], cis[algo][1], color=colors.get(algo), alpha=0.2, linewidth=0)
+    ax.set_xlabel(X_LABELS["steps"])
+    ax.set_ylabel("IQM normalized score")
+    ax.grid(alpha=0.3)
+    ax.legend()
     return save_figure(fig, out)

@@ -31,7 +31,7 @@ import numpy as np
 import yaml
 
 from envs.errors import BadInput
-from lab.plot import X_LABELS, algo_colors, plot_env_runs, plot_intervals
+from lab.plot import X_LABELS, algo_colors, plot_aggregates, plot_env_runs, plot_profiles, plot_sample_efficiency
 from lab.results import Run, base_env_id, bootstrap_ci, find_runs, iqm, natural_key
 
 REFERENCE_SCORES = Path(__file__).with_name("reference_scores.yaml")
@@ -304,15 +304,66 @@ def reference_for(run: Run, refs: dict[str, Reference]) -> Reference | None:
     return None if run.config.get("env_kwargs") else refs.get(base_env_id(run.env_id))
 
 
-def normalized_scores(runs: Sequence[Run], refs: dict[str, Reference]) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Normalized final scores of completed runs per algo (one per env × seed), and the envs left out."""
-    scores: dict[str, list[float]] = {}
-    for run in runs:
+def across_envs(
+    runs: Sequence[Run], refs: dict[str, Reference], plots_dir: Path, colors: dict[str, tuple[float, ...]]
+) -> tuple[list[Block], list[tuple[list[Path], str]]]:
+    """The report's section on normalized scores across envs (``lab.stats``), and its plots with their captions."""
+    from lab import stats
+
+    def normalize(run: Run, score: float) -> float | None:
         ref = reference_for(run, refs)
-        if ref is not None and run.status == "completed" and run.final_return is not None:
-            scores.setdefault(run.algo, []).append(ref.normalize(run.final_return))
-    missing = sorted({r.env_id for r in runs if reference_for(r, refs) is None})
-    return {algo: np.array(values) for algo, values in sorted(scores.items())}, missing
+        return None if ref is None else ref.normalize(score)
+
+    blocks: list[Block] = [Heading(2, "Normalized scores across envs"), Para(
+        "Normalized score = (score − random) / (target − random), per completed run, with the reference scores "
+        "of `lab/reference_scores.yaml` (0 = uniformly random actions, 1 = target). Statistics follow rliable "
+        f"(Agarwal et al. 2021): 95% stratified bootstrap CIs ({stats.REPS} resamples, runs resampled within each "
+        "env, fixed resampling seed) of the IQM over every (env, seed) run, of the median and mean over envs of "
+        "each env's mean score, and of the optimality gap, 1 − mean(min(score, 1)): lower is better."
+    )]  # fmt: skip
+    plots: list[tuple[list[Path], str]] = []
+    matrices = stats.score_matrices(runs, normalize)
+    missing = sorted({r.env_id for r in runs if reference_for(r, refs) is None}, key=natural_key)
+    if not matrices.scores:
+        blocks.append(Para("No env where every algo has a completed run with reference scores yet: nothing to aggregate."))
+    else:
+        runs_per_env = {algo: m.shape[0] for algo, m in matrices.scores.items()}
+        blocks.append(Para(f"Envs: {', '.join(matrices.envs)}. Runs per env: "
+                           + ", ".join(f"{a} {n}" for a, n in runs_per_env.items()) + "."
+                           + "".join(f" {a}: {n} runs beyond the smallest seed count of its envs left out."
+                                     for a, n in matrices.dropped.items() if n)
+                           + (f" Not compared, as not every algo completed a run there: {', '.join(matrices.unshared)}."
+                              if matrices.unshared else "")))  # fmt: skip
+        aggregates = stats.aggregate_intervals(matrices.scores)
+        blocks.append(Table(["algo", *stats.METRIC_NAMES], [
+            [algo, *(f"{m[name].point:.3f} [{m[name].low:.3f}, {m[name].high:.3f}]" for name in stats.METRIC_NAMES)]
+            for algo, m in aggregates.items()
+        ]))  # fmt: skip
+        used = {e: refs.get(e) or refs.get(base_env_id(e)) for e in matrices.envs}
+        blocks.append(Bullets([f"{e}: random {ref.random:g}, target {ref.target:g}" for e, ref in used.items() if ref]))
+        plots.append((plot_aggregates(aggregates, stats.METRIC_NAMES, plots_dir / "normalized-scores.png", colors),
+                      "IQM, median, mean and optimality gap of normalized scores, 95% stratified bootstrap CIs"))
+        improvements = stats.improvement_probabilities(matrices.scores)
+        if improvements:
+            blocks.append(Para("Probability of improvement P(X > Y): the chance that a run of X scores above a run of Y "
+                               "on the same env (Mann-Whitney, ties count half), averaged over envs; 0.5 is a tie."))  # fmt: skip
+            blocks.append(Table(["X", "Y", "P(X > Y)", "95% CI"], [
+                [x, y, f"{v.point:.3f}", f"[{v.low:.3f}, {v.high:.3f}]"]
+                for (x, y), v in improvements.items()
+            ]))  # fmt: skip
+        taus = np.linspace(min(0.0, min(float(m.min()) for m in matrices.scores.values())),
+                           max(1.25, max(float(m.max()) for m in matrices.scores.values())), 61)  # fmt: skip
+        profiles, profile_cis = stats.performance_profiles(matrices.scores, taus)
+        plots.append((plot_profiles(taus, profiles, profile_cis, plots_dir / "performance-profiles.png", colors),
+                      "Performance profiles: fraction of runs with normalized score above τ, 95% CIs"))
+        grid, curves = stats.normalized_curves(runs, matrices.envs, normalize)
+        if curves and grid.size > 1:
+            points, cis = stats.sample_efficiency(curves)
+            plots.append((plot_sample_efficiency(grid, points, cis, plots_dir / "sample-efficiency.png", colors),
+                          "Sample efficiency: IQM normalized evaluation return against env steps, 95% CIs"))
+    if missing:
+        blocks.append(Para(f"Left out (no reference scores in `lab/reference_scores.yaml`): {', '.join(missing)}."))
+    return blocks, plots
 
 
 def _what_was_run(runs: Sequence[Run]) -> list[Block]:
@@ -401,31 +452,11 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
             png = add_plots(plot_env_runs(env_runs, x, plots_dir / f"{safe_name(env_id)}-{x}.png", colors))
             images.append(Image(png, f"{env_id}: eval return vs {X_LABELS[x]}, mean over seeds and 95% CI"))
 
-    # Across envs: normalized final scores per algo.
-    scores, missing = normalized_scores(runs, refs)
-    blocks.append(Heading(2, "Normalized scores across envs"))
-    blocks.append(Para(
-        "Normalized score = (score − random) / (target − random), per completed run, with the reference scores "
-        "of `lab/reference_scores.yaml` (0 = uniformly random actions, 1 = target). IQM and its 95% percentile "
-        "bootstrap CI are over all (env, seed) runs of the algo."
-    ))  # fmt: skip
-    if scores:
-        intervals = [(algo, iqm(v), *bootstrap_ci(v, iqm)) for algo, v in scores.items()]
-        blocks.append(Table(
-            ["algo", "runs (env × seed)", "IQM normalized score", "95% CI"],
-            [[algo, str(scores[algo].size), f"{point:.3f}", f"[{low:.3f}, {high:.3f}]"]
-             for algo, point, low, high in intervals],
-        ))  # fmt: skip
-        used = {r.env_id: ref for r in runs if (ref := reference_for(r, refs)) is not None}
-        lines = [f"{e}: random {ref.random:g}, target {ref.target:g}" for e, ref in sorted(used.items())]
-        blocks.append(Bullets(lines))
-        png = add_plots(plot_intervals(intervals, "IQM normalized score (0 = random, 1 = target)",
-                                       plots_dir / "normalized-scores.png", colors, references=(0.0, 1.0)))  # fmt: skip
-        images.append(Image(png, "IQM of normalized scores per algo, 95% bootstrap CI"))
-    else:
-        blocks.append(Para("No completed run of an env with reference scores yet: nothing to normalize."))
-    if missing:
-        blocks.append(Para(f"Left out (no reference scores in `lab/reference_scores.yaml`): {', '.join(missing)}."))
+    # Across envs: rliable's aggregates of normalized scores.
+    across, plots = across_envs(runs, refs, plots_dir, colors)
+    blocks.extend(across)
+    for png, alt in plots:
+        images.append(Image(add_plots(png), alt))
 
     # Runs that did not complete, with their errors.
     unfinished = [r for r in runs if r.status != "completed"]

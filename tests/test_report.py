@@ -248,12 +248,16 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     # Normalized with CartPole's reference (random 22.15, target 475): IQM over 2 runs is their mean.
     ref = load_reference_scores()["CartPole-v1"]
     ppo_norm = (ref.normalize(500.0) + ref.normalize(480.0)) / 2
-    assert _table_row(markdown, "Normalized scores across envs", "ppo")[:3] == ["ppo", "2", f"{ppo_norm:.3f}"]
+    assert _table_row(markdown, "Normalized scores across envs", "ppo")[1].startswith(f"{ppo_norm:.3f} [")
+    assert "Runs per env: grpo 2, ppo 2." in markdown
+    assert "| ppo | grpo | " in markdown and "| grpo | ppo | " in markdown  # P(X > Y), both ways
 
     html = written["html"].read_text()
-    assert html.count("data:image/png;base64,") == 3  # the env's two curves and the normalized scores
+    # The env's two curves; the aggregates, the performance profiles and the sample-efficiency curves.
+    assert html.count("data:image/png;base64,") == 5
     assert "<table>" in html and 'src="plots/' not in html
-    for name in ("CartPole-v1-steps", "CartPole-v1-time", "normalized-scores"):
+    for name in ("CartPole-v1-steps", "CartPole-v1-time", "normalized-scores", "performance-profiles",
+                 "sample-efficiency"):  # fmt: skip
         for ext in ("png", "svg"):
             path = bench / "plots" / f"{name}.{ext}"
             assert written[f"plots/{name}.{ext}"] == path and path.stat().st_size > 0
@@ -280,7 +284,7 @@ def test_build_report_leaves_out_envs_without_references(tmp_path: Path) -> None
     written = build_report(bench)
     markdown = written["markdown"].read_text()
     assert "Left out (no reference scores in `lab/reference_scores.yaml`): MyNS/Toy-v0." in markdown
-    assert "nothing to normalize" in markdown
+    assert "nothing to aggregate" in markdown
     assert "Threshold: none" in markdown
     assert _table_row(markdown, "MyNS/Toy-v0", "ppo") == ["ppo", "1/2", "120.00", "[120.00, 120.00]", "120.00",
                                                "—", "—", "—", "1,000"]  # fmt: skip

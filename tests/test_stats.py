@@ -1,0 +1,92 @@
+"""Aggregate statistics across envs (lab/stats.py): hand-checked values, rliable's own functions, stratification."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+from rliable import library, metrics
+
+from lab import stats
+from lab.plot import plot_intervals
+from lab.results import Run
+
+# (R, M) = (3 runs, 2 envs): env 0 scores near 0, env 1 near 1.
+SPLIT = np.array([[0.00, 1.00], [0.01, 1.01], [0.02, 1.02]])
+
+
+def test_the_aggregates_are_rliables_and_match_hand_computed_values() -> None:
+    scores = np.array([[0.5, 1.2, 0.1], [0.8, 0.2, 0.3]])  # (R, M) = (2, 3)
+    estimates = stats.aggregate_intervals({"x": scores})["x"]
+    # Hand: the per-env means are 0.65, 0.7 and 0.2; their mean is 0.5167 and their median 0.65.
+    # The IQM drops one of the six scores at each end (0.1, 1.2) and averages 0.2, 0.3, 0.5, 0.8 → 0.45.
+    # Optimality gap = 1 − mean(min(s, 1)) = 1 − (0.5 + 1 + 0.1 + 0.8 + 0.2 + 0.3)/6 = 0.5167.
+    assert estimates["mean"].point == pytest.approx(1.55 / 3)
+    assert estimates["median"].point == pytest.approx(0.65)
+    assert estimates["IQM"].point == pytest.approx(0.45) == pytest.approx(metrics.aggregate_iqm(scores))
+    assert estimates["optimality gap"].point == pytest.approx(1 - 2.9 / 6)
+    for interval in estimates.values():
+        assert interval.low <= interval.point <= interval.high
+    # The same seed gives the same intervals: a rebuilt report does not move.
+    assert stats.aggregate_intervals({"x": scores}) == stats.aggregate_intervals({"x": scores})
+
+
+def test_probability_of_improvement_equals_rliables_and_hand_cases() -> None:
+    rng = np.random.default_rng(0)
+    x, y = np.round(rng.normal(size=(4, 3)), 1), np.round(rng.normal(size=(6, 3)), 1)
+    y[:2] = x[:2]  # ties, which count half
+    assert stats.probability_of_improvement(x, y) == pytest.approx(metrics.probability_of_improvement(x, y))
+    # Hand: env 0, x = (1, 3) against y = (2, 2): two of four pairs greater → 0.5; env 1, (1, 1) against
+    # (1, 0): two greater, two tied → (2 + 1)/4 = 0.75. Mean over envs 0.625.
+    assert stats.probability_of_improvement(np.array([[1, 1], [3, 1]]), np.array([[2, 1], [2, 0]])) == pytest.approx(0.625)
+    both = stats.improvement_probabilities({"a": SPLIT + 0.5, "b": SPLIT})
+    assert both[("a", "b")].point == pytest.approx(1.0) and both[("b", "a")].point == pytest.approx(0.0)
+    assert both[("b", "a")].high == pytest.approx(1.0 - both[("a", "b")].low)
+
+
+def test_the_bootstrap_is_stratified_where_pooling_would_give_another_interval() -> None:
+    stratified = stats.aggregate_intervals({"x": SPLIT})["x"]["mean"]
+    # Resampling runs within each env keeps one env-0 and one env-1 score per pair: the mean stays near 0.51.
+    assert stratified.high - stratified.low < 0.03
+    # Pooling the six (env, seed) runs lets a resample draw mostly one env: a wide interval.
+    pooled = library.StratifiedBootstrap(SPLIT.reshape(-1, 1), random_state=np.random.RandomState(0))
+    low, high = np.ravel(pooled.conf_int(np.mean, reps=2000, method="percentile"))
+    assert high - low > 0.5
+
+
+def run(algo: str, env_id: str, seed: int, final: float, steps: list[int], returns: list[float]) -> Run:
+    return Run(Path(f"{algo}/{env_id}/{seed}"), algo, env_id, seed, "completed", {}, np.array(steps),
+               np.zeros(len(steps)), np.array(returns, dtype=float), final)  # fmt: skip
+
+
+def test_score_matrices_keep_common_envs_and_equal_run_counts() -> None:
+    runs = [run("a", "E1", 0, 1.0, [0], [0]), run("a", "E1", 1, 2.0, [0], [0]), run("a", "E2", 0, 3.0, [0], [0]),
+            run("b", "E1", 0, 4.0, [0], [0]), run("b", "E3", 0, 5.0, [0], [0])]  # fmt: skip
+    matrices = stats.score_matrices(runs, lambda r, score: score / 10)
+    assert matrices.envs == ["E1"] and matrices.unshared == ["E2", "E3"]
+    np.testing.assert_allclose(matrices.scores["a"], [[0.1], [0.2]])
+    np.testing.assert_allclose(matrices.scores["b"], [[0.4]])
+    two_envs = stats.score_matrices(runs[:3], lambda r, score: score)
+    np.testing.assert_allclose(two_envs.scores["a"], [[1.0, 3.0]])  # R = 1: E2 has one seed
+    assert two_envs.dropped == {"a": 1}
+
+
+def test_sample_efficiency_is_the_iqm_at_each_step() -> None:
+    runs = [run("a", "E", seed, 1.0, [0, 100], [0.0, 1.0 + seed]) for seed in range(4)]
+    grid, curves = stats.normalized_curves(runs, ["E"], lambda r, value: value, points=3)
+    np.testing.assert_allclose(grid, [0, 50, 100])
+    assert curves["a"].shape == (4, 1, 3)
+    points, cis = stats.sample_efficiency(curves)
+    # At step 100 the runs score 1, 2, 3, 4: the IQM keeps 2 and 3 → 2.5; at step 50, half of that.
+    np.testing.assert_allclose(points["a"], [0.0, 1.25, 2.5])
+    assert np.all(cis["a"][0] <= points["a"] + 1e-12) and np.all(points["a"] <= cis["a"][1] + 1e-12)
+
+
+def test_the_interval_plot_leaves_room_around_every_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    limits: list[tuple[float, float]] = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: limits.append(self.axes[0].get_xlim()))
+    plot_intervals([("a", 1.4, 1.2, 2.6), ("b", 0.1, -0.3, 0.2)], "x", tmp_path / "i.png", references=(0.0, 1.0))
+    low, high = limits[0]
+    assert low < -0.3 and high > 2.6
