@@ -363,7 +363,7 @@ def run_cell(cell: Cell, bench_dir: Path, retries: int = 1) -> Outcome:
 # ── a cell on a Ray worker: only its run directory and log travel ─────────────────────────────────
 
 
-def _pack(run_dir: Path) -> bytes | None:
+def pack_run(run_dir: Path) -> bytes | None:
     """``run_dir`` and its log as a tar.gz, or None when neither exists. Lock files stay behind: they name
     this machine's writer, and the receiving side takes its own."""
     parts = [path for path in (run_dir, log_path(run_dir)) if path.exists()]
@@ -377,7 +377,7 @@ def _pack(run_dir: Path) -> bytes | None:
     return buffer.getvalue()
 
 
-def _unpack(data: bytes, folder: Path) -> None:
+def unpack_run(data: bytes, folder: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         tar.extractall(folder, filter="data")
 
@@ -389,9 +389,9 @@ def run_cell_remote(cell: Cell, files: bytes | None, retries: int) -> tuple[Outc
         run_dir = cell.run_dir(Path(scratch))
         run_dir.parent.mkdir(parents=True)
         if files is not None:
-            _unpack(files, run_dir.parent)
+            unpack_run(files, run_dir.parent)
         outcome = run_cell(cell, Path(scratch), retries)
-        return outcome, _pack(run_dir)
+        return outcome, pack_run(run_dir)
 
 
 def receive_cell(outcome: Outcome, files: bytes | None, bench_dir: Path) -> Outcome:
@@ -410,7 +410,7 @@ def receive_cell(outcome: Outcome, files: bytes | None, bench_dir: Path) -> Outc
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     # Unpacked beside the run directory (same filesystem, so the moves below are renames), hidden from reports.
     with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.incoming") as incoming:
-        _unpack(files, Path(incoming))
+        unpack_run(files, Path(incoming))
         received = Path(incoming) / run_dir.name
         if run_dir.exists():
             if outcome.resumed:
@@ -496,7 +496,7 @@ def run_local(cells: list[Cell], bench_dir: Path, workers: int, retries: int, bo
 
 
 def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board) -> list[Outcome]:
-    ray = _import_ray()
+    ray = import_ray()
     remote = ray.remote(num_cpus=1)(run_cell_remote)
     outcomes: list[Outcome] = []
     pending: dict[Any, Cell] = {}
@@ -509,7 +509,7 @@ def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board) -> l
         elif read_status(run_dir) == "completed":
             outcomes.append(Outcome(cell, "completed", attempts=0))
         else:
-            pending[remote.remote(cell, _pack(run_dir), retries)] = cell
+            pending[remote.remote(cell, pack_run(run_dir), retries)] = cell
             continue
         board.finished(outcomes[-1])
     try:
@@ -527,7 +527,7 @@ def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board) -> l
     return outcomes
 
 
-def _import_ray() -> Any:
+def import_ray() -> Any:
     try:
         import ray
     except ImportError:
@@ -537,7 +537,7 @@ def _import_ray() -> Any:
 
 def connect_ray(address: str | None, workers: int) -> None:
     """Join a cluster (``auto`` or host:port), or start a local instance; a bad address fails here."""
-    ray = _import_ray()
+    ray = import_ray()
     if ray.is_initialized():
         return
     if address and address != "auto":

@@ -67,6 +67,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.run_dir is None:
             raise BadInput("--resume needs --run-dir DIR: the run to continue")
+        if args.preset is not None:
+            raise BadInput("a resumed run keeps the settings in its config.yaml; drop --preset")
         run_dir = Path(args.run_dir)
         saved = runlog.read_config(run_dir)
         if saved.pop("algo") != args.algo or saved.get("env_id") != args.env:

@@ -35,7 +35,8 @@ import yaml
 from agents import runlog
 from envs import action_space_of
 from envs.errors import BadInput
-from lab.bench import BENCH_NAME, Cell, Outcome, Stop, _import_ray, connect_ray, receive_cell, run_cell
+from lab.bench import (BENCH_NAME, Cell, Outcome, Stop, connect_ray, import_ray, pack_run, receive_cell, run_cell,
+                       unpack_run)
 from lab.results import read_progress, read_summary
 
 if TYPE_CHECKING:
@@ -162,7 +163,8 @@ class TunePlan:
         return {"algo": self.algo, "env_id": self.env_id, "total_steps": self.total_steps, "seeds": list(self.seeds),
                 "sets": list(self.sets), "space": yaml.safe_load(self.space_text)}  # fmt: skip
 
-    def cells(self, number: int, overrides: list[str]) -> list[Cell]:
+    def cells(self, overrides: list[str]) -> list[Cell]:
+        """A trial's runs: one per seed, with the study's --set pairs and the trial's sampled values."""
         pairs = (*self.sets, *overrides)
         return [Cell(self.algo, self.env_id, seed, self.total_steps, pairs) for seed in self.seeds]
 
@@ -237,7 +239,11 @@ def plan_tune(
     elif fixed:
         raise BadInput(f"{path.name}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} "
                        "from the space, or tune the algo it varies")  # fmt: skip
-    swept = sorted(set(space) & {pair.partition("=")[0] for pair in sets})
+    set_keys = {pair.partition("=")[0] for pair in sets}
+    if set_keys & set(ALGOS[algo].fixed):
+        keys = ", ".join(sorted(set_keys & set(ALGOS[algo].fixed)))
+        raise BadInput(f"{algo} fixes {keys}; use --algo {algo.split('-')[0]} to set {keys}")
+    swept = sorted(set(space) & set_keys)
     if swept:
         raise BadInput(f"--set {', '.join(swept)} fixes what the space tunes; drop one of the two")
     plan = TunePlan(name, algo, env_id, trials, total_steps, tuple(range(first_seed, first_seed + seeds)), space, text,
@@ -418,16 +424,14 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
     """A Ray task: the trial's seeds in a scratch folder; returns (outcomes, pruned, each run's files)."""
     import tempfile
 
-    from lab.bench import _pack, _unpack
-
-    ray = _import_ray()
+    ray = import_ray()
     with tempfile.TemporaryDirectory() as scratch:
         for cell, packed in zip(cells, files):
             cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
             if packed is not None:
-                _unpack(packed, cell.run_dir(Path(scratch)).parent)
+                unpack_run(packed, cell.run_dir(Path(scratch)).parent)
         outcomes, pruned = run_trial(cells, Path(scratch), lambda s, v: ray.get(reporter.report.remote(trial_id, s, v)))
-        return outcomes, pruned, [_pack(cell.run_dir(Path(scratch))) for cell in cells]
+        return outcomes, pruned, [pack_run(cell.run_dir(Path(scratch))) for cell in cells]
 
 
 def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool,
@@ -509,7 +513,7 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
     resumable = _resumable(study, driver)
     ray_reporter = None
     if backend == "ray":
-        ray = _import_ray()
+        ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -518,14 +522,12 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
 
     def execute(trial: Any) -> tuple[list[Outcome], bool]:
         bench_dir = trial_dir(tune_dir, trial.number)
-        cells = plan.cells(trial.number, list(trial.user_attrs["overrides"]))
+        cells = plan.cells(list(trial.user_attrs["overrides"]))
         if backend == "local":
             return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id))
-        from lab.bench import _pack
-
         for cell in cells:
             cell.run_dir(bench_dir).parent.mkdir(parents=True, exist_ok=True)
-        outcomes, pruned, files = ray.get(remote.remote(cells, [_pack(c.run_dir(bench_dir)) for c in cells],
+        outcomes, pruned, files = ray.get(remote.remote(cells, [pack_run(c.run_dir(bench_dir)) for c in cells],
                                                         ray_reporter, trial._trial_id))  # fmt: skip
         return [receive_cell(o, f, bench_dir) for o, f in zip(outcomes, files)], pruned
 

@@ -207,3 +207,19 @@ def test_the_same_study_on_a_local_ray_instance(in_tmp: Path) -> None:
     study = optuna.load_study(study_name="ray", storage=tune.storage_for(None, tune_dir))
     assert study.trials[2].intermediate_values and study.trials[0].value > 100
     assert (tune_dir / "trial0002" / "CartPole-v1" / "ppo" / "seed100" / "checkpoint.pt").exists()
+
+
+def test_train_refuses_a_preset_file_without_the_env_or_with_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("envs:\n  Acrobot-v1:\n    n_envs: 2\n")
+    argv = ["train", "--algo", "ppo", "--env", "CartPole-v1", "--preset", str(preset), "--run-dir", str(tmp_path / "r")]
+    assert main(argv) == 2
+    assert "has no entry for CartPole-v1" in capsys.readouterr().err
+    preset.write_text("envs: [unclosed\n")
+    assert main(argv) == 2
+    assert "cannot be read as YAML" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 2
+    assert "drop --preset" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
