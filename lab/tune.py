@@ -268,6 +268,7 @@ def storage_for(url: str | None, tune_dir: Path) -> Any:
     import optuna
 
     if url is None:
+        tune_dir.mkdir(parents=True, exist_ok=True)
         backend = optuna.storages.journal.JournalFileBackend(str((tune_dir / STUDY_FILE).resolve()))
         return optuna.storages.JournalStorage(backend)
     try:
@@ -284,12 +285,16 @@ def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=plan.sampler_seed, n_startup_trials=max(plan.startup_trials, 1))
     warmup = (plan.config({}).total_steps) // 3  # RL Zoo: no pruning in the first third of the budget
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=plan.startup_trials, n_warmup_steps=warmup)
               if plan.pruner == "median" else optuna.pruners.NopPruner())  # fmt: skip
-    return optuna.create_study(storage=storage_for(plan.storage, tune_dir), study_name=plan.name, direction="maximize",
-                               sampler=sampler, pruner=pruner, load_if_exists=True)  # fmt: skip
+    study = optuna.create_study(storage=storage_for(plan.storage, tune_dir), study_name=plan.name,
+                                direction="maximize", pruner=pruner, load_if_exists=True)  # fmt: skip
+    # Seeded by the number of trials the study holds: a study run in one go is reproducible, and a resumed
+    # one does not draw the random start-up trials it drew before.
+    study.sampler = optuna.samplers.TPESampler(seed=plan.sampler_seed + len(study.get_trials(deepcopy=False)),
+                                               n_startup_trials=max(plan.startup_trials, 1))  # fmt: skip
+    return study
 
 
 def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:

@@ -223,3 +223,16 @@ def test_train_refuses_a_preset_file_without_the_env_or_with_resume(
     assert main([*argv, "--resume"]) == 2
     assert "drop --preset" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_resumed_study_does_not_draw_its_random_trials_again(in_tmp: Path) -> None:
+    (in_tmp / "space.yaml").write_text("learning_rate: {low: 1.0e-5, high: 1.0e-2, log: true}\n")
+    plan = tune.plan_tune("ppo", "CartPole-v1", 9, 2048, 1, str(in_tmp / "space.yaml"), [], "again")
+    study = tune.open_study(plan, in_tmp / "again")
+    drawn = [tune.new_trial(study, plan, "driver").params["learning_rate"] for _ in range(2)]
+    reopened = tune.open_study(plan, in_tmp / "again")  # a driver started again on the same study
+    assert tune.new_trial(reopened, plan, "driver").params["learning_rate"] not in drawn
+    # A study run in one go is reproducible: the same seed draws the same values.
+    other = tune.open_study(tune.plan_tune("ppo", "CartPole-v1", 9, 2048, 1, str(in_tmp / "space.yaml"), [], "b"),
+                            in_tmp / "b")  # fmt: skip
+    assert tune.new_trial(other, plan, "driver").params["learning_rate"] == drawn[0]
