@@ -228,36 +228,18 @@ def plot_aggregates(
     return save_figure(fig, out)
 
 
-def plot_profiles(
-    taus: np.ndarray, profiles: dict[str, np.ndarray], cis: dict[str, np.ndarray], out: Path,
+def plot_bands(
+    x: np.ndarray, lines: dict[str, np.ndarray], bands: dict[str, np.ndarray], xlabel: str, ylabel: str, out: Path,
     colors: dict[str, tuple[float, ...]] | None = None,
 ) -> list[Path]:  # fmt: skip
-    """Performance profiles: the fraction of runs above each normalized score τ, with a CI band."""
-    colors = colors or algo_colors(list(profiles))
+    """One line per algo with its CI band ``(2, len(x))``: performance profiles, sample-efficiency curves."""
+    colors = colors or algo_colors(list(lines))
     fig, (ax,) = new_figure(1, panel_size=(6.0, 3.8))
-    for algo, profile in profiles.items():
-        ax.plot(taus, profile, color=colors.get(algo), label=algo)
-        ax.fill_between(taus, cis[algo][0], cis[algo][1], color=colors.get(algo), alpha=0.2, linewidth=0)
-    ax.set_xlabel("normalized score τ")
-    ax.set_ylabel("fraction of runs with score > τ")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return save_figure(fig, out)
-
-
-def plot_sample_efficiency(
-    steps: np.ndarray, points: dict[str, np.ndarray], cis: dict[str, np.ndarray], out: Path,
-    colors: dict[str, tuple[float, ...]] | None = None,
-) -> list[Path]:  # fmt: skip
-    """IQM normalized evaluation return against env steps, one line per algo, with a CI band."""
-    colors = colors or algo_colors(list(points))
-    fig, (ax,) = new_figure(1, panel_size=(6.0, 3.8))
-    for algo, curve in points.items():
-        ax.plot(steps, curve, color=colors.get(algo), label=algo)
-        ax.fill_between(steps, cis[algo][0], cis[algo][1], color=colors.get(algo), alpha=0.2, linewidth=0)
-    ax.set_xlabel(X_LABELS["steps"])
-    ax.set_ylabel("IQM normalized score")
+    for algo, y in lines.items():
+        ax.plot(x, y, color=colors.get(algo), label=algo)
+        ax.fill_between(x, bands[algo][0], bands[algo][1], color=colors.get(algo), alpha=0.2, linewidth=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
     return save_figure(fig, out)

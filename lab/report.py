@@ -31,7 +31,7 @@ import numpy as np
 import yaml
 
 from envs.errors import BadInput
-from lab.plot import X_LABELS, algo_colors, plot_aggregates, plot_env_runs, plot_profiles, plot_sample_efficiency
+from lab.plot import X_LABELS, algo_colors, plot_aggregates, plot_bands, plot_env_runs
 from lab.results import Run, base_env_id, bootstrap_ci, find_runs, iqm, natural_key
 
 REFERENCE_SCORES = Path(__file__).with_name("reference_scores.yaml")
@@ -354,12 +354,14 @@ def across_envs(
         taus = np.linspace(min(0.0, min(float(m.min()) for m in matrices.scores.values())),
                            max(1.25, max(float(m.max()) for m in matrices.scores.values())), 61)  # fmt: skip
         profiles, profile_cis = stats.performance_profiles(matrices.scores, taus)
-        plots.append((plot_profiles(taus, profiles, profile_cis, plots_dir / "performance-profiles.png", colors),
+        plots.append((plot_bands(taus, profiles, profile_cis, "normalized score τ", "fraction of runs with score > τ",
+                                 plots_dir / "performance-profiles.png", colors),
                       "Performance profiles: fraction of runs with normalized score above τ, 95% CIs"))
         grid, curves = stats.normalized_curves(runs, matrices.envs, normalize)
         if curves and grid.size > 1:
             points, cis = stats.sample_efficiency(curves)
-            plots.append((plot_sample_efficiency(grid, points, cis, plots_dir / "sample-efficiency.png", colors),
+            plots.append((plot_bands(grid, points, cis, X_LABELS["steps"], "IQM normalized score",
+                                     plots_dir / "sample-efficiency.png", colors),
                           "Sample efficiency: IQM normalized evaluation return against env steps, 95% CIs"))
     if missing:
         blocks.append(Para(f"Left out (no reference scores in `lab/reference_scores.yaml`): {', '.join(missing)}."))

@@ -46,6 +46,7 @@ def test_probability_of_improvement_equals_rliables_and_hand_cases() -> None:
     assert both[("b", "a")].high == pytest.approx(1.0 - both[("a", "b")].low)
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # arch on rliable's RandomState argument
 def test_the_bootstrap_is_stratified_where_pooling_would_give_another_interval() -> None:
     stratified = stats.aggregate_intervals({"x": SPLIT})["x"]["mean"]
     # Resampling runs within each env keeps one env-0 and one env-1 score per pair: the mean stays near 0.51.
