@@ -31,7 +31,8 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -619,24 +620,36 @@ def _run_cells(
     """Run the cells on the backend, with SIGTERM and SIGINT stopping them cleanly; (outcomes, interrupted)."""
     board = Board(len(cells))
     outcomes: list[Outcome] = []
-    Stop.requested = False
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # SIGTERM stops the grid exactly as Ctrl-C does
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    # A shell starts background jobs (`testbed bench … &`, nohup) with SIGINT ignored, and Python keeps it
-    # ignored; an explicit SIGINT must still stop the grid cleanly.
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        if backend == "local":
-            outcomes = run_local(cells, bench_dir, workers, retries, board)
-        else:
-            outcomes = run_ray(cells, bench_dir, retries, board)
+        with stop_signals():
+            if backend == "local":
+                outcomes = run_local(cells, bench_dir, workers, retries, board)
+            else:
+                outcomes = run_ray(cells, bench_dir, retries, board)
     except KeyboardInterrupt:
         return outcomes, True
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
         board.close()
     return outcomes, False
+
+
+@contextmanager
+def stop_signals() -> Iterator[None]:
+    """While a driver runs: SIGTERM and SIGINT both raise KeyboardInterrupt, on which it stops its runs cleanly.
+
+    A shell starts background jobs (`testbed bench … &`, nohup) with SIGINT ignored, and Python keeps it
+    ignored; an explicit SIGINT must still stop the driver. Leaving restores the handlers and the stop state.
+    """
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    Stop.requested = False
+    previous = signal.signal(signal.SIGTERM, on_term)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        Stop.stopped.clear()

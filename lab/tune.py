@@ -36,7 +36,7 @@ from agents import runlog
 from envs import action_space_of
 from envs.errors import BadInput
 from lab.bench import (BENCH_NAME, Cell, Outcome, Stop, connect_ray, import_ray, pack_run, receive_cell, run_cell,
-                       unpack_run)
+                       stop_signals, unpack_run)
 from lab.results import read_progress, read_summary
 
 if TYPE_CHECKING:
@@ -513,10 +513,9 @@ def run_study(
 def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, workers: int, backend: str,
            counts: dict[str, int]) -> bool:  # fmt: skip
     """Start trials until the study is full, ``workers`` at a time; True if stopped by Ctrl-C or SIGTERM."""
-    import signal
-
     resumable = _resumable(study, driver)
     ray_reporter = None
+    remote_refs: set[Any] = set()
     if backend == "ray":
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -532,43 +531,37 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
             return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id))
         for cell in cells:
             cell.run_dir(bench_dir).parent.mkdir(parents=True, exist_ok=True)
-        outcomes, pruned, files = ray.get(remote.remote(cells, [pack_run(c.run_dir(bench_dir)) for c in cells],
-                                                        ray_reporter, trial._trial_id))  # fmt: skip
+        ref = remote.remote(cells, [pack_run(c.run_dir(bench_dir)) for c in cells], ray_reporter, trial._trial_id)
+        remote_refs.add(ref)
+        outcomes, pruned, files = ray.get(ref)
+        remote_refs.discard(ref)
         return [receive_cell(o, f, bench_dir) for o, f in zip(outcomes, files)], pruned
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    Stop.requested = False
     pending: dict[Future[tuple[list[Outcome], bool]], Any] = {}
-    try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            try:
-                while True:
-                    while len(pending) < workers and (resumable or _started(study) < plan.trials):
-                        trial = resumable.pop(0) if resumable else new_trial(study, plan, driver)
-                        if trial is None:
-                            counts["failed"] = counts.get("failed", 0) + 1
-                            continue
-                        print(f"trial {trial.number}: {' '.join(trial.user_attrs['overrides']) or 'the preset'}", flush=True)
-                        pending[pool.submit(execute, trial)] = trial
-                    if not pending:
-                        return False
-                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        trial = pending.pop(future)
-                        state, score = settle(study, trial, *future.result(), trial_dir(tune_dir, trial.number))
-                        counts[state] = counts.get(state, 0) + 1
-                        print(f"trial {trial.number}: {state}" + (f", score {score:.2f}" if score is not None else ""),
-                              flush=True)  # fmt: skip
-            except KeyboardInterrupt:
-                Stop.request()  # every running trial's seeds checkpoint and exit; their trials stay running
-                for future in pending:
-                    future.result()
-                return True
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
-        Stop.stopped.clear()
+    with stop_signals(), ThreadPoolExecutor(max_workers=workers) as pool:
+        try:
+            while True:
+                while len(pending) < workers and (resumable or _started(study) < plan.trials):
+                    trial = resumable.pop(0) if resumable else new_trial(study, plan, driver)
+                    if trial is None:
+                        counts["failed"] = counts.get("failed", 0) + 1
+                        continue
+                    print(f"trial {trial.number}: {' '.join(trial.user_attrs['overrides']) or 'the preset'}", flush=True)
+                    pending[pool.submit(execute, trial)] = trial
+                if not pending:
+                    return False
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    trial = pending.pop(future)
+                    state, score = settle(study, trial, *future.result(), trial_dir(tune_dir, trial.number))
+                    counts[state] = counts.get(state, 0) + 1
+                    print(f"trial {trial.number}: {state}" + (f", score {score:.2f}" if score is not None else ""),
+                          flush=True)  # fmt: skip
+        except KeyboardInterrupt:
+            # Local trials' seeds checkpoint and exit; Ray trials are cancelled, and restart next time. Either
+            # way their trials stay running, for the next run of the command to continue.
+            Stop.request()
+            for ref in remote_refs:
+                ray.cancel(ref)
+            wait(pending)
+            return True
