@@ -85,6 +85,16 @@ class Param:
             return list(self.choices)
         return [int(self.low), int(self.high)] if self.integer else [self.low, self.high]
 
+    def expressing(self, value: Any) -> tuple[bool, Any]:
+        """(whether the space can express ``value``, the value it takes): a choice that holds it, or a range,
+        into which it is moved (a preset's ent_coef of 0 becomes the range's low end)."""
+        if self.choices is not None:
+            return self.contains(value), _encode(value)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False, None
+        low, high = (int(self.low), int(self.high)) if self.integer else (self.low, self.high)
+        return True, min(max(value, low), high)
+
 
 def _encode(value: Any) -> Any:
     return yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, (list, tuple, dict)) else value
@@ -319,13 +329,36 @@ def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> None:
     path.write_text(yaml.safe_dump(merged, sort_keys=False))
 
 
-def enqueue_preset(study: optuna.Study, plan: TunePlan) -> None:
-    """Trial 0 of a new study: the preset's own values, for every parameter whose range holds them."""
-    if study.trials:
-        return
-    base = runlog.config_to_dict(plan.config({}))
-    params = {name: _encode(_as_tuple(base[name])) for name, p in plan.space.items() if p.contains(_as_tuple(base[name]))}
-    study.enqueue_trial(params, user_attrs={"preset": True})
+def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
+    """The presets a study tries first, as values of the space's parameters (the rest of a trial's config is
+    always the env's preset): the env's own preset (``env``), with the values the space can express; then,
+    if the space can express all of them and they differ, the values of the algo's default for the env's
+    action space (``default``, what an env without a preset entry gets)."""
+    from agents.config import build_config, load_preset, parse_overrides
+    from agents.registry import ALGOS
+
+    spec = ALGOS[plan.algo]
+    continuous = isinstance(action_space_of(plan.env_id), gym.spaces.Box)
+    default, _ = load_preset(spec.preset or plan.algo, "", continuous)  # "": no env entry
+    configs = {"env": plan.config({}), "default": build_config(spec.config, {
+        **default, "env_id": plan.env_id, **spec.fixed, **parse_overrides(list(plan.sets))})}  # fmt: skip
+    points: dict[str, dict[str, Any]] = {}
+    for label, cfg in configs.items():
+        resolved = runlog.config_to_dict(cfg)
+        expressed = {name: p.expressing(_as_tuple(resolved[name])) for name, p in plan.space.items()}
+        params = {name: value for name, (held, value) in expressed.items() if held}
+        if params not in points.values() and (label == "env" or len(params) == len(plan.space)):
+            points[label] = params
+    return points
+
+
+def enqueue_presets(study: optuna.Study, plan: TunePlan) -> None:
+    """Queue the starting points (:func:`starting_points`) that the study has not tried yet, ahead of any
+    sampled trial, so the report shows whether tuning beat the shipped presets."""
+    tried = {t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)}
+    for label, params in starting_points(plan).items():
+        if label not in tried and not (label == "env" and True in tried):  # True: an env preset of an older study
+            study.enqueue_trial(params, user_attrs={"preset": label})
 
 
 def trial_dir(tune_dir: Path, number: int) -> Path:
@@ -501,7 +534,7 @@ def run_study(
         check_tune_dir(tune_dir, plan)
         study = open_study(plan, tune_dir)
         write_tune_yaml(tune_dir, plan)
-        enqueue_preset(study, plan)
+        enqueue_presets(study, plan)
         interrupted = _drive(study, plan, tune_dir, driver, workers, backend, counts)
         if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)):
             build_tune_report(tune_dir)

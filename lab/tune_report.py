@@ -127,9 +127,14 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
         f"Sampler: TPE (seed {saved.get('sampler_seed')}); pruner: {saved.get('pruner')} (after "
         f"{saved.get('startup_trials')} trials, from a third of the budget on)",
         f"Fixed with --set: {', '.join(saved.get('sets') or []) or 'nothing'}",
-        "Trial 0 is the preset: the values of the preset that the space can express.",
+        "The study starts from the shipped presets: trial 0 holds the env's preset (the values its space can "
+        "express); the next, when the space can express them, the algo's default values for this action space.",
     ]
-    baseline = next((t for t in trials if t.user_attrs.get("preset")), None)
+    starts = {("env" if t.user_attrs["preset"] is True else t.user_attrs["preset"]): t
+              for t in trials if t.user_attrs.get("preset")}  # fmt: skip
+    names = {"env": "the env's preset", "default": "the algo's default for this action space"}
+    against = [f"{t.value:.2f} for {names.get(label, label)} (trial {t.number})" for label, t in starts.items()
+               if t.value is not None]  # fmt: skip
     best_rows = [[k.partition("=")[0], k.partition("=")[2]] for k in best.user_attrs.get("overrides", [])]
     blocks: list[Block] = [
         Heading(1, f"Tuning report: {saved['name']}"),
@@ -137,8 +142,7 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
         Bullets(facts),
         Heading(2, "Best trial"),
         Para(f"Trial {best.number}: mean final return {best.value:.2f}"
-             + (f", against {baseline.value:.2f} for the preset (trial {baseline.number})."
-                if baseline is not None and baseline.value is not None else ".")),  # fmt: skip
+             + (f", against {' and '.join(against)}." if against else ".")),  # fmt: skip
         Table(["parameter", "value"], best_rows),
         Heading(2, "Preset block"),
         Para(f"Also in `preset.yaml`: `testbed train --algo {saved['algo']} --env {saved['env_id']} --preset "

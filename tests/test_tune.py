@@ -47,7 +47,7 @@ def test_a_tiny_study_prunes_reports_adds_nothing_when_rerun_and_exports_a_prese
     study = optuna.load_study(study_name="tiny", storage=tune.storage_for(None, tune_dir))
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE", "COMPLETE", "PRUNED"]
-    assert study.trials[0].user_attrs["preset"] is True and study.trials[0].params == {"learning_rate": 1e-3}
+    assert study.trials[0].user_attrs["preset"] == "env" and study.trials[0].params == {"learning_rate": 1e-3}
     assert study.trials[2].params == {"learning_rate": 1e-9}
     # Pruned after the warm-up third of the budget, at an evaluation, below trial 0's return there.
     pruned_at = max(study.trials[2].intermediate_values)
@@ -60,7 +60,8 @@ def test_a_tiny_study_prunes_reports_adds_nothing_when_rerun_and_exports_a_prese
     assert (tune_dir / "trial0000" / "CartPole-v1" / "ppo" / "seed100" / "config.yaml").exists()
 
     report = (tune_dir / "tune.md").read_text()
-    assert "Trial 0: mean final return" in report and "| 2 | pruned |" in report
+    assert "Trial 0: mean final return" in report and "for the env's preset (trial 0)" in report
+    assert "| 2 | pruned |" in report
     for name in ("tune.html", "plots/history.png", "plots/slice.png", "plots/parallel.png"):
         assert (tune_dir / name).stat().st_size > 0
 
@@ -236,3 +237,16 @@ def test_a_resumed_study_does_not_draw_its_random_trials_again(in_tmp: Path) -> 
     other = tune.open_study(tune.plan_tune("ppo", "CartPole-v1", 9, 2048, 1, str(in_tmp / "space.yaml"), [], "b"),
                             in_tmp / "b")  # fmt: skip
     assert tune.new_trial(other, plan, "driver").params["learning_rate"] == drawn[0]
+
+
+def test_a_study_starts_from_the_env_preset_then_the_action_space_default() -> None:
+    points = tune.starting_points(tune.plan_tune("ppo", "Hopper-v5", 10, None, 1, None, [], "starts"))
+    assert list(points) == ["env", "default"]
+    # Hopper's entry (the RL Zoo's v3 values) against CleanRL's continuous defaults; an ent_coef of 0 sits
+    # outside the log range and is moved to its low end.
+    assert (points["env"]["n_steps"], points["env"]["log_std_init"], points["env"]["hidden_sizes"]) == (512, -2.0, "[256, 256]")
+    assert (points["default"]["n_steps"], points["default"]["log_std_init"], points["default"]["hidden_sizes"]) == (
+        2048, 0.0, "[64, 64]")  # fmt: skip
+    assert points["default"]["ent_coef"] == 1e-8
+    # An env without a preset entry has one starting point: its preset is the default.
+    assert list(tune.starting_points(tune.plan_tune("ppo", "Pendulum-v1", 10, None, 1, None, [], "p"))) == ["env"]
