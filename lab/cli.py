@@ -226,8 +226,6 @@ def cmd_credit(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from lab import tune
 
-    if args.workers < 1:
-        raise BadInput(f"--workers must be at least 1, got {args.workers}")
     plan = tune.plan_tune(args.algo, args.env, args.trials, args.total_steps, args.seeds, args.space, args.set,
                           args.name, args.storage, args.first_seed, args.pruner, args.startup_trials,
                           args.sampler_seed)  # fmt: skip

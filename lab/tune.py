@@ -523,7 +523,7 @@ def run_study(
 
     tune_dir = root / plan.name
     if workers < 1:
-        raise BadInput(f"--workers must be at least 1, got {workers}")
+        raise BadInput(f"--workers must be at least 1, got {workers}")  # before anything is written
     if backend == "ray":
         connect_ray(ray_address, workers * len(plan.seeds))
     elif backend != "local":
