@@ -97,6 +97,31 @@ def _save(ax: Any, out: Path) -> Path:
     return out
 
 
+def plot_slices(complete: list[Any], out: Path) -> Path:
+    """Score against each parameter's value, one panel per parameter, four to a row; darker is later."""
+    from lab.plot import new_figure, save_figure
+
+    names = sorted({name for t in complete for name in t.params})
+    fig, axes = new_figure(len(names), panel_size=(3.4, 2.6))
+    for ax, name in zip(axes, names, strict=True):
+        trials = [t for t in complete if name in t.params]
+        values = [t.params[name] for t in trials]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        labels = sorted({str(v) for v in values}, key=lambda v: (len(v), v))
+        x = values if numeric else [labels.index(str(v)) for v in values]
+        ax.scatter(x, [t.value for t in trials], c=[t.number for t in trials], cmap="Blues", vmin=-2,
+                   edgecolors="black", linewidths=0.5)  # fmt: skip
+        distribution = trials[0].distributions[name]
+        if getattr(distribution, "log", False):
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("score")
+    return save_figure(fig, out)[0]
+
+
 def build_tune_report(tune_dir: Path) -> dict[str, Path]:
     """Write tune.md, tune.html, preset.yaml and plots/ for the study in ``tune_dir``; returns the paths."""
     import matplotlib
@@ -178,13 +203,15 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
 
     plots = tune_dir / "plots"
     images = []
-    with warnings.catch_warnings():
+    # Optuna's plots switch pyplot to its own style for good: rc_context puts the settings back afterwards.
+    with warnings.catch_warnings(), matplotlib.rc_context():
         warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
         images.append(("history", _save(optuna_plots.plot_optimization_history(study), plots / "history.png")))
         if study.best_trial.params and len(complete) >= 2:
-            images.append(("slice", _save(optuna_plots.plot_slice(study), plots / "slice.png")))
             images.append(("parallel coordinates",
                            _save(optuna_plots.plot_parallel_coordinate(study), plots / "parallel.png")))  # fmt: skip
+    if study.best_trial.params and len(complete) >= 2:
+        images.insert(1, ("slice", plot_slices(complete, plots / "slice.png")))
     blocks.append(Heading(2, "Plots"))
     for title, path in images:
         written[path.relative_to(tune_dir).as_posix()] = path
