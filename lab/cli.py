@@ -355,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--name", default=None, help="runs/tune/NAME and the study's name (default: ALGO-ENV)")
     tuner.add_argument("--storage", default=None, metavar="URL",
                        help="an Optuna database URL shared by several drivers (default: runs/tune/NAME/study.log)")  # fmt: skip
-    tuner.add_argument("--pruner", choices=["median", "none"], default="median", help="stop trials below the median")
+    tuner.add_argument("--pruner", choices=["median", "none"], default="median",
+                       help="stop trials below the median of earlier ones; none where merely surviving scores well "
+                       "early (Hopper)")  # fmt: skip
     tuner.add_argument("--startup-trials", type=int, default=5, help="trials before the pruner and TPE start")
     tuner.add_argument("--sampler-seed", type=int, default=0, help="the TPE sampler's seed")
     tuner.set_defaults(func=cmd_tune)
