@@ -76,7 +76,8 @@ def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int) -> st
     ]
     for key, value in entry.items():
         text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-        source = "tuned" if key in tuned else "--set in the study" if key in fixed else "kept from the preset"
+        source = ("tuned" + ("; the preset's value" if packaged.get(key) == value else "") if key in tuned
+                  else "--set in the study" if key in fixed else "kept from the preset")  # fmt: skip
         if key == "total_steps" and saved.get("total_steps") not in (None, value):
             source += f"; the study trained {saved['total_steps']:,} per seed"
         lines.append(f"    {key}: {text}  # {source}")
