@@ -159,8 +159,9 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
     starts = {("env" if t.user_attrs["preset"] is True else t.user_attrs["preset"]): t
               for t in trials if t.user_attrs.get("preset")}  # fmt: skip
     names = {"env": "the env's preset", "default": "the algo's default for this action space"}
-    against = [f"{t.value:.2f} for {names.get(label, label)} (trial {t.number})" for label, t in starts.items()
-               if t.value is not None]  # fmt: skip
+    against = [f"{t.value:.2f} for {names.get(label, label)} (trial {t.number})" if t.state == states.COMPLETE
+               else f"{names.get(label, label)} (trial {t.number}) {t.state.name.lower()}"
+               for label, t in starts.items() if t.state != states.RUNNING]  # fmt: skip
     best_rows = [[k.partition("=")[0], k.partition("=")[2]] for k in best.user_attrs.get("overrides", [])]
     blocks: list[Block] = [
         Heading(1, f"Tuning report: {saved['name']}"),
