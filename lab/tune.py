@@ -13,9 +13,9 @@ trial that a killed driver left running resumes from its runs' checkpoints. Tria
 backends as ``bench`` (``lab.bench``): the local pool, or one Ray task per trial; a failed trial is
 recorded with its error and the study goes on.
 
-Trial 0 of every study is the preset itself (the values the space can express), so the report shows
-whether tuning beat it. Tuning seeds start at 100 by default: the seeds ``bench`` reports on (0 …) stay
-unseen by the search.
+A study starts from the shipped presets (:func:`starting_points`): the env's own, then the algo's
+default for the action space, so the report shows whether tuning beat them. Tuning seeds start at 100 by
+default: the seeds ``bench`` reports on (0 …) stay unseen by the search.
 """
 
 from __future__ import annotations
