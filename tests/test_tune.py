@@ -249,3 +249,22 @@ def test_a_study_starts_from_the_env_preset_then_the_action_space_default() -> N
     assert points["default"]["ent_coef"] == 1e-8
     # An env without a preset entry has one starting point: its preset is the default.
     assert list(tune.starting_points(tune.plan_tune("ppo", "Pendulum-v1", 10, None, 1, None, [], "p"))) == ["env"]
+
+
+@pytest.mark.slow
+def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None:
+    import json
+
+    import optuna
+
+    (in_tmp / "space.yaml").write_text(SPACE)
+    assert main(["tune", "--algo", "ppo", "--env", "CartPole-v1", "--trials", "1", "--seeds", "2", "--total-steps", "4096",
+                 "--space", str(in_tmp / "space.yaml"), "--pruner", "none", "--name", "two", "--set", "eval_interval=2048"]) == 0  # fmt: skip
+    tune_dir = in_tmp / "runs" / "tune" / "two"
+    finals = [json.loads((tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" / "summary.json").read_text())
+              ["final_eval_return_mean"] for seed in (100, 101)]  # fmt: skip
+    trial = optuna.load_study(study_name="two", storage=tune.storage_for(None, tune_dir)).trials[0]
+    assert trial.value == pytest.approx(sum(finals) / 2)
+    # What the pruner was told: at each evaluation step, the mean of both seeds' evaluations there.
+    curve = tune.mean_curve([tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" for seed in (100, 101)])
+    assert trial.intermediate_values == pytest.approx(curve) and len(curve) >= 2
