@@ -104,7 +104,8 @@ def _decode(value: Any) -> Any:
     return yaml.safe_load(value) if isinstance(value, str) and value[:1] in "[{" else value
 
 
-def _as_tuple(value: Any) -> Any:
+def _as_list(value: Any) -> Any:
+    """A config's tuple (hidden_sizes) as the list a space file writes."""
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -345,7 +346,7 @@ def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
     points: dict[str, dict[str, Any]] = {}
     for label, cfg in configs.items():
         resolved = runlog.config_to_dict(cfg)
-        expressed = {name: p.expressing(_as_tuple(resolved[name])) for name, p in plan.space.items()}
+        expressed = {name: p.expressing(_as_list(resolved[name])) for name, p in plan.space.items()}
         params = {name: value for name, (held, value) in expressed.items() if held}
         if params not in points.values() and (label == "env" or len(params) == len(plan.space)):
             points[label] = params
