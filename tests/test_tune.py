@@ -268,3 +268,17 @@ def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None
     # What the pruner was told: at each evaluation step, the mean of both seeds' evaluations there.
     curve = tune.mean_curve([tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" for seed in (100, 101)])
     assert trial.intermediate_values == pytest.approx(curve) and len(curve) >= 2
+
+
+@pytest.mark.slow
+def test_a_study_in_a_database_given_by_storage(in_tmp: Path) -> None:
+    import optuna
+
+    (in_tmp / "space.yaml").write_text(SPACE)
+    url = f"sqlite:///{in_tmp / 'studies.db'}"
+    argv = ["tune", "--algo", "ppo", "--env", "CartPole-v1", "--trials", "1", "--total-steps", "2048", "--space",
+            str(in_tmp / "space.yaml"), "--pruner", "none", "--name", "db", "--storage", url]  # fmt: skip
+    assert main(argv) == 0
+    assert not (in_tmp / "runs" / "tune" / "db" / "study.log").exists()
+    assert [t.state.name for t in optuna.load_study(study_name="db", storage=url).trials] == ["COMPLETE"]
+    assert main(["report", str(in_tmp / "runs" / "tune" / "db")]) == 0  # the report finds the study through tune.yaml
