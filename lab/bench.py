@@ -32,11 +32,11 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import yaml
@@ -286,8 +286,8 @@ class Stop:
     """
 
     requested = False
-    children: dict[subprocess.Popen[bytes], Path] = {}  # each running trainer → its run directory
-    stopped: set[Path] = set()  # run directories stopped on their own (a pruned tuning trial's seeds)
+    children: ClassVar[dict[subprocess.Popen[bytes], Path]] = {}  # each running trainer → its run directory
+    stopped: ClassVar[set[Path]] = set()  # run directories stopped on their own (a pruned tuning trial's seeds)
 
     @classmethod
     def request(cls) -> None:

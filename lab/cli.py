@@ -258,7 +258,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     bench_dir = Path(args.bench_dir)
     if not bench_dir.is_dir():
         raise BadInput(f"{bench_dir} is not a folder; give a bench directory, runs/bench/NAME, or a study's, runs/tune/NAME")
-    if (bench_dir / "tune.yaml").exists():
+    from lab.tune import TUNE_FILE
+
+    if (bench_dir / TUNE_FILE).exists():
         from lab.tune_report import build_tune_report
 
         written = build_tune_report(bench_dir)  # read-only on the study: a running driver may keep adding trials

@@ -1,4 +1,5 @@
-"""Learning-curve plots of any set of runs, and the interval plot of normalized scores.
+"""Learning-curve plots of any set of runs, and the interval, profile and sample-efficiency plots of
+normalized scores.
 
 Curves: one subplot per env, one line per algo. A line is the mean over that algo's runs of the
 evaluation return, on a common x grid: each run is interpolated on the grid only inside the range it
@@ -162,41 +163,6 @@ def plot_runs(paths: Sequence[Path], x: XAxis = "steps", out: Path | None = None
         raise BadInput(f"x must be one of {', '.join(X_LABELS)}, not {x!r}")
     runs = find_runs(paths)
     return plot_env_runs(runs, x, Path(out) if out is not None else Path("plots") / f"curves-{x}.png")
-
-
-def plot_intervals(
-    rows: Sequence[tuple[str, float, float, float]],
-    xlabel: str,
-    out: Path,
-    colors: dict[str, tuple[float, ...]] | None = None,
-    title: str | None = None,
-    references: Sequence[float] = (),
-) -> list[Path]:
-    """rliable-style interval estimates: one horizontal bar (CI) per label, a tick at the point estimate.
-
-    ``rows`` holds ``(label, point, low, high)``, drawn top to bottom in the given order; ``references``
-    are x values marked with dashed lines (e.g. 0 = random, 1 = target).
-    """
-    colors = colors or algo_colors([label for label, *_ in rows])
-    fig = Figure(figsize=(6.0, 0.6 * len(rows) + 1.4), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    for i, (label, point, low, high) in enumerate(rows):
-        y = len(rows) - 1 - i
-        color = colors.get(label, "tab:gray")
-        ax.barh(y, max(high - low, 0.0), left=low, height=0.6, color=color, alpha=0.75)
-        ax.vlines(point, y - 0.3, y + 0.3, color="black", linewidth=2)
-    for value in references:
-        ax.axvline(value, color="gray", linestyle="--", linewidth=1)
-    _fit_x(ax, [v for _, point, low, high in rows for v in (point, low, high)] + list(references))
-    ax.set_yticks(range(len(rows)), [label for label, *_ in reversed(rows)])
-    ax.set_xlabel(xlabel)
-    ax.grid(axis="x", alpha=0.3)
-    for edge in ("top", "right", "left"):
-        ax.spines[edge].set_visible(False)
-    if title:
-        ax.set_title(title)
-    return save_figure(fig, out)
 
 
 def _fit_x(ax: Axes, values: Sequence[float]) -> None:

@@ -339,8 +339,8 @@ def across_envs(
             [algo, *(f"{m[name].point:.3f} [{m[name].low:.3f}, {m[name].high:.3f}]" for name in stats.METRIC_NAMES)]
             for algo, m in aggregates.items()
         ]))  # fmt: skip
-        used = {e: refs.get(e) or refs.get(base_env_id(e)) for e in matrices.envs}
-        blocks.append(Bullets([f"{e}: random {ref.random:g}, target {ref.target:g}" for e, ref in used.items() if ref]))
+        used = {r.env_id: ref for r in runs if r.env_id in matrices.envs and (ref := reference_for(r, refs))}
+        blocks.append(Bullets([f"{e}: random {ref.random:g}, target {ref.target:g}" for e, ref in sorted(used.items())]))
         plots.append((plot_aggregates(aggregates, stats.METRIC_NAMES, plots_dir / "normalized-scores.png", colors),
                       "IQM, median, mean and optimality gap of normalized scores, 95% stratified bootstrap CIs"))
         improvements = stats.improvement_probabilities(matrices.scores)

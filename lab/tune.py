@@ -35,8 +35,19 @@ import yaml
 from agents import runlog
 from envs import action_space_of
 from envs.errors import BadInput
-from lab.bench import (BENCH_NAME, Cell, Outcome, Stop, connect_ray, import_ray, pack_run, receive_cell, run_cell,
-                       stop_signals, unpack_run)
+from lab.bench import (
+    BENCH_NAME,
+    Cell,
+    Outcome,
+    Stop,
+    connect_ray,
+    import_ray,
+    pack_run,
+    receive_cell,
+    run_cell,
+    stop_signals,
+    unpack_run,
+)
 from lab.results import read_progress, read_summary
 
 if TYPE_CHECKING:
@@ -158,6 +169,7 @@ class TunePlan:
     name: str
     algo: str
     env_id: str
+    continuous: bool  # the env's action space is a Box: which of the presets' defaults applies
     trials: int
     total_steps: int | None  # None: the preset's budget
     seeds: tuple[int, ...]
@@ -188,8 +200,8 @@ class TunePlan:
         fixed: dict[str, Any] = {**parse_overrides(list(self.sets)), **values, "seed": self.seeds[0]}
         if self.total_steps is not None:
             fixed["total_steps"] = self.total_steps
-        continuous = isinstance(action_space_of(self.env_id), gym.spaces.Box)
-        cfg, _ = resolve_config(spec.config, spec.preset or self.algo, self.env_id, continuous, {**spec.fixed, **fixed})
+        cfg, _ = resolve_config(spec.config, spec.preset or self.algo, self.env_id, self.continuous,
+                                {**spec.fixed, **fixed})  # fmt: skip
         return cfg
 
 
@@ -232,7 +244,7 @@ def plan_tune(
         raise BadInput(f"unknown --pruner {pruner!r}; choose median or none")
     if startup_trials < 0:
         raise BadInput(f"--startup-trials must be >= 0, got {startup_trials}")
-    action_space_of(env_id)  # BadInput for an id gymnasium does not know
+    continuous = isinstance(action_space_of(env_id), gym.spaces.Box)  # BadInput for an id gymnasium does not know
     path = Path(space_file) if space_file else default_space_file(algo)
     if not path.is_file():
         raise BadInput(f"--space {path}: no such file; give a YAML search space (see lab/spaces/{algo}.yaml)")
@@ -257,7 +269,7 @@ def plan_tune(
     swept = sorted(set(space) & set_keys)
     if swept:
         raise BadInput(f"--set {', '.join(swept)} fixes what the space tunes; drop one of the two")
-    plan = TunePlan(name, algo, env_id, trials, total_steps, tuple(range(first_seed, first_seed + seeds)), space, text,
+    plan = TunePlan(name, algo, env_id, continuous, trials, total_steps, tuple(range(first_seed, first_seed + seeds)), space, text,
                     tuple(sets), storage, pruner, startup_trials, sampler_seed)  # fmt: skip
     base = plan.config({})  # the preset with --set: BadInput for a bad key or value
     ALGOS[algo].validate(base)
@@ -339,8 +351,7 @@ def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
     from agents.registry import ALGOS
 
     spec = ALGOS[plan.algo]
-    continuous = isinstance(action_space_of(plan.env_id), gym.spaces.Box)
-    default, _ = load_preset(spec.preset or plan.algo, "", continuous)  # "": no env entry
+    default, _ = load_preset(spec.preset or plan.algo, "", plan.continuous)  # "": no env entry
     configs = {"env": plan.config({}), "default": build_config(spec.config, {
         **default, "env_id": plan.env_id, **spec.fixed, **parse_overrides(list(plan.sets))})}  # fmt: skip
     points: dict[str, dict[str, Any]] = {}
@@ -454,9 +465,12 @@ class RayReporter:
 
     def __init__(self, plan: TunePlan, tune_dir: str) -> None:
         self.study = open_study(plan, Path(tune_dir))
+        self.reporters: dict[int, Reporter] = {}
 
     def report(self, trial_id: int, step: int, value: float) -> bool:
-        return reporter_for(self.study, trial_id)(step, value)
+        if trial_id not in self.reporters:
+            self.reporters[trial_id] = reporter_for(self.study, trial_id)
+        return self.reporters[trial_id](step, value)
 
 
 def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any, trial_id: int) -> Any:
@@ -480,20 +494,20 @@ def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: boo
 
     states = optuna.trial.TrialState
     failed = [o for o in outcomes if o.status == "failed"]
-    finals = [(read_summary(o.cell.run_dir(bench_dir)) or {}).get("final_eval_return_mean") for o in outcomes]
     if pruned:
         study.tell(trial.number, state=states.PRUNED)
         return "pruned", None
-    if not failed and any(o.status != "completed" for o in outcomes):
-        return "interrupted", None
-    if not failed and any(v is None or not math.isfinite(float(v)) for v in finals):
-        error = "a seed completed without a finite final evaluation"
-    elif failed:
+    if failed:
         error = f"seed {failed[0].cell.seed}: {failed[0].error}"
+    elif any(o.status != "completed" for o in outcomes):
+        return "interrupted", None
     else:
-        score = float(np.mean([float(v) for v in finals]))
-        study.tell(trial.number, score)
-        return "completed", score
+        finals = [(read_summary(o.cell.run_dir(bench_dir)) or {}).get("final_eval_return_mean") for o in outcomes]
+        if all(v is not None and math.isfinite(float(v)) for v in finals):
+            score = float(np.mean([float(v) for v in finals]))
+            study.tell(trial.number, score)
+            return "completed", score
+        error = "a seed completed without a finite final evaluation"
     optuna.trial.Trial(study, trial._trial_id).set_user_attr("error", error)
     study.tell(trial.number, state=states.FAIL)
     return "failed", None

@@ -38,14 +38,13 @@ def trial_cost(tune_dir: Path, number: int) -> tuple[int, float]:
     steps, seconds = 0, 0.0
     folder = trial_dir(tune_dir, number)
     for progress in sorted(folder.rglob("progress.csv")) if folder.exists() else []:
-        if any(part.startswith(".") for part in progress.relative_to(folder).parts):
-            continue  # a failed attempt set aside: its steps still count (below)
-        summary = read_summary(progress.parent) or {}
         _, _, _, last_step, last_time = read_progress(progress)
+        if any(part.startswith(".") for part in progress.relative_to(folder).parts):
+            steps += last_step  # a failed attempt, set aside: its steps count, its time is not the trial's
+            continue
+        summary = read_summary(progress.parent) or {}
         steps += int(summary.get("total_steps") or last_step)
         seconds = max(seconds, float(summary.get("wall_time_s") or last_time))
-    for progress in sorted(folder.glob("**/.*/progress.csv")) if folder.exists() else []:
-        steps += read_progress(progress)[3]
     return steps, seconds
 
 
@@ -68,8 +67,8 @@ def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int) -> st
         entry["total_steps"] = saved["total_steps"]
     seeds = ", ".join(map(str, saved["seeds"]))
     lines = [
-        f"# testbed tune {saved['name']}: trial {best.number} of {len(study.trials)}, mean final return "
-        f"{best.value:.2f} over seeds {seeds}; the study spent {spent:,} env steps.",
+        (f"# testbed tune {saved['name']}: trial {best.number} of {len(study.trials)}, mean final return "
+         f"{best.value:.2f} over seeds {seeds}; the study spent {spent:,} env steps."),
         f"# Paste the entry under `envs:` in agents/presets/{preset_name}.yaml, or train with --preset on this file.",
         "envs:",
         f"  {env_id}:",
@@ -147,14 +146,14 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
     facts = [
         f"Algo: {saved['algo']}; env: {saved['env_id']}",
         f"Trials: {len(trials)} of {saved.get('trials')} ({', '.join(f'{n} {s}' for s, n in by_state.items())})",
-        f"Budget per seed: {budget} env steps; seeds per trial: {', '.join(map(str, saved['seeds']))} (a trial's "
-        "score is the mean of their final evaluations)",
+        (f"Budget per seed: {budget} env steps; seeds per trial: {', '.join(map(str, saved['seeds']))} (a trial's "
+         "score is the mean of their final evaluations)"),
         f"Env steps spent by the whole study, pruned and failed trials included: {spent:,}",
-        f"Sampler: TPE (seed {saved.get('sampler_seed')}); pruner: {saved.get('pruner')} (after "
-        f"{saved.get('startup_trials')} trials, from a third of the budget on)",
+        (f"Sampler: TPE (seed {saved.get('sampler_seed')}); pruner: {saved.get('pruner')} (after "
+         f"{saved.get('startup_trials')} trials, from a third of the budget on)"),
         f"Fixed with --set: {', '.join(saved.get('sets') or []) or 'nothing'}",
-        "The study starts from the shipped presets: trial 0 holds the env's preset (the values its space can "
-        "express); the next, when the space can express them, the algo's default values for this action space.",
+        ("The study starts from the shipped presets: trial 0 holds the env's preset (the values its space can "
+         "express); the next, when the space can express them, the algo's default values for this action space."),
     ]
     starts = {("env" if t.user_attrs["preset"] is True else t.user_attrs["preset"]): t
               for t in trials if t.user_attrs.get("preset")}  # fmt: skip
@@ -163,21 +162,22 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
                else f"{names.get(label, label)} (trial {t.number}) {t.state.name.lower()}"
                for label, t in starts.items() if t.state != states.RUNNING]  # fmt: skip
     best_rows = [[k.partition("=")[0], k.partition("=")[2]] for k in best.user_attrs.get("overrides", [])]
+    block = preset_block(study, saved, best, spent)
     blocks: list[Block] = [
         Heading(1, f"Tuning report: {saved['name']}"),
         Heading(2, "What was run"),
         Bullets(facts),
         Heading(2, "Best trial"),
         Para(f"Trial {best.number}: mean final return {best.value:.2f}"
-             + (f", against {' and '.join(against)}." if against else ".")),  # fmt: skip
+             + (f", against {' and '.join(against)}." if against else ".")),
         Table(["parameter", "value"], best_rows),
         Heading(2, "Preset block"),
         Para(f"Also in `preset.yaml`: `testbed train --algo {saved['algo']} --env {saved['env_id']} --preset "
              f"{tune_dir.as_posix()}/preset.yaml` trains with it. Validate it on seeds the study never used "
-             "(`testbed bench` runs seeds 0 …) before you commit it."),  # fmt: skip
-        Code(preset_block(study, saved, best, spent), "yaml"),
+             "(`testbed bench` runs seeds 0 …) before you commit it."),
+        Code(block, "yaml"),
     ]
-    written["preset"].write_text(preset_block(study, saved, best, spent))
+    written["preset"].write_text(block)
 
     blocks.append(Heading(2, "Parameter importances"))
     try:

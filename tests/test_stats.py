@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from rliable import library, metrics
 
 from lab import stats
-from lab.plot import plot_intervals
+from lab.plot import plot_aggregates
 from lab.results import Run
 
 # (R, M) = (3 runs, 2 envs): env 0 scores near 0, env 1 near 1.
@@ -88,6 +88,7 @@ def test_sample_efficiency_is_the_iqm_at_each_step() -> None:
 def test_the_interval_plot_leaves_room_around_every_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     limits: list[tuple[float, float]] = []
     monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: limits.append(self.axes[0].get_xlim()))
-    plot_intervals([("a", 1.4, 1.2, 2.6), ("b", 0.1, -0.3, 0.2)], "x", tmp_path / "i.png", references=(0.0, 1.0))
+    intervals = {"a": {"IQM": stats.Interval(1.4, 1.2, 2.6)}, "b": {"IQM": stats.Interval(0.1, -0.3, 0.2)}}
+    plot_aggregates(intervals, ["IQM"], tmp_path / "i.png")
     low, high = limits[0]
     assert low < -0.3 and high > 2.6
