@@ -181,7 +181,7 @@ def group_step_baseline(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     group mean) would shrink every advantage by (G − 1)/G; one that normalized over the group's steps
     (``group_process``) would move with i's own length.
 
-    Returns (T, B, G), zero on invalid steps and for groups whose members' rewards and lengths all tie.
+    Returns (T, B, G), zero on invalid steps and, exactly, at every step where the group's Q̂ all tie.
     """
     if rewards.shape != mask.shape or rewards.dim() != 3 or rewards.shape[2] < 2:
         raise ValueError("group_step_baseline: rewards and mask must share one (T, B, G) shape with G >= 2")
@@ -193,7 +193,10 @@ def group_step_baseline(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
         running = earned[t] + gamma * running
         to_go[t] = running
     others = (to_go.sum(dim=2, keepdim=True) - to_go) / (G - 1)  # (T, B, G)
-    return (to_go - others) * mask
+    # Where every member's Q̂ ties, (G·Q̂ − Q̂)/(G − 1) can round away from Q̂: give exactly 0, not rounding noise
+    # that a batch-wide scale would blow up when the whole batch ties.
+    tied = to_go.amax(dim=2, keepdim=True) == to_go.amin(dim=2, keepdim=True)  # (T, B, 1)
+    return (to_go - others).masked_fill(tied, 0.0) * mask
 
 
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:

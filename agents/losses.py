@@ -51,6 +51,29 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_range_v
     return (values - returns).pow(2)
 
 
+def k1_kl(log_ratio: Tensor) -> Tensor:
+    """Schulman's k1 estimator of KL(p ‖ q) from a sample x ~ p, per sample: unbiased, high variance, and
+    negative for every sample where q(x) > p(x).
+
+        k1 = −log r,     r = q(x) / p(x),     ``log_ratio`` = log q(x) − log p(x)
+
+    E_{x~p}[k1] = E_p[log p − log q] = KL(p ‖ q) exactly.
+    """
+    return -log_ratio
+
+
+def k2_kl(log_ratio: Tensor) -> Tensor:
+    """Schulman's k2 estimator of KL(p ‖ q) from a sample x ~ p, per sample: non-negative, low variance,
+    biased.
+
+        k2 = ½ (log r)²,     r = q(x) / p(x),     ``log_ratio`` = log q(x) − log p(x)
+
+    E_{x~p}[k2] is an f-divergence that agrees with KL(p ‖ q) to second order as q → p, and exceeds or
+    falls below it further away.
+    """
+    return 0.5 * log_ratio.pow(2)
+
+
 def k3_kl(log_ratio: Tensor) -> Tensor:
     """Schulman's k3 estimator of KL(p ‖ q) from a sample x ~ p, per sample: unbiased and non-negative.
 

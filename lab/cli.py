@@ -1,4 +1,4 @@
-"""The ``testbed`` command line: ``train``, ``eval``, ``bench``, ``credit``, ``tune``, ``plot`` and ``report``.
+"""The ``testbed`` command line: ``train``, ``eval``, ``bench``, ``credit``, ``tune``, ``docs``, ``plot`` and ``report``.
 
 Bad input exits with status 2 and a one-paragraph message, before any work starts.
 """
@@ -244,6 +244,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_docs(args: argparse.Namespace) -> int:
+    from lab import guide
+
+    written = guide.main(args.out, args.runs, args.quick, args.workers)
+    print(f"wrote {len(written)} files into {written[0].parent}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from lab.plot import plot_runs
 
@@ -363,6 +371,16 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--startup-trials", type=int, default=5, help="trials before the pruner and TPE start")
     tuner.add_argument("--sampler-seed", type=int, default=0, help="the TPE sampler's seed")
     tuner.set_defaults(func=cmd_tune)
+
+    docs = sub.add_parser("docs", help="make every figure and table of docs/ppo_and_grpo.md from the testbed's own runs",
+                          formatter_class=fmt)  # fmt: skip
+    docs.add_argument("--quick", action="store_true", help="tiny budgets and one seed: every file in seconds, not the results")
+    docs.add_argument("--out", default=None, help="folder for the figures (default: docs/figures; quick: "
+                      "runs/docs-quick/figures)")  # fmt: skip
+    docs.add_argument("--runs", default=None, help="folder for the training runs, resumable (default: runs/docs; quick: "
+                      "runs/docs-quick)")  # fmt: skip
+    docs.add_argument("--workers", type=int, default=2, help="training runs at a time")
+    docs.set_defaults(func=cmd_docs)
 
     plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=fmt)
     plot.add_argument("paths", nargs="+", help="run directories or folders holding them (benches)")

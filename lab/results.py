@@ -103,6 +103,21 @@ def read_progress(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, 
     )
 
 
+def read_series(path: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(global_step, value)`` of the progress.csv rows where ``column`` holds a number (a diagnostic such
+    as ``losses/explained_variance``); empty arrays when the file or the column is missing."""
+    steps: list[int] = []
+    values: list[float] = []
+    if path.exists():
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                value = _float(row.get(column))
+                if math.isfinite(value) and (row.get("global_step") or "").isdigit():
+                    steps.append(int(row["global_step"]))
+                    values.append(value)
+    return np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
+
+
 def _run_config(run_dir: Path) -> dict[str, Any] | None:
     """config.yaml's contents if ``run_dir`` is a run directory, else None."""
     path = run_dir / "config.yaml"

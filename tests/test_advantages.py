@@ -481,3 +481,16 @@ def test_step_baseline_ties_give_zero_and_discount_one_compares_plain_sums() -> 
                                torch.tensor([[-3.0, 3.0]]).view(1, 1, 2))  # fmt: skip
     with pytest.raises(ValueError, match="G >= 2"):
         adv.group_step_baseline(torch.zeros(2, 1, 1), torch.ones(2, 1, 1, dtype=torch.bool), 1.0)
+
+
+def test_step_baseline_ties_are_exact_where_rounding_would_leave_noise() -> None:
+    # Eight CartPole members that all survive 6 steps: Q̂ ties at every step, but (8·Q̂ − Q̂)/7 rounds away
+    # from Q̂ in float32 (by up to 4.8e-7 here). The tie must give exactly 0, and GRPO's batch-wide scale
+    # must keep a wholly tied batch at 0 rather than blow that noise up to order 1.
+    rewards, mask = torch.ones(6, 4, 8), torch.ones(6, 4, 8, dtype=torch.bool)
+    to_go = adv.group_step_baseline(rewards, mask, 0.99)
+    assert torch.equal(to_go, torch.zeros(6, 4, 8))
+    # A step where only some members tie keeps its signal: member 0 ends after step 0, the rest run on.
+    mask[1:, 0, 0] = False
+    partly = adv.group_step_baseline(rewards, mask, 0.99)
+    assert partly[0, 0, 0] < 0 and (partly[0, 0, 1:] > 0).all()

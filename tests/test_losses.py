@@ -8,7 +8,16 @@ import pytest
 import torch
 from torch import Tensor
 
-from agents.losses import aggregate, clip_fraction, clipped_surrogate, explained_variance, k3_kl, value_loss
+from agents.losses import (
+    aggregate,
+    clip_fraction,
+    clipped_surrogate,
+    explained_variance,
+    k1_kl,
+    k2_kl,
+    k3_kl,
+    value_loss,
+)
 
 
 def t(values: list[float]) -> Tensor:
@@ -135,6 +144,25 @@ def test_k3_kl_mean_estimates_true_kl() -> None:
     x = torch.randn(200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     log_ratio = -0.5 * (x - 0.5) ** 2 + 0.5 * x**2  # log q(x) − log p(x)
     assert k3_kl(log_ratio).mean().item() == pytest.approx(0.125, abs=0.005)
+
+
+def test_k1_k2_hand_values() -> None:
+    # log r = ln 2:  k1 = −ln 2 = −0.693147 (negative where q > p), k2 = ½ ln²2 = 0.240227
+    # log r = −ln 2: k1 = ln 2,                                   k2 = 0.240227
+    ln2 = math.log(2.0)
+    log_ratio = torch.tensor([ln2, -ln2], dtype=torch.float64)
+    torch.testing.assert_close(k1_kl(log_ratio), torch.tensor([-ln2, ln2], dtype=torch.float64))
+    torch.testing.assert_close(k2_kl(log_ratio), torch.tensor([0.5 * ln2**2] * 2, dtype=torch.float64))
+
+
+def test_k1_unbiased_k2_biased_on_a_known_pair() -> None:
+    # x ~ p = N(0, 1), q = N(1, 1): KL(p ‖ q) = 0.5. log r = x − ½, so E[k1] = ½ exactly, and
+    # E[k2] = ½ E[(x − ½)²] = ½ (1 + ¼) = 0.625: k2 overestimates by 0.125 at this distance.
+    x = torch.randn(400_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    log_ratio = x - 0.5
+    assert k1_kl(log_ratio).mean().item() == pytest.approx(0.5, abs=0.005)
+    assert k2_kl(log_ratio).mean().item() == pytest.approx(0.625, abs=0.005)
+    assert k3_kl(log_ratio).mean().item() == pytest.approx(0.5, abs=0.01)
 
 
 # --------------------------------------------------------------------------------------------------
