@@ -68,8 +68,8 @@ def k2_kl(log_ratio: Tensor) -> Tensor:
 
         k2 = ½ (log r)²,     r = q(x) / p(x),     ``log_ratio`` = log q(x) − log p(x)
 
-    E_{x~p}[k2] is an f-divergence that agrees with KL(p ‖ q) to second order as q → p, and exceeds or
-    falls below it further away.
+    E_{x~p}[k2] is an f-divergence that agrees with KL(p ‖ q) to second order as q → p and departs from it
+    further away: for p = N(0, 1), q = N(μ, 1), E[k2] = μ²/2 + μ⁴/8 against KL = μ²/2.
     """
     return 0.5 * log_ratio.pow(2)
 

@@ -69,6 +69,8 @@ QUICK = Budgets(seeds=1, lunar_seeds=1, cartpole_ppo=1024, cartpole_grpo=1500, l
 
 CARTPOLE, LUNAR, CHAIN = ex.ENV, "LunarLander-v3", "testbed/Chain-v0"
 AGGREGATIONS = ("trajectory", "step", "constant")
+SOLVED = {"CartPole-v1": 475.0, LUNAR: 200.0, "Chain": 0.9}
+"""Evaluation returns that count as solving: gymnasium's reward thresholds, and 0.9 on the chain (±1 at the end)."""
 FIGURES = (
     "clip_objective.png", "clip_runaway.png", "clip_runaway.md", "tied_group.md", "dynamic_sampling.png",
     "dynamic_sampling.md", "aggregation_weights.png", "aggregation_weights.md", "aggregation_training.png",
@@ -132,9 +134,11 @@ def series_curve(runs: list[Run], column: str) -> tuple[np.ndarray, np.ndarray] 
     return grid, np.nanmean(np.vstack(inside), axis=0)
 
 
-def smooth(values: np.ndarray, window: int = 9) -> np.ndarray:
-    """A centred moving average that keeps the length (edges average fewer points)."""
-    if values.size < window:
+def smooth(values: np.ndarray) -> np.ndarray:
+    """A centred moving average over about a tenth of the points (3 to 9), keeping the length: edges average
+    fewer points. A short series (a dozen iterations) stays close to its raw values."""
+    window = min(9, 2 * (values.size // 20) + 1)
+    if window < 3:
         return values
     kernel = np.ones(window)
     return np.convolve(values, kernel, "same") / np.convolve(np.ones_like(values), kernel, "same")
@@ -182,8 +186,10 @@ def diagnostics(envs: dict[str, list[Run]], out_png: Path, out_md: Path) -> list
             early, late = quarter_means(own, column)
             rows.append([label, title, f"{early:.3f}", f"{late:.3f}"])
         for algo in ("ppo", "grpo"):
-            rows.append([label, f"{algo.upper()}: final eval return (mean, per seed)", "", finals(
-                [run for run in runs if run.algo == algo])])  # fmt: skip
+            own = [run for run in runs if run.algo == algo]
+            rows.append([label, f"{algo.upper()}: final eval return (mean, per seed)", "", finals(own)])
+            rows.append([label, f"{algo.upper()}: seeds reaching {SOLVED[label.split(' ')[0]]}, median steps", "",
+                         steps_to(own, SOLVED[label.split(" ")[0]])])  # fmt: skip
     note = "Each diagnostic: its mean over the first and over the last quarter of each run's iterations, then over seeds."
     table = ex.write_table(out_md, "Over a run: PPO's critic beside GRPO's groups",
                            ["env", "quantity", "first quarter", "last quarter"], rows, note)  # fmt: skip
@@ -202,15 +208,15 @@ def dynamic_sampling(plain: list[Run], dynamic: list[Run], label: str, out_png: 
     fig, axes = figure(1, 3)
     palette = algo_colors(list(named))
     rows = []
-    for name, runs in named.items():
+    for (name, runs), style in zip(named.items(), ("-", "--"), strict=True):
         curve = mean_curve(runs)
         if curve is not None:
-            axes[0, 0].plot(curve.x, curve.mean, color=palette[name], label=name)
+            axes[0, 0].plot(curve.x, curve.mean, style, color=palette[name], label=name)
         for ax, column in zip(axes[0, 1:], ("grpo/frac_zero_std_groups", "grpo/dropped_groups"), strict=True):
             series = series_curve(runs, column)
             if series is not None:
-                ax.plot(series[0], smooth(series[1]), color=palette[name], label=name,
-                        marker="o" if series[0].size < 3 else None)  # fmt: skip
+                ax.plot(series[0], smooth(series[1]), style, color=palette[name], label=name,
+                        marker="o" if series[0].size < 30 else None)  # fmt: skip
         dropped = [read_series(r.run_dir / "progress.csv", "grpo/dropped_groups")[1] for r in runs]
         iterations = np.mean([d.size for d in dropped])
         rows.append([name, finals(runs), steps_to(runs, 475), f"{quarter_means(runs, 'grpo/frac_zero_std_groups')[1]:.3f}",
@@ -218,15 +224,17 @@ def dynamic_sampling(plain: list[Run], dynamic: list[Run], label: str, out_png: 
                      f"{np.mean([r.last_step for r in runs]) / max(iterations, 1):,.0f}",
                      f"{np.mean([r.summary.get('wall_time_s', np.nan) for r in runs]):.1f}"])  # fmt: skip
     for ax, title in zip(axes[0], (f"{label}: eval return", "tied groups among those collected",
-                                   "groups dropped per iteration"), strict=True):  # fmt: skip
+                                   "groups collected but not used, per iteration"), strict=True):  # fmt: skip
         ax.set(title=title, xlabel="env steps")
         ax.grid(alpha=0.3)
         ex.legend(ax)
     header = ["GRPO", "final eval return (mean, per seed)", "seeds reaching 475, median steps",
-              "tied fraction, last quarter", "groups dropped per iteration", "iterations", "env steps per iteration",
+              "tied fraction, last quarter", "groups collected but not used, per iteration", "iterations",
+              "env steps per iteration",
               "wall time (s)"]  # fmt: skip
-    note = ("The tied fraction counts every group collected, those dropped included; an iteration with dynamic "
-            "sampling collects up to 1 + max_resample_rounds rounds of B groups to keep B informative ones.")  # fmt: skip
+    note = ("The tied fraction counts every group collected, those not used included. An iteration with dynamic "
+            "sampling collects up to 1 + max_resample_rounds rounds of B groups to keep B informative ones; the "
+            "groups it does not use are the tied ones and the informative ones beyond B.")  # fmt: skip
     table = ex.write_table(out_md, f"Dynamic sampling on {label}", header, rows, note)
     return [ex.save_png(fig, out_png), table]
 
@@ -293,7 +301,8 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def how_made(out: Path, b: Budgets, seconds: dict[str, float]) -> Path:
+def how_made(out: Path, b: Budgets, seconds: dict[str, float], small: float, workers: int, elapsed: float) -> Path:
+    """HOW_MADE.md: the command, seeds, machine and times behind the figures."""
     import torch
 
     seeds = f"seeds {SEED}–{SEED + b.seeds - 1}, LunarLander {SEED}–{SEED + b.lunar_seeds - 1}" if b.seeds > 1 else f"seed {SEED}"
@@ -305,7 +314,9 @@ def how_made(out: Path, b: Budgets, seconds: dict[str, float]) -> Path:
         f"experiments: seed {SEED}."),
         (f"- Machine: {cpu_name()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, torch {torch.__version__}, one torch thread per run."),
-        "- Time per part (s): " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()) + ".",
+        "- Training time per bench, summed over its runs (s): " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items())
+        + f"; the small experiments: {small:.0f} s.",
+        f"- This invocation took {elapsed:.0f} s with {workers} workers; runs that had finished before were reused.",
     ]  # fmt: skip
     (out / "HOW_MADE.md").write_text("\n".join(lines) + "\n")
     return out / "HOW_MADE.md"
@@ -318,15 +329,15 @@ def make_figures(out: Path, runs_root: Path, quick: bool, workers: int) -> list[
     out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     found: dict[str, list[Run]] = {}
+    began = time.perf_counter()
     for name, grid in plans.items():
-        started = time.perf_counter()
         bench_dir, outcomes = bench.run_grid(grid, workers, "local", None, root=runs_root)
         failed = [o for o in outcomes if o.status != "completed"]
         if failed:
             raise BadInput(f"{len(failed)} run(s) of {bench_dir} did not complete ({failed[0].error}); rerun "
                            "`testbed docs` to resume them")  # fmt: skip
         found[name] = find_runs([bench_dir])
-        seconds[name] = time.perf_counter() - started
+        seconds[name] = sum(float(r.summary.get("wall_time_s") or 0.0) for r in found[name])
     started = time.perf_counter()
     model = partial_policy(found["partial"][0].run_dir)
     written = [ex.draw_clip_objective(out / "clip_objective.png")]
@@ -337,7 +348,7 @@ def make_figures(out: Path, runs_root: Path, quick: bool, workers: int) -> list[
     written += ex.kl_estimators(b.kl_samples, SEED, out / "kl_estimators.png", out / "kl_estimators.md")
     written.append(ex.group_advantages_picture(model, SEED, b.group_horizon, 0.98, (0.0, 0.8, 1.0),
                                                out / "group_advantages.png"))  # fmt: skip
-    seconds["small experiments"] = time.perf_counter() - started
+    small = time.perf_counter() - started
     chain_label = f"Chain (horizon {b.chain_horizon})"
     envs = {"CartPole-v1": found["cartpole-ppo"] + found["cartpole-grpo"], LUNAR: found["lunar"],
             chain_label: found["chain"]}  # fmt: skip
@@ -347,7 +358,7 @@ def make_figures(out: Path, runs_root: Path, quick: bool, workers: int) -> list[
     written += aggregation_training(found["aggregation"], out / "aggregation_training.png",
                                     out / "aggregation_training.md")  # fmt: skip
     written.append(cost(envs, out / "cost.md"))
-    written.append(how_made(out, b, seconds))
+    written.append(how_made(out, b, seconds, small, workers, time.perf_counter() - began))
     return written
 
 

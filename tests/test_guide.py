@@ -32,7 +32,8 @@ def quick_figures(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_quick_mode_writes_every_file_the_guide_links(quick_figures: Path) -> None:
-    figures = [target.removeprefix("figures/") for _, target in links(GUIDE) if target.startswith("figures/")]
+    figures = [target.removeprefix("figures/") for _, target in links(GUIDE)
+               if target.startswith("figures/") and target != "figures/"]  # fmt: skip
     assert len(set(figures)) >= 12  # the six experiments the issue names, their tables, the cost table
     missing = [name for name in figures if not (quick_figures / name).is_file()]
     assert not missing, f"the guide links files that `testbed docs --quick` did not write: {missing}"
@@ -94,3 +95,15 @@ def test_docs_refuses_bad_workers(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert main(["docs", "--quick", "--workers", "0", "--out", str(tmp_path / "f"), "--runs", str(tmp_path / "r")]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "f").exists() and not (tmp_path / "r").exists()
+
+
+def test_read_series_keeps_the_rows_that_hold_the_column(tmp_path: Path) -> None:
+    from lab.results import read_series
+
+    path = tmp_path / "progress.csv"
+    path.write_text("global_step,wall_time_s,losses/explained_variance,eval/return_mean\n"
+                    "256,0.1,0.5,\n512,0.2,,20.0\n768,0.3,-0.25,\nbad,0.4,0.9,\n")  # fmt: skip
+    steps, values = read_series(path, "losses/explained_variance")
+    assert steps.tolist() == [256, 768] and values.tolist() == [0.5, -0.25]
+    assert read_series(path, "grpo/frac_zero_std_groups")[0].size == 0
+    assert read_series(tmp_path / "missing.csv", "eval/return_mean")[0].size == 0
