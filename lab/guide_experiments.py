@@ -280,14 +280,15 @@ def kl_estimators(samples: int, seed: int, out_png: Path, out_md: Path) -> list[
         log_ratio = gaussian_log_ratio(x_old, 0.0, mean_theta)  # log π_ref − log π_θ
         weight = gaussian_log_ratio(x_old, mean_theta, 0.5).exp()  # π_θ / π_old
         k3 = losses.k3_kl(log_ratio)
-        off_rows.append([f"{delta}", f"{mean_theta**2 / 2:.4f}", f"{float(k3.mean()):.4f}",
-                         f"{float((weight * k3).mean()):.4f}"])  # fmt: skip
-    off_header = ["δ (π_θ − π_old)", "KL(π_θ ‖ π_ref)", "k3 on x ~ π_old (GRPO's)", "k3 · π_θ/π_old on x ~ π_old"]
+        means = [f"{float(k(log_ratio).mean()):.4f}" for k in estimators.values()]
+        off_rows.append([f"{delta}", f"{mean_theta**2 / 2:.4f}", *means, f"{float((weight * k3).mean()):.4f}"])
+    off_header = ["δ (π_θ − π_old)", "KL(π_θ ‖ π_ref)", "k1 on x ~ π_old", "k2 on x ~ π_old", "k3 on x ~ π_old (GRPO's)",
+                  "k3 · π_θ/π_old on x ~ π_old"]  # fmt: skip
     off_note = (f"π_ref = N(0, 1), π_old = N(0.5, 1), π_θ = N(0.5 + δ, 1); the same {samples:,} samples, shifted "
                 "to π_old.")  # fmt: skip
     table = write_table(out_md, "k1, k2 and k3 on a known pair of Gaussians", header, rows, note)
     with open(table, "a") as f:
-        f.write("\n## GRPO's penalty: k3 on samples from π_old\n\n| " + " | ".join(off_header) + " |\n|"
+        f.write("\n## GRPO's penalty: the estimators on samples from π_old\n\n| " + " | ".join(off_header) + " |\n|"
                 + "---|" * len(off_header) + "\n" + "".join("| " + " | ".join(r) + " |\n" for r in off_rows)
                 + "\n" + off_note + "\n")  # fmt: skip
     return [save_png(fig, out_png), table]
