@@ -583,8 +583,10 @@ def run_grid(
     retries: int = 1,
     root: Path = BENCH_ROOT,
     prepare: Callable[[Path], None] | None = None,
+    report: bool = True,
 ) -> tuple[Path, list[Outcome]]:
-    """Run every cell; rebuild the reports from disk. Returns the bench directory and the outcomes.
+    """Run every cell; rebuild the reports from disk (unless ``report`` is False). Returns the bench
+    directory and the outcomes.
 
     The bench directory stays locked while the grid runs, so a second driver of the same bench is refused
     (BadInput naming this one) before it writes anything. Under the lock, after the grid's settings and
@@ -606,7 +608,8 @@ def run_grid(
         write_bench_yaml(bench_dir, grid)
         outcomes, interrupted = _run_cells(cells, bench_dir, workers, backend, retries)
         try:
-            build_reports(bench_dir)
+            if report:
+                build_reports(bench_dir)
         except BadInput:
             pass  # nothing finished yet: nothing to report
     if interrupted:

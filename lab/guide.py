@@ -331,7 +331,8 @@ def make_figures(out: Path, runs_root: Path, quick: bool, workers: int) -> list[
     found: dict[str, list[Run]] = {}
     began = time.perf_counter()
     for name, grid in plans.items():
-        bench_dir, outcomes = bench.run_grid(grid, workers, "local", None, root=runs_root)
+        # A quick run skips the bench reports: its tiny runs would only make them slower to write.
+        bench_dir, outcomes = bench.run_grid(grid, workers, "local", None, root=runs_root, report=not quick)
         failed = [o for o in outcomes if o.status != "completed"]
         if failed:
             raise BadInput(f"{len(failed)} run(s) of {bench_dir} did not complete ({failed[0].error}); rerun "
