@@ -32,7 +32,7 @@ from envs.errors import BadInput
 from lab import bench
 from lab import guide_experiments as ex
 from lab.plot import algo_colors, draw_env, mean_curve
-from lab.results import Run, find_runs, read_series
+from lab.results import Run, base_env_id, find_runs, read_series
 
 SEED = 0  # the small experiments' seed, and the first seed of every bench
 
@@ -69,7 +69,7 @@ QUICK = Budgets(seeds=1, lunar_seeds=1, cartpole_ppo=1024, cartpole_grpo=1500, l
 
 CARTPOLE, LUNAR, CHAIN = ex.ENV, "LunarLander-v3", "testbed/Chain-v0"
 AGGREGATIONS = ("trajectory", "step", "constant")
-SOLVED = {"CartPole-v1": 475.0, LUNAR: 200.0, "Chain": 0.9}
+SOLVED = {CARTPOLE: 475.0, LUNAR: 200.0, CHAIN: 0.9}
 """Evaluation returns that count as solving: gymnasium's reward thresholds, and 0.9 on the chain (±1 at the end)."""
 FIGURES = (
     "clip_objective.png", "clip_runaway.png", "clip_runaway.md", "tied_group.md", "dynamic_sampling.png",
@@ -97,8 +97,6 @@ def grids(b: Budgets) -> dict[str, bench.Grid]:
     }  # fmt: skip
     return {name: bench.plan_grid(None, algos, [env], seeds, steps, sets, name, variants, first_seed=SEED)
             for name, (algos, env, seeds, steps, sets, variants) in plans.items()}  # fmt: skip
-
-
 
 
 def partial_policy(run_dir: Path) -> ActorCritic:
@@ -188,8 +186,8 @@ def diagnostics(envs: dict[str, list[Run]], out_png: Path, out_md: Path) -> list
         for algo in ("ppo", "grpo"):
             own = [run for run in runs if run.algo == algo]
             rows.append([label, f"{algo.upper()}: final eval return (mean, per seed)", "", finals(own)])
-            rows.append([label, f"{algo.upper()}: seeds reaching {SOLVED[label.split(' ')[0]]}, median steps", "",
-                         steps_to(own, SOLVED[label.split(" ")[0]])])  # fmt: skip
+            solved = SOLVED[base_env_id(runs[0].env_id)]
+            rows.append([label, f"{algo.upper()}: seeds reaching {solved}, median steps", "", steps_to(own, solved)])
     note = "Each diagnostic: its mean over the first and over the last quarter of each run's iterations, then over seeds."
     table = ex.write_table(out_md, "Over a run: PPO's critic beside GRPO's groups",
                            ["env", "quantity", "first quarter", "last quarter"], rows, note)  # fmt: skip

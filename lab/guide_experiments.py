@@ -44,14 +44,27 @@ def save_png(fig: Figure, out: Path) -> Path:
     return out
 
 
-def write_table(out: Path, title: str, header: list[str], rows: list[list[str]], note: str = "") -> Path:
-    """A Markdown table with a title line and an optional note below it."""
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table; a ``|`` inside a cell is escaped."""
+
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
-    lines = [f"# {title}", "", line(header), "|" + "---|" * len(header)] + [line(row) for row in rows]
+    return [line(header), "|" + "---|" * len(header)] + [line(row) for row in rows]
+
+
+Section = tuple[str, list[str], list[list[str]], str]
+"""A further table under the first: its title, header, rows and note."""
+
+
+def write_table(out: Path, title: str, header: list[str], rows: list[list[str]], note: str = "",
+                sections: tuple[Section, ...] = ()) -> Path:  # fmt: skip
+    """A Markdown table with a title line and an optional note below it, then any further sections."""
+    lines = [f"# {title}", "", *markdown_table(header, rows)] + (["", note] if note else [])
+    for subtitle, sub_header, sub_rows, sub_note in sections:
+        lines += ["", f"## {subtitle}", "", *markdown_table(sub_header, sub_rows), "", sub_note]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines + ([""] + [note] if note else [])) + "\n")
+    out.write_text("\n".join(lines) + "\n")
     return out
 
 
@@ -286,11 +299,8 @@ def kl_estimators(samples: int, seed: int, out_png: Path, out_md: Path) -> list[
                   "k3 · π_θ/π_old on x ~ π_old"]  # fmt: skip
     off_note = (f"π_ref = N(0, 1), π_old = N(0.5, 1), π_θ = N(0.5 + δ, 1); the same {samples:,} samples, shifted "
                 "to π_old.")  # fmt: skip
-    table = write_table(out_md, "k1, k2 and k3 on a known pair of Gaussians", header, rows, note)
-    with open(table, "a") as f:
-        f.write("\n## GRPO's penalty: the estimators on samples from π_old\n\n| " + " | ".join(off_header) + " |\n|"
-                + "---|" * len(off_header) + "\n" + "".join("| " + " | ".join(r) + " |\n" for r in off_rows)
-                + "\n" + off_note + "\n")  # fmt: skip
+    section = ("GRPO's penalty: the estimators on samples from π_old", off_header, off_rows, off_note)
+    table = write_table(out_md, "k1, k2 and k3 on a known pair of Gaussians", header, rows, note, (section,))
     return [save_png(fig, out_png), table]
 
 
