@@ -63,6 +63,23 @@ def normalize(advantages: Tensor, eps: float = 1e-8) -> Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + eps)
 
 
+
+def normalize_rows(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """:func:`normalize` within each row, over the row's masked entries (one row per seed of a stack)::
+
+        Â_j = (A_j − μ) / (σ + ε),   μ = Σ_j m_j A_j / n,   σ² = Σ_j m_j (A_j − μ)² / (n − 1),   n = Σ_j m_j
+
+    m_j is ``mask`` (True where entry j is a sample). A row with fewer than 2 samples is only centred, as
+    :func:`normalize` does.  advantages, mask (S, B) → (S, B); entries outside the mask are meaningless.
+    """
+    if advantages.shape != mask.shape:
+        raise ValueError(f"normalize_rows: advantages {tuple(advantages.shape)} and mask {tuple(mask.shape)} differ")
+    n = mask.sum(-1, keepdim=True)  # (S, 1)
+    mean = torch.where(mask, advantages, 0.0).sum(-1, keepdim=True) / n.clamp(min=1)
+    centred = advantages - mean
+    variance = torch.where(mask, centred.pow(2), 0.0).sum(-1, keepdim=True) / (n - 1).clamp(min=1)
+    return torch.where(n < 2, centred, centred / (variance.sqrt() + eps))
+
 # ── group-relative advantages (GRPO and its variants) ──────────────────────────────────────────────
 # Shapes: B start states (groups) × G members. R (B, G) is each member's return. A group whose
 # returns all tie carries no signal: its advantages are exactly 0, never NaN or rounding noise.

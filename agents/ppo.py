@@ -199,9 +199,7 @@ class Learner:
 
 def build(cfg: PPOConfig) -> Agent:
     """PPO's envs, actor-critic and Adam, as the parts that ``training.run`` drives."""
-    options = EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward, gamma=cfg.gamma,
-                         vectorization=cfg.vectorization, reward_delay=cfg.reward_delay)  # fmt: skip
-    envs = open_envs(cfg, cfg.n_envs, options)
+    envs = open_envs(cfg, cfg.n_envs, env_options(cfg))
     model = ActorCritic(network_spec(envs.train, cfg, cfg.shared_trunk)).to(cfg.device)
     optimizer = adam(model, cfg.learning_rate)
     buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)
@@ -222,6 +220,12 @@ def build(cfg: PPOConfig) -> Agent:
         networks={"actor_critic": model},
         close=envs.close,
     )
+
+
+def env_options(cfg: PPOConfig) -> EnvOptions:
+    """How PPO's training envs are wrapped: normalization, vectorization, a delayed reward."""
+    return EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward, gamma=cfg.gamma,
+                      vectorization=cfg.vectorization, reward_delay=cfg.reward_delay)
 
 
 def collect(ppo: Learner, iteration: int) -> Collected:

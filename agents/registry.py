@@ -14,7 +14,7 @@ from typing import Any
 
 from gymnasium.vector import VectorEnv
 
-from agents import grpo, ppo, sb3
+from agents import grpo, ppo, ppo_stack, sb3
 from agents.config import RunConfig
 from agents.networks import Actor, ActorCritic, load_weights
 from agents.training import check_env, network_spec
@@ -34,6 +34,12 @@ class Algo:
     """The presets file, ``agents/presets/<preset>.yaml``; None: the algo's own name."""
     fixed: dict[str, Any] = field(default_factory=dict)
     """Config values that make this algo a variant of another (PPO with λ = 0, say); not overridable."""
+    train_stack: Callable[[list[Any], list[Path], bool, str], list[dict[str, Any]]] | None = None
+    """``train_stack(cfgs, run_dirs, resume, name)``: seeds side by side in one process; None: not supported."""
+
+    def check_stack(self, cfgs: list[RunConfig]) -> None:
+        """The configs can train as one stack (they differ in the seed only)."""
+        ppo_stack.check_stackable(cfgs)  # type: ignore[arg-type]
 
     def validate(self, cfg: RunConfig) -> None:
         """Every check that needs the env, run before anything is written: the env builds with the
@@ -54,7 +60,8 @@ def _load_sb3_policy(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]
     return sb3.load_policy(cfg, weights)
 
 
-_PPO = {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": _load_actor_critic, "preset": "ppo"}
+_PPO = {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": _load_actor_critic, "preset": "ppo",
+        "train_stack": ppo_stack.train}  # fmt: skip
 _GRPO = {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": _load_actor, "checks": grpo.validate,
          "preset": "grpo"}  # fmt: skip
 ALGOS: dict[str, Algo] = {

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -123,7 +123,7 @@ def obs_statistics(env: VectorEnv) -> dict[str, Any]:
     return observation_statistics(envs_pkg.normalizer_state(env))
 
 
-def evaluate(agent: Agent, deterministic: bool = True, device: str = "cpu") -> np.ndarray:
+def evaluate(agent: Lane, deterministic: bool = True, device: str = "cpu") -> np.ndarray:
     """One episode per eval sub-env of the agent's policy, with the training observation statistics, frozen."""
     envs_pkg.load_normalizer_state(agent.eval_env, agent.obs_stats())
     seeds = [EVAL_SEED_BASE + i for i in range(agent.eval_env.num_envs)]
@@ -143,7 +143,7 @@ class EvalSchedule:
         """An evaluation at ``step`` is in the logs already, in this session or before its checkpoint."""
         return self.logged_step == step  # run() sets it with every evaluation
 
-    def maybe_run(self, agent: Agent, step: int) -> dict[str, float]:
+    def maybe_run(self, agent: Lane, step: int) -> dict[str, float]:
         if step < self.next_step:
             return {}
         while self.next_step <= step:
@@ -153,7 +153,7 @@ class EvalSchedule:
     def ran_at(self, step: int) -> bool:
         return self.last is not None and self.last[0] == step
 
-    def run(self, agent: Agent, step: int) -> dict[str, float]:
+    def run(self, agent: Lane, step: int) -> dict[str, float]:
         if not self.ran_at(step):
             self.last = (step, evaluate(agent, True, self.device))
             self.logged_step = step
@@ -199,9 +199,29 @@ class Collected:
     episode_lengths: Sequence[float]
 
 
+class Lane(Protocol):
+    """One seed's share of what is trained: what its run directory records and what evaluates it.
+
+    A single run has one lane, the :class:`Agent` itself. A stack of seeds (``ppo_stack.py``) has one per
+    seed, whose networks are views of that seed's row of the stacked parameters.
+    """
+
+    model: torch.nn.Module
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    eval_env: VectorEnv
+    obs_stats: Callable[[], dict[str, Any]]
+    save: Callable[[], dict[str, Any]]
+    load: Callable[[dict[str, Any]], None]
+    networks: dict[str, torch.nn.Module]
+    rng_state: Callable[[], dict[str, Any]]
+    load_rng: Callable[[dict[str, Any]], None]
+
+
 @dataclass
 class Agent:
-    """What one algorithm supplies to :func:`run`; everything around it is the lifecycle's."""
+    """What one algorithm supplies to :func:`run`; everything around it is the lifecycle's. It is its
+    own single :class:`Lane`."""
 
     model: torch.nn.Module
     """Every trained parameter: saved as the checkpoint's ``model`` and checked for NaN after each update."""
@@ -225,6 +245,37 @@ class Agent:
     networks: dict[str, torch.nn.Module]
     """Networks whose sizes the summary reports, by name."""
     close: Callable[[], None]
+    rng_state: Callable[[], dict[str, Any]] = runlog.rng_state
+    """The random number generators it draws from, for checkpoints: the process's global ones."""
+    load_rng: Callable[[dict[str, Any]], None] = runlog.load_rng_state
+
+
+@dataclass
+class Stack:
+    """S agents trained side by side in one process, one lane per seed; a single run is a stack of one.
+
+    ``collect(iterations, running)`` returns each lane's experience (None for a lane no longer running);
+    ``update(collected, iterations, progress_remaining, running)`` learns from it and returns each lane's
+    metrics. A lane's work never depends on the other lanes.
+    """
+
+    lanes: list[Lane]
+    collect: Callable[[list[int], list[bool]], list[Collected | None]]
+    update: Callable[[list[Collected | None], list[int], list[float], list[bool]], list[dict[str, float | None]]]
+    tags: list[str]
+    close: Callable[[], None]
+
+
+def one_lane(agent: Agent) -> Stack:
+    """A single agent as a stack of one."""
+    return Stack(
+        lanes=[agent],
+        collect=lambda iterations, running: [agent.collect(iterations[0])],
+        update=lambda collected, iterations, remaining, running: [agent.update(collected[0], iterations[0],
+                                                                               remaining[0])],
+        tags=agent.tags,
+        close=agent.close,
+    )  # fmt: skip
 
 
 # Losses that must stay finite; a NaN in one stops the run with the last good checkpoint kept.
@@ -236,76 +287,163 @@ LOSS_TAGS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losse
 
 def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bool, name: str) -> dict[str, Any]:
     """Train the agent that ``build(cfg)`` makes into ``run_dir``; returns the summary also written to
-    ``summary.json``.
+    ``summary.json``. One seed: a stack of one (:func:`run_stack`)."""
 
-    One iteration: ``collect`` → the learning-rate schedule → ``update`` → log, evaluate, checkpoint.
-    The schedule decays by the fraction of the budget still to go after this iteration's steps, as SB3
-    computes it, so the RL Zoo presets mean the same here. Progress rows and TensorBoard events reach the
-    disk before each checkpoint, which records how far progress.csv went: a resume after any kill writes
-    each iteration exactly once.
-    """
-    seed_everything(cfg.seed)
-    agent = build(cfg)
-    global_step, iteration, wall_offset, csv_bytes, eval_step = 0, 0, 0.0, None, None
-    if resume:
-        try:
-            ckpt = runlog.load_checkpoint(run_dir, {"algo": name, "env_id": cfg.env_id})
-            load_weights(agent.model, ckpt["model"], str(run_dir / runlog.CHECKPOINT))
-            agent.optimizer.load_state_dict(ckpt["optimizer"])
-            agent.load(ckpt)
-        except BaseException:
-            agent.close()
-            raise
-        global_step, iteration, wall_offset = ckpt["global_step"], ckpt["iteration"], ckpt["wall_time_s"]
-        csv_bytes, eval_step = ckpt.get("csv_bytes"), ckpt.get("eval_step")
-        runlog.load_rng_state(ckpt["rng"])
-    tracker = RunTracker(run_dir, name, cfg, agent.tags, global_step, wall_offset, resume, csv_bytes, eval_step)
-    status, error, disk_error = "completed", None, None
+    def build_one(cfgs: list[RunConfig]) -> Stack:
+        seed_everything(cfg.seed)
+        return one_lane(build(cfg))
 
-    def checkpoint() -> None:
-        tracker.log.flush()
-        runlog.save_checkpoint(run_dir, {
-            "algo": name, "env_id": cfg.env_id, "global_step": global_step, "iteration": iteration,
-            "wall_time_s": tracker.wall_time(), "csv_bytes": tracker.log.csv_bytes(), "rng": runlog.rng_state(),
-            "eval_step": tracker.evals.logged_step,
-            "model": agent.model.state_dict(), "optimizer": agent.optimizer.state_dict(), **agent.save(),
+    return run_stack(build_one, [cfg], [run_dir], resume, name)[0]
+
+
+@dataclass
+class LaneRun:
+    """The lifecycle's record of one lane: where it writes, how far it got, and how it ended."""
+
+    cfg: RunConfig
+    run_dir: Path
+    lane: Lane
+    tracker: RunTracker | None = None
+    global_step: int = 0
+    iteration: int = 0
+    status: str | None = None  # None while it trains; then completed, failed or interrupted
+    error: str | None = None
+    summary: dict[str, Any] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.status is None
+
+    def resume(self, name: str) -> tuple[float, int | None, int | None]:
+        """Weights, optimizer, the lane's own state and its random number generators from the checkpoint;
+        returns what the tracker continues from: (wall time so far, progress.csv's size, last evaluation step)."""
+        ckpt = runlog.load_checkpoint(self.run_dir, {"algo": name, "env_id": self.cfg.env_id})
+        load_weights(self.lane.model, ckpt["model"], str(self.run_dir / runlog.CHECKPOINT))
+        self.lane.optimizer.load_state_dict(ckpt["optimizer"])
+        self.lane.load(ckpt)
+        self.global_step, self.iteration = ckpt["global_step"], ckpt["iteration"]
+        self.lane.load_rng(ckpt["rng"])
+        return ckpt["wall_time_s"], ckpt.get("csv_bytes"), ckpt.get("eval_step")
+
+    def checkpoint(self, name: str) -> None:
+        assert self.tracker is not None
+        self.tracker.log.flush()
+        runlog.save_checkpoint(self.run_dir, {
+            "algo": name, "env_id": self.cfg.env_id, "global_step": self.global_step, "iteration": self.iteration,
+            "wall_time_s": self.tracker.wall_time(), "csv_bytes": self.tracker.log.csv_bytes(),
+            "rng": self.lane.rng_state(), "eval_step": self.tracker.evals.logged_step,
+            "model": self.lane.model.state_dict(), "optimizer": self.lane.optimizer.state_dict(), **self.lane.save(),
         })  # fmt: skip
 
-    with runlog.StopFlag() as stop:
+    def end(self, status: str, error: str | None = None) -> None:
+        """Final evaluation (completed runs) and summary.json; the lane trains no more."""
+        assert self.tracker is not None
+        self.status, self.error = status, error
+        self.summary = self.tracker.finish(self.lane, status, error, self.global_step)
+
+
+def failure(exc: Exception, run_dir: Path, show: bool = True) -> tuple[str, OSError | None]:
+    """The error a failed run records, and the disk error to report after it, if that was the cause.
+    ``show``: print an unexpected crash's traceback (once per crash, not once per lane)."""
+    if isinstance(exc, runlog.NonFiniteError):
+        return str(exc), None
+    if isinstance(exc, OSError):  # a full or read-only disk: recorded where it still can be, then reported
+        return f"cannot write to {run_dir}: {exc.strerror or exc}", exc
+    if show:
+        traceback.print_exc()  # any other crash is recorded in summary.json, then shown in full
+    return f"{type(exc).__name__}: {exc}", None
+
+
+def run_stack(
+    build: Callable[[list[Any]], Stack], cfgs: Sequence[RunConfig], run_dirs: Sequence[Path], resume: bool, name: str
+) -> list[dict[str, Any]]:
+    """Train the stack that ``build(cfgs)`` makes, lane k into ``run_dirs[k]``; returns each lane's summary,
+    also written to its ``summary.json``. ``build`` seeds each lane.
+
+    One iteration: ``collect`` → the learning-rate schedule → ``update`` → per lane: log, evaluate,
+    checkpoint. The schedule decays by the fraction of the budget still to go after this iteration's
+    steps, as SB3 computes it, so the RL Zoo presets mean the same here. Progress rows and TensorBoard
+    events reach the disk before each checkpoint, which records how far progress.csv went: a resume after
+    any kill writes each iteration exactly once. A lane that fails (a NaN, a full disk) ends alone; the
+    others go on. A failure of the shared iteration itself ends every running lane.
+    """
+    stack = build(list(cfgs))
+    runs = [LaneRun(cfg, run_dir, lane) for cfg, run_dir, lane in zip(cfgs, run_dirs, stack.lanes, strict=True)]
+    try:
+        for lane_run in runs:
+            wall_offset, csv_bytes, eval_step = lane_run.resume(name) if resume else (0.0, None, None)
+            lane_run.tracker = RunTracker(lane_run.run_dir, name, lane_run.cfg, stack.tags, lane_run.global_step,
+                                          wall_offset, resume, csv_bytes, eval_step)  # fmt: skip
+    except BaseException:
+        stack.close()
+        raise
+    disk_errors: list[OSError] = []
+
+    def fail(lane_run: LaneRun, exc: Exception, show: bool = True) -> None:
+        error, disk_error = failure(exc, lane_run.run_dir, show)
+        disk_errors.extend([disk_error] if disk_error else [])
+        lane_run.end("failed", error)
+
+    try:
+        with runlog.StopFlag() as stop:
+            train_lanes(stack, runs, stop, fail, name)
+    finally:
+        stack.close()
+    if disk_errors:
+        raise disk_errors[0]  # the command line reports it in one line, with exit status 2
+    return [lane_run.summary or {} for lane_run in runs]
+
+
+def train_lanes(
+    stack: Stack, runs: list[LaneRun], stop: runlog.StopFlag, fail: Callable[..., None], name: str
+) -> None:
+    """The iterations of :func:`run_stack`, until every lane has completed, failed or been interrupted."""
+    for lane_run in runs:
+        if lane_run.global_step >= lane_run.cfg.total_steps:  # resumed at or past its budget
+            try:
+                lane_run.checkpoint(name)
+                lane_run.end("completed")
+            except Exception as exc:  # noqa: BLE001
+                fail(lane_run, exc)
+    while any(lane_run.running for lane_run in runs):
+        running = [lane_run.running for lane_run in runs]
+        iterations = [lane_run.iteration for lane_run in runs]
         try:
-            while global_step < cfg.total_steps:
-                collected = agent.collect(iteration)
-                global_step += collected.env_steps
-                iteration += 1
-                remaining = max(1.0 - global_step / cfg.total_steps, 0.0)
-                lr = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
-                for group in agent.optimizer.param_groups:
-                    group["lr"] = lr
-                metrics = {**agent.update(collected, iteration, remaining), "charts/learning_rate": lr}
-                runlog.check_finite({k: v for k, v in metrics.items() if k in LOSS_TAGS and v is not None}, agent.model)
-                tracker.record(global_step, metrics, agent, collected.episode_returns, collected.episode_lengths)
-                stopping = stop.raised  # read once: a signal landing between two reads would skip the checkpoint
-                if tracker.checkpoint_due(global_step, stopping):
-                    checkpoint()
+            collected = stack.collect(iterations, running)
+            remaining, lrs = [], []
+            for lane_run, batch in zip(runs, collected, strict=True):
+                if batch is not None:
+                    lane_run.global_step += batch.env_steps
+                    lane_run.iteration += 1
+                remaining.append(max(1.0 - lane_run.global_step / lane_run.cfg.total_steps, 0.0))
+                lrs.append(lane_run.cfg.learning_rate * (remaining[-1] if lane_run.cfg.anneal_lr else 1.0))
+                for group in lane_run.lane.optimizer.param_groups:
+                    group["lr"] = lrs[-1]
+            metrics = stack.update(collected, [r.iteration for r in runs], remaining, running)
+        except Exception as exc:  # noqa: BLE001  the shared iteration failed: every running lane with it
+            for k, lane_run in enumerate(r for r in runs if r.running):
+                fail(lane_run, exc, show=k == 0)
+            break
+        stopping = stop.raised  # read once: a signal landing between two reads would skip a checkpoint
+        for lane_run, batch, lane_metrics, lr in zip(runs, collected, metrics, lrs, strict=True):
+            if batch is None or not lane_run.running:
+                continue
+            try:
+                lane_metrics = {**lane_metrics, "charts/learning_rate": lr}
+                runlog.check_finite({k: v for k, v in lane_metrics.items() if k in LOSS_TAGS and v is not None},
+                                    lane_run.lane.model)  # fmt: skip
+                assert lane_run.tracker is not None
+                lane_run.tracker.record(lane_run.global_step, lane_metrics, lane_run.lane, batch.episode_returns,
+                                        batch.episode_lengths)  # fmt: skip
+                if lane_run.tracker.checkpoint_due(lane_run.global_step, stopping):
+                    lane_run.checkpoint(name)
                 if stopping:
-                    status = "interrupted"
-                    break
-            else:
-                checkpoint()
-        except runlog.NonFiniteError as exc:
-            status, error = "failed", str(exc)
-        except OSError as exc:  # a full or read-only disk: recorded where it still can be, then reported
-            status, error, disk_error = "failed", f"cannot write to {run_dir}: {exc.strerror or exc}", exc
-        except Exception as exc:  # noqa: BLE001  any crash is recorded in summary.json, then shown in full
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
-        try:
-            summary = tracker.finish(agent, status, error, global_step)
-        finally:
-            agent.close()
-    if disk_error is not None:
-        raise disk_error  # the command line reports it in one line, with exit status 2
-    return summary
+                    lane_run.end("interrupted")
+                elif lane_run.global_step >= lane_run.cfg.total_steps:
+                    lane_run.checkpoint(name)
+                    lane_run.end("completed")
+            except Exception as exc:  # noqa: BLE001  recorded in this lane's summary.json
+                fail(lane_run, exc)
 
 
 class RunTracker:
@@ -345,7 +483,7 @@ class RunTracker:
         self,
         step: int,
         metrics: dict[str, float | None],
-        agent: Agent,
+        agent: Lane,
         episode_returns: Sequence[float],
         episode_lengths: Sequence[float],
     ) -> None:
@@ -372,7 +510,7 @@ class RunTracker:
             return True
         return False
 
-    def finish(self, agent: Agent, status: str, error: str | None, step: int) -> dict[str, Any]:
+    def finish(self, agent: Lane, status: str, error: str | None, step: int) -> dict[str, Any]:
         """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs.
 
         A second stop signal during the final evaluation ends it: the run is then ``interrupted`` at its

@@ -22,6 +22,7 @@ driver) and stop with a checkpoint when the driver that started them dies, even 
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import signal
@@ -41,7 +42,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import yaml
 
-from agents import runlog
+from agents import registry, runlog
 from envs import action_space_of
 from envs.errors import BadInput
 from lab.results import read_summary
@@ -95,6 +96,36 @@ class Cell:
         for pair in self.overrides:
             argv += ["--set", pair]
         return argv + (["--resume"] if resume else [])
+
+    @property
+    def stack_key(self) -> tuple[Any, ...]:
+        """Cells with the same key differ in the seed only, so they can train side by side in one process."""
+        return self.algo, self.env_id, self.variant, self.total_steps, self.overrides
+
+
+def stack_command(cells: list[Cell], bench_dir: Path, resume: bool) -> list[str]:
+    """One ``testbed train --seeds`` process for cells that differ in the seed only (one cell: its own command)."""
+    first = cells[0]
+    if len(cells) == 1:
+        return first.command(first.run_dir(bench_dir), resume)
+    argv = first.command(first.run_dir(bench_dir).parent, resume)
+    at = argv.index("--seed")
+    argv[at : at + 2] = ["--seeds", ",".join(str(cell.seed) for cell in cells)]
+    return argv
+
+
+def pack_stacks(cells: list[Cell], stack: int) -> list[list[Cell]]:
+    """Group the cells into stacks of at most ``stack`` seeds of one (algo, env, variant), for the algos that
+    train seeds side by side; every other cell is a stack of one. Stacks of a group are near-equal in size."""
+    groups: dict[tuple[Any, ...], list[Cell]] = {}
+    for cell in cells:
+        stackable = registry.get(cell.algo).train_stack is not None
+        groups.setdefault(cell.stack_key if stackable else (id(cell),), []).append(cell)
+    stacks = []
+    for group in groups.values():
+        count = math.ceil(len(group) / max(stack, 1))
+        stacks += [part for part in (group[i::count] for i in range(count)) if part]
+    return [sorted(part, key=lambda c: c.seed) for part in stacks]
 
 
 @dataclass
@@ -286,7 +317,7 @@ class Stop:
     """
 
     requested = False
-    children: ClassVar[dict[subprocess.Popen[bytes], Path]] = {}  # each running trainer → its run directory
+    children: ClassVar[dict[subprocess.Popen[bytes], tuple[Path, ...]]] = {}  # each running trainer → its run dirs
     stopped: ClassVar[set[Path]] = set()  # run directories stopped on their own (a pruned tuning trial's seeds)
 
     @classmethod
@@ -299,8 +330,8 @@ class Stop:
     def stop_runs(cls, run_dirs: set[Path]) -> None:
         """Stop the trainers of these run directories only, with a checkpoint; none of them starts again."""
         cls.stopped |= run_dirs
-        for process, run_dir in list(cls.children.items()):
-            if run_dir in run_dirs:
+        for process, trained in list(cls.children.items()):
+            if run_dirs & set(trained):
                 process.send_signal(signal.SIGINT)
 
     @classmethod
@@ -308,25 +339,40 @@ class Stop:
         return cls.requested or run_dir in cls.stopped
 
 
-def _train(cell: Cell, run_dir: Path, resume: bool) -> tuple[str, str | None]:
-    """One ``testbed train`` process; returns its status and error."""
+def _train(cells: list[Cell], bench_dir: Path, resume: bool) -> list[tuple[str, str | None]]:
+    """One ``testbed train`` process for the cells (seeds side by side when there are several); returns each
+    cell's status and error. The process's output goes to every cell's log."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            runlog.PARENT_PID: str(os.getpid())}  # fmt: skip
-    with open(log_path(run_dir), "a") as log:
-        log.write(f"$ {' '.join(cell.command(run_dir, resume)[1:])}\n")
+    run_dirs = [cell.run_dir(bench_dir) for cell in cells]
+    command = stack_command(cells, bench_dir, resume)
+    shared_log = log_path(run_dirs[0]) if len(cells) == 1 else run_dirs[0].parent / f".stack-{os.getpid()}.log"
+    with open(shared_log, "a") as log:
+        log.write(f"$ {' '.join(command[1:])}\n")
         log.flush()
-        process = subprocess.Popen(cell.command(run_dir, resume), stdout=log, stderr=subprocess.STDOUT, env=env,
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)  # fmt: skip
-        Stop.children[process] = run_dir
-        if run_dir in Stop.stopped:  # stopped while this process was starting
+        Stop.children[process] = tuple(run_dirs)
+        if Stop.stopped & set(run_dirs):  # stopped while this process was starting
             process.send_signal(signal.SIGINT)
         try:
             returncode = process.wait()
-        except KeyboardInterrupt:  # a cancelled Ray task: let the cell checkpoint before leaving
+        except KeyboardInterrupt:  # a cancelled Ray task: let the cells checkpoint before leaving
             process.send_signal(signal.SIGINT)
             returncode = process.wait()
         finally:
             Stop.children.pop(process, None)
+    if len(cells) > 1:
+        output = shared_log.read_text()
+        for run_dir in run_dirs:
+            with open(log_path(run_dir), "a") as log:
+                log.write(output)
+        shared_log.unlink()
+    return [_result(run_dir, returncode) for run_dir in run_dirs]
+
+
+def _result(run_dir: Path, returncode: int) -> tuple[str, str | None]:
+    """A trained cell's status and error, from its summary.json (or its log's last lines, without one)."""
     try:
         summary = read_summary(run_dir)
     except BadInput as error:  # a summary cut short: the attempt failed, and is set aside like any other
@@ -338,27 +384,51 @@ def _train(cell: Cell, run_dir: Path, resume: bool) -> tuple[str, str | None]:
 
 
 def run_cell(cell: Cell, bench_dir: Path, retries: int = 1) -> Outcome:
-    """Train one cell to completion: skip it if done, resume it if interrupted, retry it once if it fails.
+    """Train one cell: :func:`run_cells` with a stack of one."""
+    return run_cells([cell], bench_dir, retries)[0]
+
+
+def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1) -> list[Outcome]:
+    """Train cells that differ in the seed only, side by side in one process (``train --seeds``): skip those
+    done, resume those interrupted (one process), start the others (another), and retry the failed ones
+    once, from scratch and together.
 
     A run directory that another process still writes is waited for (:func:`wait_for_writer`), then left
     alone: the cell fails without a retry, and nothing is set aside.
     """
-    run_dir = cell.run_dir(bench_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    holder = wait_for_writer(run_dir)
-    if holder is not None:
-        return _still_written(cell, run_dir, holder)
-    status = read_status(run_dir)
-    if status == "completed":
-        return Outcome(cell, "completed", attempts=0)
-    resumed = (run_dir / "checkpoint.pt").exists() and status != "failed"
-    if run_dir.exists() and not resumed:
-        _set_aside(run_dir)
-    outcome = Outcome(cell, *_train(cell, run_dir, resumed), resumed=resumed)
-    while outcome.status == "failed" and outcome.attempts <= retries and not Stop.halted(run_dir):
-        _set_aside(run_dir)
-        outcome = Outcome(cell, *_train(cell, run_dir, False), attempts=outcome.attempts + 1)
-    return outcome
+    outcomes: dict[int, Outcome] = {}
+    starts: tuple[list[int], list[int]] = ([], [])  # (fresh, resumed) cell indices
+    run_dirs = [cell.run_dir(bench_dir) for cell in cells]
+    for i, (cell, run_dir) in enumerate(zip(cells, run_dirs, strict=True)):
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        holder = wait_for_writer(run_dir)
+        if holder is not None:
+            outcomes[i] = _still_written(cell, run_dir, holder)
+            continue
+        status = read_status(run_dir)
+        if status == "completed":
+            outcomes[i] = Outcome(cell, "completed", attempts=0)
+            continue
+        resumed = (run_dir / "checkpoint.pt").exists() and status != "failed"
+        if run_dir.exists() and not resumed:
+            _set_aside(run_dir)
+        starts[resumed].append(i)
+    for resumed, indices in ((True, starts[True]), (False, starts[False])):
+        if indices:
+            results = _train([cells[i] for i in indices], bench_dir, resumed)
+            outcomes.update({i: Outcome(cells[i], *result, resumed=resumed) for i, result in zip(indices, results)})
+
+    def to_retry() -> list[int]:
+        return [i for i in starts[0] + starts[1] if outcomes[i].status == "failed"
+                and outcomes[i].attempts <= retries and not Stop.halted(run_dirs[i])]  # fmt: skip
+
+    while retry := to_retry():
+        for i in retry:
+            _set_aside(run_dirs[i])
+        results = _train([cells[i] for i in retry], bench_dir, False)
+        outcomes.update({i: Outcome(cells[i], *result, attempts=outcomes[i].attempts + 1)
+                         for i, result in zip(retry, results)})  # fmt: skip
+    return [outcomes[i] for i in range(len(cells))]
 
 
 # ── a cell on a Ray worker: only its run directory and log travel ─────────────────────────────────
@@ -383,16 +453,18 @@ def unpack_run(data: bytes, folder: Path) -> None:
         tar.extractall(folder, filter="data")
 
 
-def run_cell_remote(cell: Cell, files: bytes | None, retries: int) -> tuple[Outcome, bytes | None]:
-    """A Ray task: run the cell in a scratch bench folder, from the run directory and log in ``files`` if
-    any; send back that run directory and log only."""
+def run_cells_remote(
+    cells: list[Cell], files: list[bytes | None], retries: int
+) -> list[tuple[Outcome, bytes | None]]:
+    """A Ray task: run the cells (one stack) in a scratch bench folder, each from the run directory and log in
+    its ``files`` if any; send back those run directories and logs only."""
     with tempfile.TemporaryDirectory() as scratch:
-        run_dir = cell.run_dir(Path(scratch))
-        run_dir.parent.mkdir(parents=True)
-        if files is not None:
-            unpack_run(files, run_dir.parent)
-        outcome = run_cell(cell, Path(scratch), retries)
-        return outcome, pack_run(run_dir)
+        for cell, packed in zip(cells, files, strict=True):
+            cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
+            if packed is not None:
+                unpack_run(packed, cell.run_dir(Path(scratch)).parent)
+        outcomes = run_cells(cells, Path(scratch), retries)
+        return [(outcome, pack_run(cell.run_dir(Path(scratch)))) for cell, outcome in zip(cells, outcomes)]
 
 
 def receive_cell(outcome: Outcome, files: bytes | None, bench_dir: Path) -> Outcome:
@@ -470,55 +542,67 @@ class Board:
             self.bar.close()
 
 
-def run_local(cells: list[Cell], bench_dir: Path, workers: int, retries: int, board: Board) -> list[Outcome]:
+def run_local(cells: list[Cell], bench_dir: Path, workers: int, retries: int, board: Board,
+              stack: int = 1) -> list[Outcome]:  # fmt: skip
+    """The cells on ``workers`` processes at a time, seeds packed into stacks of at most ``stack``."""
     outcomes: list[Outcome] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending: dict[Future[Outcome], Cell] = {}
-        queue = list(cells)
+        pending: dict[Future[list[Outcome]], list[Cell]] = {}
+        queue = pack_stacks(cells, stack)
         try:
             while queue or pending:
                 while queue and len(pending) < workers:
-                    cell = queue.pop(0)
-                    board.started(cell)
-                    pending[pool.submit(run_cell, cell, bench_dir, retries)] = cell
+                    stacked = queue.pop(0)
+                    for cell in stacked:
+                        board.started(cell)
+                    pending[pool.submit(run_cells, stacked, bench_dir, retries)] = stacked
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     pending.pop(future)
-                    outcomes.append(future.result())
-                    board.finished(outcomes[-1])
+                    for outcome in future.result():
+                        outcomes.append(outcome)
+                        board.finished(outcome)
         except KeyboardInterrupt:
             Stop.request()  # every running cell checkpoints and exits; wait for them
             queue.clear()
             for future in pending:
-                outcomes.append(future.result())
-                board.finished(outcomes[-1])
+                for outcome in future.result():
+                    outcomes.append(outcome)
+                    board.finished(outcome)
             raise
     return outcomes
 
 
-def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board) -> list[Outcome]:
+def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board, stack: int = 1) -> list[Outcome]:
+    """Each stack of cells (seeds packed as on the local backend) is one Ray task asking for one CPU."""
     ray = import_ray()
-    remote = ray.remote(num_cpus=1)(run_cell_remote)
+    remote = ray.remote(num_cpus=1)(run_cells_remote)
     outcomes: list[Outcome] = []
-    pending: dict[Any, Cell] = {}
-    for cell in cells:
-        run_dir = cell.run_dir(bench_dir)
-        board.started(cell)
-        holder = wait_for_writer(run_dir)  # a trainer on this machine may still be finishing the cell
-        if holder is not None:
-            outcomes.append(_still_written(cell, run_dir, holder))
-        elif read_status(run_dir) == "completed":
-            outcomes.append(Outcome(cell, "completed", attempts=0))
-        else:
-            pending[remote.remote(cell, pack_run(run_dir), retries)] = cell
-            continue
-        board.finished(outcomes[-1])
+    pending: dict[Any, list[Cell]] = {}
+    for stacked in pack_stacks(cells, stack):
+        to_send = []
+        for cell in stacked:
+            run_dir = cell.run_dir(bench_dir)
+            board.started(cell)
+            holder = wait_for_writer(run_dir)  # a trainer on this machine may still be finishing the cell
+            if holder is not None:
+                outcomes.append(_still_written(cell, run_dir, holder))
+            elif read_status(run_dir) == "completed":
+                outcomes.append(Outcome(cell, "completed", attempts=0))
+            else:
+                to_send.append(cell)
+                continue
+            board.finished(outcomes[-1])
+        if to_send:
+            files = [pack_run(cell.run_dir(bench_dir)) for cell in to_send]
+            pending[remote.remote(to_send, files, retries)] = to_send
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             pending.pop(ready[0])
-            outcomes.append(receive_cell(*ray.get(ready[0]), bench_dir))
-            board.finished(outcomes[-1])
+            for outcome, files in ray.get(ready[0]):
+                outcomes.append(receive_cell(outcome, files, bench_dir))
+                board.finished(outcomes[-1])
     except KeyboardInterrupt:
         # Cancelled cells stop at once on their workers; their partial runs stay there, so they restart
         # from scratch next time. Finished cells are already on this machine.
@@ -584,6 +668,7 @@ def run_grid(
     root: Path = BENCH_ROOT,
     prepare: Callable[[Path], None] | None = None,
     report: bool = True,
+    stack: int = 1,
 ) -> tuple[Path, list[Outcome]]:
     """Run every cell; rebuild the reports from disk (unless ``report`` is False). Returns the bench
     directory and the outcomes.
@@ -591,7 +676,8 @@ def run_grid(
     The bench directory stays locked while the grid runs, so a second driver of the same bench is refused
     (BadInput naming this one) before it writes anything. Under the lock, after the grid's settings and
     every cell's summary.json are checked, ``prepare(bench_dir)`` writes what a caller keeps beside the
-    bench (a credit study's ``credit.yaml``).
+    bench (a credit study's ``credit.yaml``). ``stack``: the most seeds of one (algo, env) cell trained side
+    by side in one process (``train --seeds``), for the algos that support it.
     """
     bench_dir = root / grid.name
     if backend == "ray":
@@ -606,7 +692,7 @@ def run_grid(
         if prepare is not None:
             prepare(bench_dir)
         write_bench_yaml(bench_dir, grid)
-        outcomes, interrupted = _run_cells(cells, bench_dir, workers, backend, retries)
+        outcomes, interrupted = _run_cells(cells, bench_dir, workers, backend, retries, stack)
         try:
             if report:
                 build_reports(bench_dir)
@@ -618,7 +704,7 @@ def run_grid(
 
 
 def _run_cells(
-    cells: list[Cell], bench_dir: Path, workers: int, backend: str, retries: int
+    cells: list[Cell], bench_dir: Path, workers: int, backend: str, retries: int, stack: int = 1
 ) -> tuple[list[Outcome], bool]:
     """Run the cells on the backend, with SIGTERM and SIGINT stopping them cleanly; (outcomes, interrupted)."""
     board = Board(len(cells))
@@ -626,9 +712,9 @@ def _run_cells(
     try:
         with stop_signals():
             if backend == "local":
-                outcomes = run_local(cells, bench_dir, workers, retries, board)
+                outcomes = run_local(cells, bench_dir, workers, retries, board, stack)
             else:
-                outcomes = run_ray(cells, bench_dir, retries, board)
+                outcomes = run_ray(cells, bench_dir, retries, board, stack)
     except KeyboardInterrupt:
         return outcomes, True
     finally:

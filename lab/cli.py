@@ -6,6 +6,7 @@ Bad input exits with status 2 and a one-paragraph message, before any work start
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
+# Seeds per process in bench, credit and tune: the fastest stack size measured for PPO on CartPole
+# (benchmarks/stacking.py; the README's table).
+DEFAULT_STACK = 8
 
 
 def _device(requested: str) -> str:
@@ -39,9 +43,11 @@ def _device(requested: str) -> str:
     return requested
 
 
-def default_run_dir(algo: str, env_id: str, seed: int) -> Path:
+def default_run_dir(algo: str, env_id: str, seed: int, seeds: int = 1) -> Path:
+    """runs/ALGO/ENV/seedN-TIME for one run; runs/ALGO/ENV/seedsN-M-TIME for a stack (seed<k>/ inside)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / algo / env_id.replace("/", "_") / f"seed{seed}-{stamp}"
+    name = f"seed{seed}" if seeds == 1 else f"seeds{seed}-{seed + seeds - 1}"
+    return Path("runs") / algo / env_id.replace("/", "_") / f"{name}-{stamp}"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -56,20 +62,85 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise BadInput(f"{args.algo} fixes {', '.join(f'{k}={algo.fixed[k]}' for k in clash)}; "
                        f"use --algo {args.algo.split('-')[0]} to set {', '.join(clash)}")  # fmt: skip
     overrides = {**algo.fixed, **overrides}
-    if args.seed is not None:
-        overrides["seed"] = args.seed
     if args.total_steps is not None:
         overrides["total_steps"] = args.total_steps
     if args.device is not None:
         overrides["device"] = _device(args.device)
+    if args.resume and args.run_dir is None:
+        raise BadInput("--resume needs --run-dir DIR: the run to continue")
+    if args.resume and args.preset is not None:
+        raise BadInput("a resumed run keeps the settings in its config.yaml; drop --preset")
+    seeds = parse_seeds(args.seeds, args.seed) if args.seeds is not None else None
+    if seeds is not None and algo.train_stack is None:
+        stackable = ", ".join(name for name, a in ALGOS.items() if a.train_stack is not None)
+        raise BadInput(f"--seeds trains seeds side by side, which {args.algo} does not support yet (only {stackable}). "
+                       f"Train one seed per process with --seed, or use `testbed bench`.")  # fmt: skip
 
-    # Every check runs before the run directory is created or changed.
+    # Every check runs before a run directory is created or changed.
+    if seeds is None:
+        if args.seed is not None:
+            overrides["seed"] = args.seed
+        run_dir = Path(args.run_dir) if args.run_dir else None
+        runs = [plan_run(args, algo, overrides, run_dir)]
+    else:
+        parent = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, seeds[0], len(seeds))
+        runs = [plan_run(args, algo, {**overrides, "seed": seed}, parent / f"seed{seed}") for seed in seeds]
+        algo.check_stack([cfg for cfg, _, _, _ in runs])
+    with contextlib.ExitStack() as locks:
+        for cfg, run_dir, preset_name, saved in runs:
+            locks.enter_context(runlog.prepare_run_dir(run_dir, args.resume))
+        for cfg, run_dir, preset_name, saved in runs:
+            if not args.resume or cfg.total_steps != saved.get("total_steps"):
+                runlog.write_config(run_dir, args.algo, cfg)
+            runlog.write_meta(run_dir, {"preset": preset_name, "resumed": args.resume})
+        first_cfg, first_dir, preset_name, _ = runs[0]
+        if seeds is None:
+            print(f"{args.algo} on {first_cfg.env_id}, seed {first_cfg.seed}, {first_cfg.total_steps} steps, preset {preset_name}")
+            print(f"run directory: {first_dir}")
+            summaries = [algo.train(first_cfg, first_dir, args.resume, args.algo)]
+        else:
+            print(f"{args.algo} on {first_cfg.env_id}, seeds {', '.join(map(str, seeds))} side by side, "
+                  f"{first_cfg.total_steps} steps each, preset {preset_name}")
+            print(f"run directories: {first_dir.parent}/seed<k>")
+            assert algo.train_stack is not None
+            summaries = algo.train_stack([r[0] for r in runs], [r[1] for r in runs], args.resume, args.algo)
+
+    print(json.dumps(summaries[0] if seeds is None else summaries, indent=2))
+    for summary in summaries:
+        if summary["status"] == "failed":
+            print(f"error (seed {summary['seed']}): {summary['error']}", file=sys.stderr)
+    where = first_dir if seeds is None else first_dir.parent
+    print(f"Logs, checkpoints and summaries are in {where}. Open TensorBoard with: tensorboard --logdir {where}")
+    statuses = {summary["status"] for summary in summaries}
+    return EXIT_CODES[next(s for s in ("failed", "interrupted", "completed") if s in statuses)]
+
+
+def parse_seeds(spec: str, first: int | None) -> list[int]:
+    """``--seeds``: a count (seeds FIRST … FIRST+N−1, FIRST from --seed or 0) or a comma-separated list."""
+    try:
+        if "," not in spec:
+            count = int(spec)
+            if count < 1:
+                raise ValueError
+            seeds = list(range(first or 0, (first or 0) + count))
+        else:
+            if first is not None:
+                raise BadInput("--seed sets the first seed of a --seeds count; with a --seeds list, drop --seed")
+            seeds = [int(part) for part in spec.split(",")]
+    except ValueError:
+        raise BadInput(f"--seeds takes a count (5) or a list (0,1,2), got {spec!r}") from None
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
+        raise BadInput(f"--seeds must be distinct seeds in [0, 2**32 - 1], got {spec!r}")
+    return seeds
+
+
+def plan_run(
+    args: argparse.Namespace, algo: registry.Algo, overrides: dict[str, Any], run_dir: Path | None
+) -> tuple[RunConfig, Path, str, dict[str, Any]]:
+    """One run's resolved and checked config, run directory, preset name and saved config (on resume)."""
+    saved: dict[str, Any] = {}
     if args.resume:
-        if args.run_dir is None:
-            raise BadInput("--resume needs --run-dir DIR: the run to continue")
-        if args.preset is not None:
-            raise BadInput("a resumed run keeps the settings in its config.yaml; drop --preset")
-        run_dir = Path(args.run_dir)
+        assert run_dir is not None
         saved = runlog.read_config(run_dir)
         if saved.pop("algo") != args.algo or saved.get("env_id") != args.env:
             raise BadInput(f"{run_dir} is a {saved.get('env_id')} run of another algo or env; check --algo and --env")
@@ -93,21 +164,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         preset_file = Path(args.preset) if args.preset else None
         cfg, preset_name = resolve_config(algo.config, algo.preset or args.algo, args.env, continuous, overrides,
                                           preset_file)  # fmt: skip
-        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, cfg.seed)
+        run_dir = run_dir or default_run_dir(args.algo, args.env, cfg.seed)
     algo.validate(cfg)
-    with runlog.prepare_run_dir(run_dir, args.resume):
-        if not args.resume or cfg.total_steps != saved.get("total_steps"):
-            runlog.write_config(run_dir, args.algo, cfg)
-        runlog.write_meta(run_dir, {"preset": preset_name, "resumed": args.resume})
-        print(f"{args.algo} on {cfg.env_id}, seed {cfg.seed}, {cfg.total_steps} steps, preset {preset_name}")
-        print(f"run directory: {run_dir}")
-        summary = algo.train(cfg, run_dir, args.resume, args.algo)
-
-    print(json.dumps(summary, indent=2))
-    if summary["status"] == "failed":
-        print(f"error: {summary['error']}", file=sys.stderr)
-    print(f"Logs, checkpoint and summary are in {run_dir}. Open TensorBoard with: tensorboard --logdir {run_dir}")
-    return EXIT_CODES[summary["status"]]
+    return cfg, run_dir, preset_name, saved
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -177,6 +236,12 @@ def _workers(args: argparse.Namespace) -> int:
     return args.workers or os.cpu_count() or 1
 
 
+def _stack(args: argparse.Namespace) -> int:
+    if args.stack < 1:
+        raise BadInput(f"--stack must be at least 1 (1 trains each seed in its own process), got {args.stack}")
+    return args.stack
+
+
 def _run_grid(
     grid: Any, workers: int, args: argparse.Namespace, reports: str, prepare: Callable[[Path], None] | None = None
 ) -> int:
@@ -184,7 +249,8 @@ def _run_grid(
     from lab import bench
 
     try:
-        bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address, prepare=prepare)
+        bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address, prepare=prepare,
+                                             stack=_stack(args))  # fmt: skip
     except KeyboardInterrupt:
         print("interrupted: running cells saved checkpoints; rerun the same command to continue", file=sys.stderr)
         return 130
@@ -226,6 +292,7 @@ def cmd_credit(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from lab import tune
 
+    stack = _stack(args)
     plan = tune.plan_tune(args.algo, args.env, args.trials, args.total_steps, args.seeds, args.space, args.set,
                           args.name, args.storage, args.first_seed, args.pruner, args.startup_trials,
                           args.sampler_seed)  # fmt: skip
@@ -233,7 +300,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
           f"{len(plan.space)} parameters, {args.backend} backend, {args.workers} trials at a time → "
           f"{tune.TUNE_ROOT / plan.name}")  # fmt: skip
     try:
-        tune_dir, counts = tune.run_study(plan, args.workers, args.backend, args.ray_address)
+        tune_dir, counts = tune.run_study(plan, args.workers, args.backend, args.ray_address, stack=stack)
     except KeyboardInterrupt:
         print("interrupted: running trials saved checkpoints; rerun the same command to continue", file=sys.stderr)
         return 130
@@ -298,7 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="release rewards every K steps or at the episode's end (config key reward_delay)")  # fmt: skip
     train.add_argument("--preset", default=None, metavar="FILE",
                        help="a presets file whose entry for --env replaces the packaged one (e.g. a tune's preset.yaml)")  # fmt: skip
-    train.add_argument("--run-dir", default=None, help="output directory (default: runs/ALGO/ENV/seedN-TIME)")
+    train.add_argument("--seeds", default=None, metavar="N|S1,S2,…",
+                       help="train several seeds side by side in one process (PPO): a count, from --seed on, or a "
+                            "list; each seed writes an ordinary run directory, RUN_DIR/seed<k>")
+    train.add_argument("--run-dir", default=None, help="output directory (default: runs/ALGO/ENV/seedN-TIME); "
+                       "with --seeds, the folder holding seed<k>/ (default: runs/ALGO/ENV/seedsN-M-TIME)")
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     train.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="network device (default cpu)")
     train.set_defaults(func=cmd_train)
@@ -323,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
                       help="override a config key of one algo (ALGO.KEY=VALUE) or of all (KEY=VALUE); repeatable")  # fmt: skip
     grid.add_argument("--workers", type=int, default=None, help="runs at a time (default: the number of cores)")
+    grid.add_argument("--stack", type=int, default=DEFAULT_STACK, metavar="N",
+                       help="the most seeds of one (algo, env) trained side by side in one process, for PPO (default: %(default)s, "
+                            "the fastest measured; 1: one process per seed, as the committed results were made)")
     grid.add_argument("--backend", choices=["local", "ray"], default="local", help="where the runs execute")
     grid.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port); "
                       "default: start a local instance")  # fmt: skip
@@ -344,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
                        help="override a config key of one algo or of all; repeatable")  # fmt: skip
     study.add_argument("--workers", type=int, default=None, help="runs at a time (default: the number of cores)")
+    study.add_argument("--stack", type=int, default=DEFAULT_STACK, metavar="N",
+                       help="the most seeds of one (algo, env) trained side by side in one process, for PPO (default: %(default)s, "
+                            "the fastest measured; 1: one process per seed, as the committed results were made)")
     study.add_argument("--backend", choices=["local", "ray"], default="local", help="where the runs execute")
     study.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port)")
     study.add_argument("--name", default=None, help="runs/bench/NAME (default: credit-TASK)")
@@ -360,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: lab/spaces/ALGO.yaml)")
     tuner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a config key in every trial")
     tuner.add_argument("--workers", type=int, default=1, help="trials at a time, each running its seeds side by side")
+    tuner.add_argument("--stack", type=int, default=DEFAULT_STACK, metavar="N",
+                       help="the most seeds of one (algo, env) trained side by side in one process, for PPO (default: %(default)s, "
+                            "the fastest measured; 1: one process per seed, as the committed results were made)")
     tuner.add_argument("--backend", choices=["local", "ray"], default="local", help="where the trials execute")
     tuner.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port)")
     tuner.add_argument("--name", default=None, help="runs/tune/NAME and the study's name (default: ALGO-ENV)")

@@ -43,8 +43,9 @@ from lab.bench import (
     connect_ray,
     import_ray,
     pack_run,
+    pack_stacks,
     receive_cell,
-    run_cell,
+    run_cells,
     stop_signals,
     unpack_run,
 )
@@ -417,8 +418,11 @@ def mean_curve(run_dirs: list[Path]) -> dict[int, float]:
     return {int(s): float(np.mean([c[s] for c in curves])) for s in sorted(common)}
 
 
-def run_trial(cells: list[Cell], bench_dir: Path, report: Reporter, retries: int = 1) -> tuple[list[Outcome], bool]:
-    """Train the trial's seeds side by side; stop them all when the pruner says so. (outcomes, pruned)."""
+def run_trial(
+    cells: list[Cell], bench_dir: Path, report: Reporter, retries: int = 1, stack: int = 1
+) -> tuple[list[Outcome], bool]:
+    """Train the trial's seeds side by side, in stacks of at most ``stack`` seeds per process (for the algos
+    that support it); stop them all when the pruner says so. (outcomes, pruned)."""
     run_dirs = [cell.run_dir(bench_dir) for cell in cells]
     reported: set[int] = set()
     pruned = False
@@ -431,14 +435,16 @@ def run_trial(cells: list[Cell], bench_dir: Path, report: Reporter, retries: int
                     return True
         return False
 
-    with ThreadPoolExecutor(max_workers=len(cells)) as pool:
-        futures = [pool.submit(run_cell, cell, bench_dir, retries) for cell in cells]
+    stacks = pack_stacks(cells, stack)
+    with ThreadPoolExecutor(max_workers=len(stacks)) as pool:
+        futures = [pool.submit(run_cells, stacked, bench_dir, retries) for stacked in stacks]
         while not all(f.done() for f in futures):
             wait(futures, timeout=POLL_S)
             if not pruned and report_new():
                 pruned = True
                 Stop.stop_runs(set(run_dirs))
-        outcomes = [f.result() for f in futures]
+        by_seed = {o.cell.seed: o for f in futures for o in f.result()}
+        outcomes = [by_seed[cell.seed] for cell in cells]
     if not pruned and all(o.status == "completed" for o in outcomes):
         report_new()  # the last evaluations, written as the runs ended: later trials are pruned against them
     return outcomes, pruned
@@ -473,7 +479,7 @@ class RayReporter:
         return self.reporters[trial_id](step, value)
 
 
-def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any, trial_id: int) -> Any:
+def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any, trial_id: int, stack: int) -> Any:
     """A Ray task: the trial's seeds in a scratch folder; returns (outcomes, pruned, each run's files)."""
     import tempfile
 
@@ -483,7 +489,8 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
             cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
             if packed is not None:
                 unpack_run(packed, cell.run_dir(Path(scratch)).parent)
-        outcomes, pruned = run_trial(cells, Path(scratch), lambda s, v: ray.get(reporter.report.remote(trial_id, s, v)))
+        outcomes, pruned = run_trial(cells, Path(scratch), lambda s, v: ray.get(reporter.report.remote(trial_id, s, v)),
+                                     stack=stack)  # fmt: skip
         return outcomes, pruned, [pack_run(cell.run_dir(Path(scratch))) for cell in cells]
 
 
@@ -531,16 +538,17 @@ def _resumable(study: optuna.Study, driver: str) -> list[Any]:
 
 
 def run_study(
-    plan: TunePlan, workers: int, backend: str, ray_address: str | None, root: Path = TUNE_ROOT
+    plan: TunePlan, workers: int, backend: str, ray_address: str | None, root: Path = TUNE_ROOT, stack: int = 1
 ) -> tuple[Path, dict[str, int]]:
-    """Run the study until it holds ``plan.trials`` trials; write its report. (tune dir, counts by state)."""
+    """Run the study until it holds ``plan.trials`` trials; write its report. (tune dir, counts by state).
+    ``stack``: a trial's seeds train in processes of at most this many seeds (``train --seeds``)."""
     from lab.tune_report import build_tune_report
 
     tune_dir = root / plan.name
     if workers < 1:
         raise BadInput(f"--workers must be at least 1, got {workers}")  # before anything is written
     if backend == "ray":
-        connect_ray(ray_address, workers * len(plan.seeds))
+        connect_ray(ray_address, workers * len(pack_stacks(plan.cells([]), stack)))
     elif backend != "local":
         raise BadInput(f"unknown --backend {backend!r}; choose local or ray")
     driver = f"{socket.gethostname()}:{tune_dir.resolve()}"
@@ -550,7 +558,7 @@ def run_study(
         study = open_study(plan, tune_dir)
         write_tune_yaml(tune_dir, plan)
         enqueue_presets(study, plan)
-        interrupted = _drive(study, plan, tune_dir, driver, workers, backend, counts)
+        interrupted = _drive(study, plan, tune_dir, driver, workers, backend, counts, stack)
         if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)):
             build_tune_report(tune_dir)
     if interrupted:
@@ -559,7 +567,7 @@ def run_study(
 
 
 def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, workers: int, backend: str,
-           counts: dict[str, int]) -> bool:  # fmt: skip
+           counts: dict[str, int], stack: int = 1) -> bool:  # fmt: skip
     """Start trials until the study is full, ``workers`` at a time; True if stopped by Ctrl-C or SIGTERM."""
     resumable = _resumable(study, driver)
     ray_reporter = None
@@ -570,16 +578,17 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         ray_reporter = ray.remote(num_cpus=0, scheduling_strategy=here)(RayReporter).remote(plan, str(tune_dir))
-        remote = ray.remote(num_cpus=len(plan.seeds))(run_trial_remote)
+        remote = ray.remote(num_cpus=len(pack_stacks(plan.cells([]), stack)))(run_trial_remote)
 
     def execute(trial: Any) -> tuple[list[Outcome], bool]:
         bench_dir = trial_dir(tune_dir, trial.number)
         cells = plan.cells(list(trial.user_attrs["overrides"]))
         if backend == "local":
-            return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id))
+            return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id), stack=stack)
         for cell in cells:
             cell.run_dir(bench_dir).parent.mkdir(parents=True, exist_ok=True)
-        ref = remote.remote(cells, [pack_run(c.run_dir(bench_dir)) for c in cells], ray_reporter, trial._trial_id)
+        ref = remote.remote(cells, [pack_run(c.run_dir(bench_dir)) for c in cells], ray_reporter, trial._trial_id,
+                            stack)  # fmt: skip
         remote_refs.add(ref)
         outcomes, pruned, files = ray.get(ref)
         remote_refs.discard(ref)

@@ -1,0 +1,316 @@
+"""PPO for S seeds in one process (``testbed train --seeds``): ``ppo.py``'s iteration with a seed axis.
+
+One iteration, for every seed at once: T steps in each seed's N envs, acting with one batched forward
+pass → GAE over the T × (S·N) columns → K epochs of minibatches, each one batched gradient step for all
+S seeds (``stacked``). PureJaxRL trains seeds the same way (``vmap`` over seeds).
+
+What stays each seed's own, so that seed k trains as its single run would:
+- its envs, with their observation and reward normalizers: a vector env per seed, stepped in turn. One
+  vector env for all S·N envs would share its normalizers and (gymnasium's native CartPole) its random
+  number generator across seeds;
+- its random numbers (a generator per seed): the same draws, in the same order, as a single run's;
+- its minibatches, advantage normalization, gradient-norm clip, target-KL stop and Adam state.
+A minibatch holds a seed's own valid samples split as ``ppo.update`` splits them, padded to a width the
+config fixes; every mean runs over one seed's row. So seed k's numbers are bit-identical whatever seeds
+share its stack, and a stack of one matches a single run to floating-point rounding (batched matmuls
+round differently from single ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector import VectorEnv
+
+from agents import advantages as adv
+from agents import losses
+from agents.networks import ActorCritic
+from agents.ppo import TAGS, PPOConfig, env_options
+from agents.rollout import RolloutState, Segment
+from agents.runlog import config_to_dict
+from agents.seeding import seed_everything
+from agents.stacked import (
+    LaneAdam,
+    SeedAdam,
+    StackedActorCritic,
+    clip_grad_norms_,
+    fixed_minibatch_slots,
+    masked_mean,
+    padded_width,
+)
+from agents.training import (
+    Collected,
+    Envs,
+    Stack,
+    network_spec,
+    obs_statistics,
+    open_envs,
+    restore_envs,
+    run_stack,
+    save_envs,
+)
+from envs.errors import BadInput
+
+
+@dataclass
+class SeedLane:
+    """Seed k's :class:`~agents.training.Lane`: an ordinary ActorCritic whose parameters are views of row k."""
+
+    model: ActorCritic
+    policy: ActorCritic
+    optimizer: LaneAdam
+    eval_env: VectorEnv
+    obs_stats: Any
+    save: Any
+    load: Any
+    networks: dict[str, torch.nn.Module]
+    rng_state: Any
+    load_rng: Any
+
+
+@dataclass
+class StackedLearner:
+    """What a stack carries from one iteration to the next."""
+
+    cfgs: list[PPOConfig]
+    envs: list[Envs]  # one vector env per seed
+    net: StackedActorCritic
+    adam: SeedAdam
+    generators: list[torch.Generator]  # one per seed
+    rollouts: list[RolloutState]  # each seed's next observations
+    numpy_states: list[dict[str, Any]]  # what a single run's checkpoint records of NumPy's global generator
+    lane_adams: list[LaneAdam] = field(default_factory=list)  # each seed's view of ``adam``
+
+    @property
+    def cfg(self) -> PPOConfig:
+        """The settings every seed shares (all but the seed)."""
+        return self.cfgs[0]
+
+
+def check_stackable(cfgs: list[PPOConfig]) -> None:
+    """Seeds stack when their configs differ in the seed alone (and the budget, which a resume may raise)."""
+    shared = [{k: v for k, v in config_to_dict(cfg).items() if k not in ("seed", "total_steps")} for cfg in cfgs]
+    differing = sorted(k for k in shared[0] if any(s[k] != shared[0][k] for s in shared[1:]))
+    if differing:
+        raise BadInput(f"seeds in one stack must share every setting but the seed; they differ in {', '.join(differing)}")
+    if len({cfg.seed for cfg in cfgs}) != len(cfgs):
+        raise BadInput(f"the seeds of a stack must differ, got {[cfg.seed for cfg in cfgs]}")
+
+
+def build(cfgs: list[PPOConfig]) -> Stack:
+    """Each seed's envs and ActorCritic, built exactly as ``ppo.build`` builds a single run's after seeding,
+    then stacked; each seed's generator continues from the seeded global state, as a single run's draws do."""
+    check_stackable(cfgs)
+    envs, models, generators, numpy_states = [], [], [], []
+    try:
+        for cfg in cfgs:
+            seed_everything(cfg.seed)
+            envs.append(open_envs(cfg, cfg.n_envs, env_options(cfg)))
+            models.append(ActorCritic(network_spec(envs[-1].train, cfg, cfg.shared_trunk)).to(cfg.device))
+            generator = torch.Generator(cfg.device)
+            generator.set_state(torch.get_rng_state() if cfg.device == "cpu" else torch.cuda.get_rng_state())
+            generators.append(generator)
+            numpy_states.append(np.random.get_state(legacy=False))
+    except BaseException:
+        for opened in envs:
+            opened.close()
+        raise
+    rollouts = []
+    for cfg, seed_envs in zip(cfgs, envs, strict=True):
+        obs, _ = seed_envs.train.reset(seed=cfg.seed)
+        rollouts.append(RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool)))
+    net = StackedActorCritic(models)
+    adam = SeedAdam(net.flat, cfgs[0].learning_rate)
+    learner = StackedLearner(list(cfgs), envs, net, adam, generators, rollouts, numpy_states)
+    learner.lane_adams = [LaneAdam(adam, k) for k in range(len(cfgs))]
+    lanes = [lane(learner, k, model) for k, model in enumerate(models)]
+    return Stack(lanes=lanes, collect=partial(collect, learner), update=partial(learn, learner), tags=TAGS,
+                 close=lambda: [seed_envs.close() for seed_envs in envs] and None)  # fmt: skip
+
+
+def lane(learner: StackedLearner, k: int, model: ActorCritic) -> SeedLane:
+    """Seed k as the lifecycle sees it: its network, optimizer state, envs and generators."""
+    seed_envs = learner.envs[k]
+
+    def load(ckpt: dict[str, Any]) -> None:
+        learner.rollouts[k] = restore_envs(seed_envs.train, ckpt, learner.cfgs[k].seed)
+
+    def load_rng(state: dict[str, Any]) -> None:
+        learner.generators[k].set_state(state["torch"])
+        learner.numpy_states[k] = state["numpy"]
+
+    return SeedLane(
+        model=model, policy=model, optimizer=learner.lane_adams[k], eval_env=seed_envs.eval,
+        obs_stats=partial(obs_statistics, seed_envs.train),
+        save=lambda: save_envs(seed_envs.train, learner.rollouts[k]), load=load,
+        networks={"actor_critic": model},
+        rng_state=lambda: {"torch": learner.generators[k].get_state(), "numpy": learner.numpy_states[k]},
+        load_rng=load_rng,
+    )  # fmt: skip
+
+
+# ── the iteration: T steps in S·N envs → GAE → one batched update ─────────────────────────────────
+
+
+def collect(learner: StackedLearner, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    """T steps in each running seed's N envs; the Segment's columns are seed-major (column k·N + n)."""
+    cfg, S = learner.cfg, len(learner.cfgs)
+    T, N, device = cfg.n_steps, cfg.n_envs, cfg.device
+    obs_dim, action_shape = learner.envs[0].obs_dim, learner.envs[0].action_shape
+    discrete = not learner.envs[0].continuous
+    obs = np.zeros((T, S, N, obs_dim), dtype=np.float32)  # (T, S, N, obs_dim)
+    rewards = np.zeros((T, S, N), dtype=np.float32)  # (T, S, N)
+    terminated = np.zeros((T, S, N), dtype=np.bool_)  # (T, S, N)
+    truncated = np.zeros((T, S, N), dtype=np.bool_)  # (T, S, N)
+    actions = torch.zeros((T, S, N, *action_shape), dtype=torch.int64 if discrete else torch.float32)
+    log_probs, values = torch.zeros((T, S, N)), torch.zeros((T, S, N))  # (T, S, N)
+    next_obs = np.stack([rollout.next_obs for rollout in learner.rollouts])  # (S, N, obs_dim)
+    next_is_autoreset = np.stack([rollout.next_is_autoreset for rollout in learner.rollouts])  # (S, N)
+    sample_mask = np.zeros((T, S, N), dtype=np.bool_)  # (T, S, N)
+    generators = [g if on else None for g, on in zip(learner.generators, running, strict=True)]
+    lanes = [k for k in range(S) if running[k]]
+    episodes: list[tuple[list[float], list[float]]] = [([], []) for _ in range(S)]
+    with torch.inference_mode():
+        for t in range(T):
+            obs[t], sample_mask[t] = next_obs, ~next_is_autoreset
+            out, values_t = learner.net.heads(torch.from_numpy(obs[t]).to(device))
+            actions_t, log_probs_t = learner.net.sample(out, generators)
+            actions[t], log_probs[t], values[t] = actions_t, log_probs_t, values_t
+            actions_np = actions_t.cpu().numpy()
+            for k in lanes:
+                next_obs[k], rewards[t, k], terminated[t, k], truncated[t, k], info = learner.envs[k].train.step(
+                    actions_np[k])
+                next_is_autoreset[k] = terminated[t, k] | truncated[t, k]
+                if "_episode" in info:
+                    finished = info["_episode"]
+                    episodes[k][0].extend(info["episode"]["r"][finished].tolist())
+                    episodes[k][1].extend(info["episode"]["l"][finished].tolist())
+        last_values = learner.net.heads(torch.from_numpy(next_obs).to(device))[1].cpu()  # (S, N)
+    for k in lanes:
+        learner.rollouts[k].next_obs, learner.rollouts[k].next_is_autoreset = next_obs[k].copy(), next_is_autoreset[k].copy()
+
+    def columns(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+        x = torch.as_tensor(x)
+        return x.reshape(T, S * N, *x.shape[3:])  # (T, S·N, …)
+
+    values = columns(values)
+    segment = Segment(obs=columns(obs), actions=columns(actions), log_probs=columns(log_probs), values=values,
+                      next_values=torch.cat([values[1:], last_values.reshape(1, S * N)]), rewards=columns(rewards),
+                      terminated=columns(terminated), truncated=columns(truncated),
+                      sample_mask=columns(sample_mask))  # fmt: skip
+    return [Collected(segment, T * N, *episodes[k]) if running[k] else None for k in range(S)]
+
+
+def learn(
+    learner: StackedLearner, collected: list[Collected | None], iterations: list[int], remaining: list[float],
+    running: list[bool],
+) -> list[dict[str, float | None]]:  # fmt: skip
+    """GAE per column, then the batched update; returns each seed's losses and explained variance."""
+    cfg, S, N = learner.cfg, len(learner.cfgs), learner.cfg.n_envs
+    segment = next(c.batch for c in collected if c is not None)
+    clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
+    advantages = adv.gae(segment.rewards, segment.values, segment.next_values, segment.terminated, segment.done,
+                         cfg.gamma, cfg.gae_lambda)  # (T, S·N)  # fmt: skip
+    returns = advantages + segment.values  # (T, S·N)
+    # The lifecycle's schedule set each seed's rate on its optimizer view.
+    learner.adam.lr = torch.tensor([a.param_groups[0]["lr"] for a in learner.lane_adams], dtype=torch.float64)
+    stats = update(learner, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running))  # (S, 5)
+    metrics: list[dict[str, float | None]] = []
+    for k in range(S):
+        cols = slice(k * N, (k + 1) * N)
+        valid = segment.sample_mask[:, cols]
+        policy_loss, value_loss, entropy, approx_kl, clipfrac = stats[k].tolist()
+        metrics.append({
+            "losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/entropy": entropy,
+            "losses/approx_kl": approx_kl, "losses/clipfrac": clipfrac,
+            "losses/explained_variance": losses.explained_variance(segment.values[:, cols][valid],
+                                                                   returns[:, cols][valid]),
+        } if running[k] else {})  # fmt: skip
+    return metrics
+
+
+def update(
+    learner: StackedLearner, segment: Segment, advantages: torch.Tensor, returns: torch.Tensor, clip: torch.Tensor,
+    running: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """K epochs of minibatches for every running seed, as ``ppo.update`` does for one; returns each seed's
+    means over its minibatches of (policy loss, value loss, entropy, approx_kl, clipfrac), (S, 5).
+
+    ``advantages``, ``returns`` (T, S·N); ``clip`` (S, 1), each seed's ε. Seed k's valid samples (autoreset
+    steps excluded) are shuffled by its own generator and split into M near-equal minibatches, each padded
+    to the width W = ⌈T·N / M⌉ with ``mask`` False on the padding.
+    """
+    cfg, net, S = learner.cfg, learner.net, len(learner.cfgs)
+    M, device = cfg.num_minibatches, cfg.device
+
+    def per_seed(x: torch.Tensor) -> torch.Tensor:  # (T, S·N, …) → (S, T·N, …), each row as ppo.update flattens
+        x = x.reshape(x.shape[0], S, cfg.n_envs, *x.shape[2:]).transpose(0, 1)
+        return x.reshape(S, cfg.batch_size, *x.shape[3:]).to(device)
+
+    obs, actions = per_seed(segment.obs), per_seed(segment.actions)  # (S, T·N, obs_dim), (S, T·N, …)
+    old_log_probs, old_values = per_seed(segment.log_probs), per_seed(segment.values)  # (S, T·N)
+    advantages, returns, valid = per_seed(advantages), per_seed(returns), per_seed(segment.sample_mask)
+    W = padded_width(cfg.batch_size, M)
+    valid_indices = [row.nonzero().squeeze(1).cpu() for row in valid]  # each (≤T·N,)
+    slots = [fixed_minibatch_slots(len(indices), M, W) for indices in valid_indices]
+    index = torch.zeros((S, M * W), dtype=torch.int64)  # (S, M·W)  padding points at sample 0, masked out
+    mask = torch.zeros((S, M * W), dtype=torch.bool)  # (S, M·W)
+    for k in range(S):
+        mask[k, slots[k]] = True
+    mask = mask.view(S, M, W).to(device)
+    rows = torch.arange(S, device=device).unsqueeze(1)  # (S, 1)
+    stepping = running.to(device)  # (S,)  seeds still updating; a target-KL stop ends a seed's epochs
+    totals = torch.zeros((S, 5), device=device)  # (S, 5)  summed to avoid per-step syncs
+    counts = torch.zeros(S, device=device)  # (S,)
+    for _ in range(cfg.n_epochs):
+        for k in range(S):
+            if bool(stepping[k]):
+                shuffled = valid_indices[k][torch.randperm(len(valid_indices[k]), generator=learner.generators[k],
+                                                           device=learner.generators[k].device).cpu()]  # fmt: skip
+                index[k, slots[k]] = shuffled
+        batches = index.view(S, M, W).to(device)
+        for m in range(M):
+            idx, weight = batches[:, m], mask[:, m]  # (S, W)
+            new_log_probs, entropy, values = net.evaluate(obs[rows, idx], actions[rows, idx])  # (S, W) each
+            log_ratio = new_log_probs - old_log_probs[rows, idx]
+            ratio = log_ratio.exp()
+            approx_kl = masked_mean(losses.k3_kl(log_ratio).detach(), weight)  # (S,)
+            if cfg.target_kl is not None:
+                stepping = stepping & ~(approx_kl > 1.5 * cfg.target_kl)
+                if not bool(stepping.any()):
+                    break
+            mb_advantages = adv.normalize_rows(advantages[rows, idx], weight) if cfg.normalize_advantage else (
+                advantages[rows, idx])  # fmt: skip
+            policy_loss = masked_mean(losses.clipped_surrogate(ratio, mb_advantages, clip, clip), weight)  # (S,)
+            value_loss = masked_mean(losses.value_loss(values, old_values[rows, idx], returns[rows, idx],
+                                                       cfg.clip_range_vf), weight)  # fmt: skip
+            entropy_mean = masked_mean(entropy, weight)
+            loss = policy_loss + cfg.vf_coef * value_loss  # (S,)
+            if cfg.ent_coef:
+                loss = loss - cfg.ent_coef * entropy_mean
+
+            net.flat.grad.zero_()
+            torch.where(stepping, loss, 0.0).sum().backward()  # each seed's gradient lands in its own row
+            clip_grad_norms_(net.flat.grad, cfg.max_grad_norm)
+            learner.adam.step(stepping)
+
+            ratio = ratio.detach()
+            clipfrac = masked_mean(((ratio < 1.0 - clip) | (ratio > 1.0 + clip)).float(), weight)
+            step_stats = torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl,
+                                      clipfrac], dim=1)  # (S, 5)  # fmt: skip
+            totals += torch.where(stepping.unsqueeze(1), step_stats, 0.0)
+            counts += stepping
+        else:
+            continue
+        break  # no seed steps any more: the epoch loop ends too
+    return (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
+
+
+def train(cfgs: list[PPOConfig], run_dirs: list[Path], resume: bool = False, name: str = "ppo") -> list[dict[str, Any]]:
+    """Train one PPO run per config, side by side, into ``run_dirs``; returns their summaries."""
+    return run_stack(build, cfgs, run_dirs, resume, name)
