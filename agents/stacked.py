@@ -18,6 +18,7 @@ numbers are bit-identical whoever its neighbours are.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -25,6 +26,10 @@ from torch import Tensor, nn
 
 from agents import distributions as D
 from agents.networks import ActorCritic
+
+# The stacked views' gradients are strided views of the one (S, P) gradient, by design: backward adds into
+# them in place. Autograd warns that such a layout may be slower; measured, the stack is still the fast path.
+warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
 
 def stack_parameters(models: list[nn.Module]) -> nn.Parameter:
@@ -165,19 +170,19 @@ class SeedAdam:
         steps = self.steps + rows
         step_size = (self.lr / (1 - self.beta1**steps)).to(grad).unsqueeze(1)  # (S, 1)
         bias_correction2_sqrt = torch.sqrt(1 - self.beta2**steps).to(grad).unsqueeze(1)  # (S, 1)
-        if bool(rows.all()):
-            self.exp_avg.lerp_(grad, 1 - self.beta1)
-            self.exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-            denom = (self.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-            self.flat.data.sub_(step_size * self.exp_avg / denom)
-        else:
+        # The same operations whichever rows step, so that a stepping row's numbers never depend on the others.
+        exp_avg = torch.lerp(self.exp_avg, grad, 1 - self.beta1)
+        exp_avg_sq = torch.addcmul(self.exp_avg_sq * self.beta2, grad, grad, value=1 - self.beta2)
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+        params = self.flat.data - step_size * exp_avg / denom
+        if not bool(rows.all()):
             keep = ~stepping.unsqueeze(1)  # (S, 1)
-            exp_avg = torch.where(keep, self.exp_avg, torch.lerp(self.exp_avg, grad, 1 - self.beta1))
-            exp_avg_sq = torch.where(keep, self.exp_avg_sq, self.exp_avg_sq * self.beta2 + (1 - self.beta2) * grad * grad)
-            denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + self.eps
-            self.flat.data.copy_(torch.where(keep, self.flat.data, self.flat.data - step_size * exp_avg / denom))
-            self.exp_avg.copy_(exp_avg)
-            self.exp_avg_sq.copy_(exp_avg_sq)
+            exp_avg = torch.where(keep, self.exp_avg, exp_avg)
+            exp_avg_sq = torch.where(keep, self.exp_avg_sq, exp_avg_sq)
+            params = torch.where(keep, self.flat.data, params)
+        self.exp_avg.copy_(exp_avg)
+        self.exp_avg_sq.copy_(exp_avg_sq)
+        self.flat.data.copy_(params)
         self.steps = steps
 
 

@@ -117,6 +117,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def parse_seeds(spec: str, first: int | None) -> list[int]:
     """``--seeds``: a count (seeds FIRST … FIRST+N−1, FIRST from --seed or 0) or a comma-separated list."""
+    if "," in spec and first is not None:
+        raise BadInput("--seed sets the first seed of a --seeds count; with a --seeds list, drop --seed")
     try:
         if "," not in spec:
             count = int(spec)
@@ -124,8 +126,6 @@ def parse_seeds(spec: str, first: int | None) -> list[int]:
                 raise ValueError
             seeds = list(range(first or 0, (first or 0) + count))
         else:
-            if first is not None:
-                raise BadInput("--seed sets the first seed of a --seeds count; with a --seeds list, drop --seed")
             seeds = [int(part) for part in spec.split(",")]
     except ValueError:
         raise BadInput(f"--seeds takes a count (5) or a list (0,1,2), got {spec!r}") from None

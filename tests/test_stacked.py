@@ -1,0 +1,244 @@
+"""Seeds trained side by side (``agents/stacked.py``, ``agents/ppo_stack.py``, ``train --seeds``, ``--stack``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agents import advantages as adv
+from agents import ppo, ppo_stack, runlog
+from agents.stacked import LaneAdam, SeedAdam, clip_grad_norms_, fixed_minibatch_slots, masked_mean
+from lab import bench
+from lab.cli import main
+from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
+
+LOSSES = ["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac"]
+# Four minibatches of a 128-sample segment, so each seed's minibatches are padded; a target KL low enough
+# that seeds stop their epochs at different minibatches.
+SMALL = {"n_envs": 2, "n_steps": 64, "minibatch_size": 32, "n_epochs": 3, "eval_interval": 256, "eval_episodes": 2,
+         "target_kl": 0.004, "total_steps": 512}  # fmt: skip
+
+
+def small(seed: int, env_id: str = "CartPole-v1", **overrides: Any) -> ppo.PPOConfig:
+    return ppo_config(env_id, env_id != "CartPole-v1", **{**SMALL, "seed": seed, **overrides})
+
+
+def train_stack(tmp: Path, seeds: list[int], **overrides: Any) -> dict[int, Path]:
+    """A stack of these seeds into tmp/seed<k>; returns each seed's run directory."""
+    run_dirs = {seed: tmp / f"seed{seed}" for seed in seeds}
+    for run_dir in run_dirs.values():
+        runlog.prepare_run_dir(run_dir, False)
+    ppo_stack.train([small(seed, **overrides) for seed in seeds], list(run_dirs.values()))
+    return run_dirs
+
+
+def losses_of(run_dir: Path) -> list[list[str]]:
+    return [[row[tag] for tag in LOSSES] for row in read_progress(run_dir)]
+
+
+def parameters(run_dir: Path) -> dict[str, torch.Tensor]:
+    return runlog.load_checkpoint(run_dir, {"algo": "ppo"})["model"]
+
+
+def assert_close_losses(a: Path, b: Path, rows: int) -> None:
+    first, second = losses_of(a)[:rows], losses_of(b)[:rows]
+    assert torch.allclose(torch.tensor([[float(v) for v in r] for r in first]),
+                          torch.tensor([[float(v) for v in r] for r in second]), rtol=1e-4, atol=1e-6)  # fmt: skip
+
+
+# ── the math, against hand-computed numbers ─────────────────────────────────────────────────────────
+
+
+def test_normalize_rows_standardizes_each_row_over_its_mask() -> None:
+    advantages = torch.tensor([[1.0, 2.0, 3.0, 100.0], [5.0, -7.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    out = adv.normalize_rows(advantages, mask)
+    # Row 0: mean 2, Bessel std 1. Row 1: one sample, only centred.
+    assert torch.allclose(out[0, :3], torch.tensor([-1.0, 0.0, 1.0]), atol=1e-6)
+    assert out[1, 0] == 0.0
+    assert torch.allclose(adv.normalize_rows(advantages[:1, :3], mask[:1, :3]), adv.normalize(advantages[0, :3]))
+
+
+def test_masked_mean_keeps_a_nan_outside_the_mask_out() -> None:
+    x = torch.tensor([[1.0, 2.0, float("nan")], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert masked_mean(x, mask).tolist() == [1.5, 4.0]
+
+
+@pytest.mark.parametrize("count,minibatches", [(6, 3), (5, 2), (4, 3), (127, 4), (3, 4)])
+def test_fixed_minibatch_slots_split_as_tensor_split_does(count: int, minibatches: int) -> None:
+    width = -(-count // minibatches) + 2  # padded wider than the longest part
+    slots = fixed_minibatch_slots(count, minibatches, width)
+    padded = torch.full((minibatches * width,), -1)
+    padded[slots] = torch.arange(count)
+    for m, part in enumerate(torch.arange(count).tensor_split(minibatches)):
+        row = padded[m * width : (m + 1) * width]
+        assert row[: len(part)].tolist() == part.tolist() and (row[len(part) :] == -1).all()
+
+
+def test_clip_grad_norms_clips_each_seed_by_its_own_norm() -> None:
+    grad = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    norms = clip_grad_norms_(grad, 1.0)
+    assert torch.allclose(norms, torch.tensor([5.0, 0.5]))
+    assert torch.allclose(grad, torch.tensor([[0.6, 0.8], [0.3, 0.4]]), atol=1e-6)  # row 1 is under the limit
+
+
+def test_seed_adam_is_torch_adam_per_row_and_leaves_rows_not_stepping_alone() -> None:
+    torch.manual_seed(0)
+    start = torch.randn(2, 5)
+    flat = torch.nn.Parameter(start.clone())
+    flat.grad = torch.zeros_like(flat)
+    adam = SeedAdam(flat, lr=0.1)
+    references = [torch.nn.Parameter(start[k].clone()) for k in range(2)]
+    torch_adams = [torch.optim.Adam([p], lr=0.1, eps=1e-5, fused=True) for p in references]
+    for step, stepping in enumerate([[True, True], [True, False], [True, True]]):
+        grads = torch.randn(2, 5)
+        flat.grad.copy_(grads)
+        adam.step(torch.tensor(stepping))
+        for k in range(2):
+            if stepping[k]:
+                references[k].grad = grads[k].clone()
+                torch_adams[k].step()
+        assert torch.allclose(flat.data, torch.stack([p.data for p in references]), atol=1e-6), step
+    assert adam.steps.tolist() == [3, 2]
+    # Row 1's view reads back into torch's own Adam, as a single run resumes it.
+    lane = LaneAdam(adam, 1)
+    fresh = torch.optim.Adam([torch.nn.Parameter(start[1].clone())], lr=0.1, eps=1e-5, fused=True)
+    fresh.load_state_dict(lane.state_dict())
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], torch_adams[1].state_dict()["state"][0]["exp_avg"])
+
+
+# ── a seed's numbers do not depend on its neighbours ───────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(tmp_path: Path, env_id: str) -> None:
+    overrides = {"env_id": env_id} if env_id != "CartPole-v1" else {}
+    first = train_stack(tmp_path / "a", [0, 1, 2], **overrides)
+    other = train_stack(tmp_path / "b", [0, 7, 2], **overrides)
+    for seed in (0, 2):  # bit-identical: the neighbour's seed changed, not the stack's shapes
+        assert losses_of(first[seed]) == losses_of(other[seed])
+        assert all(torch.equal(v, parameters(other[seed])[k]) for k, v in parameters(first[seed]).items())
+    assert losses_of(first[1]) != losses_of(other[7])
+    # Without the neighbour, a smaller stack: equal to floating-point rounding.
+    alone = train_stack(tmp_path / "c", [0, 2], **overrides)
+    for seed in (0, 2):
+        assert_close_losses(first[seed], alone[seed], rows=2)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_a_stack_of_one_matches_a_single_run(tmp_path: Path, env_id: str) -> None:
+    overrides = {"env_id": env_id} if env_id != "CartPole-v1" else {}
+    stacked = train_stack(tmp_path / "stack", [3], **overrides)[3]
+    single = tmp_path / "single"
+    run_training(ppo, small(3, **overrides), single)
+    assert_close_losses(stacked, single, rows=2)
+    summary = json.loads((stacked / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["seed"] == 3 and summary["total_steps"] == 512
+
+
+def test_stacked_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = train_stack(tmp_path / "whole", [0, 1])
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, ppo_stack, "collect", 3)  # Ctrl-C during the third iteration
+        parts = train_stack(tmp_path / "parts", [0, 1])
+    assert all(json.loads((d / "summary.json").read_text())["status"] == "interrupted" for d in parts.values())
+    ppo_stack.train([small(0), small(1)], [parts[0], parts[1]], resume=True)
+    for seed in (0, 1):
+        assert json.loads((parts[seed] / "summary.json").read_text())["status"] == "completed"
+        assert losses_of(whole[seed]) == losses_of(parts[seed])
+        assert all(torch.equal(v, parameters(parts[seed])[k]) for k, v in parameters(whole[seed]).items())
+
+
+def test_a_nan_in_one_seed_fails_that_seed_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clean = train_stack(tmp_path / "clean", [0, 1, 2])
+    original, calls = ppo_stack.update, 0
+
+    def poisoned(learner: ppo_stack.StackedLearner, *args: Any) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        stats = original(learner, *args)
+        if calls == 2:
+            learner.net.flat.data[1, 0] = float("nan")  # seed 1's first weight
+        return stats
+
+    monkeypatch.setattr(ppo_stack, "update", poisoned)
+    hit = train_stack(tmp_path / "hit", [0, 1, 2])
+    failed = json.loads((hit[1] / "summary.json").read_text())
+    assert failed["status"] == "failed" and "non-finite" in failed["error"] and failed["total_steps"] == 256
+    for seed in (0, 2):
+        assert json.loads((hit[seed] / "summary.json").read_text())["status"] == "completed"
+        assert losses_of(hit[seed]) == losses_of(clean[seed])
+
+
+def test_seeds_in_a_stack_must_share_their_settings() -> None:
+    with pytest.raises(Exception, match="differ in learning_rate"):
+        ppo_stack.check_stackable([small(0), dataclasses.replace(small(1), learning_rate=1e-2)])
+
+
+# ── the command line and the bench ─────────────────────────────────────────────────────────────────
+
+
+def cli_small() -> list[str]:
+    return [arg for key, value in SMALL.items() if key != "total_steps" for arg in ("--set", f"{key}={value}")]
+
+
+def test_train_seeds_writes_ordinary_run_directories_that_eval_and_resume_read(tmp_path: Path) -> None:
+    parent = tmp_path / "stack"
+    base = ["train", "--algo", "ppo", "--env", "CartPole-v1", *cli_small(), "--run-dir", str(parent)]
+    assert main([*base, "--seeds", "2", "--seed", "5", "--total-steps", "256"]) == 0
+    assert sorted(p.name for p in parent.iterdir()) == ["seed5", "seed6"]
+    for seed in (5, 6):
+        run_dir = parent / f"seed{seed}"
+        assert {"config.yaml", "meta.json", "progress.csv", "checkpoint.pt", "summary.json"} <= {
+            p.name for p in run_dir.iterdir()}  # fmt: skip
+        assert runlog.read_config(run_dir)["seed"] == seed
+    assert main(["eval", str(parent / "seed6"), "--episodes", "2"]) == 0
+    assert main([*base, "--seeds", "5,6", "--total-steps", "512", "--resume"]) == 0  # the stack, resumed
+    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--run-dir", str(parent / "seed5"),
+                 "--total-steps", "640", "--resume"]) == 0  # one seed of it, resumed alone  # fmt: skip
+    assert [int(r["global_step"]) for r in read_progress(parent / "seed5")] == [128, 256, 384, 512, 640]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seeds", "0,x"], "--seeds takes a count"),
+    (["--seeds", "0,0"], "distinct"),
+    (["--seeds", "0,1", "--seed", "3"], "drop --seed"),
+    (["--seeds", "2", "--algo", "grpo"], "does not support"),
+])  # fmt: skip
+def test_bad_seeds_are_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    algo = argv[argv.index("--algo") + 1] if "--algo" in argv else "ppo"
+    argv = [a for i, a in enumerate(argv) if a != "--algo" and (i == 0 or argv[i - 1] != "--algo")]
+    assert main(["train", "--algo", algo, "--env", "CartPole-v1", "--run-dir", str(tmp_path / "x"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_pack_stacks_groups_the_seeds_of_a_cell() -> None:
+    grid = bench.Grid("g", ["ppo", "grpo"], ["CartPole-v1"], list(range(5)), 512)
+    stacks = bench.pack_stacks(grid.cells(), 3)
+    ppo_stacks = [[c.seed for c in s] for s in stacks if s[0].algo == "ppo"]
+    assert ppo_stacks == [[0, 2, 4], [1, 3]]  # near-equal stacks of at most 3
+    assert all(len(s) == 1 for s in stacks if s[0].algo == "grpo")  # GRPO trains one seed per process
+    assert [[c.seed for c in s] for s in bench.pack_stacks(grid.cells(), 1) if s[0].algo == "ppo"] == [[k] for k in range(5)]
+
+
+def test_a_bench_trains_a_cells_seeds_in_one_process_and_reports_them(tmp_path: Path) -> None:
+    overrides = [f"{key}={value}" for key, value in SMALL.items() if key != "total_steps"]
+    grid = bench.Grid("stacked", ["ppo"], ["CartPole-v1"], [0, 1], 256, overrides={"ppo": overrides})
+    bench_dir, outcomes = bench.run_grid(grid, 1, "local", None, root=tmp_path, stack=2)
+    assert [o.status for o in outcomes] == ["completed", "completed"]
+    for seed in (0, 1):
+        log = (bench_dir / "CartPole-v1" / "ppo" / f"seed{seed}.log").read_text()
+        assert "--seeds 0,1" in log  # one process for both
+    assert (bench_dir / "report.md").exists() and "CartPole-v1" in (bench_dir / "report.md").read_text()
+    # A rerun skips the finished cells.
+    _, again = bench.run_grid(grid, 1, "local", None, root=tmp_path, stack=2)
+    assert [o.attempts for o in again] == [0, 0]
