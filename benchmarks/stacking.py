@@ -1,0 +1,210 @@
+"""Seeds side by side in one process (``train --seeds``) against one process per seed, ours and SB3's.
+
+    python benchmarks/stacking.py --case cartpole [--seeds 8] [--steps N] [--core 1] [--out DIR]
+
+Per case, every process pinned to one core and run one after another:
+- one stacked process of ours training S seeds (``python -m lab train --seeds S``);
+- S processes of ours, one per seed (``python -m lab train --seed k``);
+- S processes of Stable-Baselines3's PPO at identical hyperparameters (``benchmarks/speed.py``'s script);
+- where the stacked process's time goes: one more stacked process with timers around collecting (acting
+  and env stepping) and updating.
+Each time is a whole process, wall clock from spawn to exit, interpreter start and imports included.
+Ours runs without periodic evaluations or intermediate checkpoints (its final evaluation and checkpoint
+stay in the time); SB3 evaluates and saves nothing. ``--sizes 1,2,4,8,16`` instead times one stacked
+process per stack size, for the bench's default ``--stack``.
+
+Writes ``OUT/stacking.csv`` (a row per process) and ``OUT/stacking.md``, rewritten after every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import speed
+
+CASES = {
+    "cartpole": speed.Case("cartpole", "CartPole-v1", 100_000),
+    "lunarlander": speed.Case("lunarlander", "LunarLander-v3", 32_768),
+    "halfcheetah": speed.Case("halfcheetah", "HalfCheetah-v5", 10_240),
+}
+
+PROFILE_SCRIPT = """
+import json, sys, time
+from pathlib import Path
+from agents import ppo_stack, runlog
+from agents.config import build_config
+from agents.ppo import PPOConfig
+
+timers = {"collect": 0.0, "update": 0.0}
+def timed(name, function):
+    def wrapper(*args):
+        start = time.perf_counter()
+        try:
+            return function(*args)
+        finally:
+            timers[name] += time.perf_counter() - start
+    return wrapper
+ppo_stack.collect, ppo_stack.learn = timed("collect", ppo_stack.collect), timed("update", ppo_stack.learn)
+cfgs = [build_config(PPOConfig, c) for c in json.loads(sys.argv[1])]
+dirs = [Path(sys.argv[2]) / f"seed{c.seed}" for c in cfgs]
+for d in dirs:
+    runlog.prepare_run_dir(d, False)
+start = time.perf_counter()
+ppo_stack.train(cfgs, dirs)
+print(json.dumps({**timers, "train_s": time.perf_counter() - start}))
+"""
+
+
+@dataclasses.dataclass
+class Row:
+    case: str
+    impl: str  # stacked | ours | sb3 | stacked_profiled
+    seeds: int  # seeds this process trained
+    seed: str  # which
+    wall_s: float
+    returncode: int
+    collect_s: float | None = None
+    update_s: float | None = None
+
+
+def pinned(core: int | None) -> Any:
+    return (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+
+
+def timed(cmd: list[str], core: int | None) -> tuple[float, Any]:
+    import subprocess
+
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=speed.child_env(), capture_output=True, text=True,
+                          preexec_fn=pinned(core))  # fmt: skip
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        print(f"process failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}", file=sys.stderr)
+    return wall, proc
+
+
+def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int]) -> list[str]:
+    which = ["--seed", str(seeds[0])] if len(seeds) == 1 else ["--seeds", ",".join(map(str, seeds))]
+    return [sys.executable, "-m", "lab", "train", "--algo", "ppo", "--env", case.env_id, *which,
+            "--total-steps", str(steps), *speed.OURS_FLAGS, "--run-dir", str(run_dir)]  # fmt: skip
+
+
+def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed.Case], steps: dict[str, int]) -> str:
+    lines = ["# Seeds side by side in one process, against one process per seed", "",
+             f"Command: `{command}`", "", f"Machine: {machine}", "",
+             ("Each time is a whole process pinned to one core, wall clock from spawn to exit, imports included; "
+              "processes ran one after another. Ours: no periodic evaluation or intermediate checkpoint, its final "
+              "evaluation and checkpoint included; SB3: `model.learn()` only, nothing evaluated or saved."), ""]  # fmt: skip
+    for name in dict.fromkeys(r.case for r in rows):
+        case_rows = [r for r in rows if r.case == name]
+        by = {impl: [r for r in case_rows if r.impl == impl and r.returncode == 0] for impl in
+              ("stacked", "ours", "sb3", "stacked_profiled", "size")}  # fmt: skip
+        lines += [f"## {name}: {cases[name].env_id}, {steps[name]:,} steps per seed", ""]
+        if by["size"]:
+            lines += ["| seeds in the process | wall (s) | s per seed |", "|---|---|---|"]
+            lines += [f"| {r.seeds} | {r.wall_s:.1f} | {r.wall_s / r.seeds:.2f} |" for r in by["size"]]
+            lines.append("")
+            continue
+        total = {impl: sum(r.wall_s for r in by[impl]) for impl in ("stacked", "ours", "sb3")}
+        lines += ["| how | processes | seeds | total wall (s) | s per seed |", "|---|---|---|---|---|"]
+        for impl, label in (("stacked", "ours, stacked (`train --seeds`)"), ("ours", "ours, one process per seed"),
+                            ("sb3", "Stable-Baselines3, one process per seed")):  # fmt: skip
+            seeds = sum(r.seeds for r in by[impl])
+            if seeds:
+                lines.append(f"| {label} | {len(by[impl])} | {seeds} | {total[impl]:.1f} | {total[impl] / seeds:.2f} |")
+        if total["stacked"]:
+            for impl, label in (("sb3", "SB3"), ("ours", "our single runs")):
+                if total[impl]:
+                    lines.append(f"\n{label} / stacked, total wall time: **{total[impl] / total['stacked']:.2f}×**")
+        if by["stacked_profiled"]:
+            r = by["stacked_profiled"][0]
+            assert r.collect_s is not None and r.update_s is not None
+            rest = r.wall_s - r.collect_s - r.update_s
+            lines += ["", "Where the stacked process's time goes (one more process, with timers):", "",
+                      "| part | s | % |", "|---|---|---|",
+                      (f"| collect: acting (one batched forward pass) and stepping each seed's envs | {r.collect_s:.1f} | "
+                       f"{100 * r.collect_s / r.wall_s:.0f} |"),
+                      f"| update: GAE and the batched gradient steps | {r.update_s:.1f} | {100 * r.update_s / r.wall_s:.0f} |",
+                      (f"| rest: start, imports, envs, logging, evaluation, checkpoints | {rest:.1f} | "
+                       f"{100 * rest / r.wall_s:.0f} |")]  # fmt: skip
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", choices=sorted(CASES), required=True)
+    parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=None, help="steps per seed (default: the case's)")
+    parser.add_argument("--core", type=int, default=None, help="pin every process to this core")
+    parser.add_argument("--sizes", default=None, help="time one stacked process per stack size, e.g. 1,2,4,8,16")
+    parser.add_argument("--no-sb3", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stacking")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = speed.public_command("benchmarks/stacking.py", sys.argv[1:] if argv is None else argv)
+    machine = speed.machine_line()
+    rows: list[Row] = []
+    steps = {name: args.steps or CASES[name].total_steps for name in args.case}
+
+    def record(row: Row) -> None:
+        rows.append(row)
+        print(f"{row.case} {row.impl} seeds={row.seed}: {row.wall_s:.1f} s", flush=True)
+        with open(args.out / "stacking.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=[field.name for field in dataclasses.fields(Row)])
+            writer.writeheader()
+            writer.writerows(dataclasses.asdict(r) for r in rows)
+        (args.out / "stacking.md").write_text(markdown(rows, command, machine, CASES, steps))
+
+    seeds = list(range(args.seeds))
+    for name in args.case:
+        case = dataclasses.replace(CASES[name], total_steps=steps[name])
+        with tempfile.TemporaryDirectory(prefix="stacking-") as tmp:
+            if args.sizes:
+                for size in [int(s) for s in args.sizes.split(",")]:
+                    wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / f"size{size}", list(range(size))),
+                                       args.core)  # fmt: skip
+                    record(Row(name, "size", size, f"0-{size - 1}", wall, proc.returncode))
+                continue
+            wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / "stacked", seeds), args.core)
+            record(Row(name, "stacked", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode))
+            for seed in seeds:
+                wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / f"ours{seed}", [seed]), args.core)
+                record(Row(name, "ours", 1, str(seed), wall, proc.returncode))
+            cfg, continuous = speed.resolve(case)
+            if not args.no_sb3:
+                from agents.runlog import config_to_dict
+
+                for seed in seeds:
+                    config_json = json.dumps(config_to_dict(dataclasses.replace(cfg, seed=seed)))
+                    wall, proc = timed([sys.executable, "-c", speed.SB3_SCRIPT, config_json, "1" if continuous else "0"],
+                                       args.core)  # fmt: skip
+                    record(Row(name, "sb3", 1, str(seed), wall, proc.returncode))
+            from agents.runlog import config_to_dict
+
+            cfgs = [config_to_dict(dataclasses.replace(cfg, seed=seed, eval_interval=0, checkpoint_interval=0))
+                    for seed in seeds]  # fmt: skip
+            wall, proc = timed([sys.executable, "-c", PROFILE_SCRIPT, json.dumps(cfgs), str(Path(tmp) / "profiled")],
+                               args.core)  # fmt: skip
+            timers = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
+            record(Row(name, "stacked_profiled", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode,
+                       timers.get("collect"), timers.get("update")))  # fmt: skip
+    print(f"wrote {args.out / 'stacking.md'}")
+    return 0 if all(r.returncode == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
