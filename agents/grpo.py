@@ -35,7 +35,7 @@ from agents.config import RunConfig, check
 from agents.groups import Groups, collect_groups, group_statistics, horizon, time_limit, validate, vine_interval
 from agents.networks import Actor, adam, adapt_step_size, gradient_step, refresh_reference
 from agents.rollout import Episodes, SegmentBuffers
-from agents.training import Agent, Collected, Envs, network_spec, obs_statistics, open_envs, run
+from agents.training import Agent, Collected, Envs, in_turn, network_spec, obs_statistics, open_envs, run, run_stack
 from envs import EnvOptions, load_normalizer_state, make_vector, normalizer_state
 from envs import start_states as starts
 
@@ -347,3 +347,11 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False, name: str = "grp
     """Train the GRPO agent into ``run_dir``; returns the summary also written to ``summary.json``."""
     validate(cfg)
     return run(build, cfg, run_dir, resume, name)
+
+
+def train_stack(cfgs: list[GRPOConfig], run_dirs: list[Path], resume: bool = False,
+                name: str = "grpo") -> list[dict[str, Any]]:  # fmt: skip
+    """Train one GRPO run per config in one process, the seeds taking turns (``training.in_turn``)."""
+    for cfg in cfgs:
+        validate(cfg)
+    return run_stack(in_turn(build), cfgs, run_dirs, resume, name)

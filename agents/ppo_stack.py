@@ -32,7 +32,6 @@ from agents import losses
 from agents.networks import ActorCritic
 from agents.ppo import TAGS, PPOConfig, env_options
 from agents.rollout import RolloutState, Segment
-from agents.runlog import config_to_dict
 from agents.seeding import seed_everything
 from agents.stacked import (
     LaneAdam,
@@ -47,6 +46,7 @@ from agents.training import (
     Collected,
     Envs,
     Stack,
+    check_stack,
     network_spec,
     obs_statistics,
     open_envs,
@@ -54,7 +54,6 @@ from agents.training import (
     run_stack,
     save_envs,
 )
-from envs.errors import BadInput
 
 
 @dataclass
@@ -92,20 +91,10 @@ class StackedLearner:
         return self.cfgs[0]
 
 
-def check_stackable(cfgs: list[PPOConfig]) -> None:
-    """Seeds stack when their configs differ in the seed alone (and the budget, which a resume may raise)."""
-    shared = [{k: v for k, v in config_to_dict(cfg).items() if k not in ("seed", "total_steps")} for cfg in cfgs]
-    differing = sorted(k for k in shared[0] if any(s[k] != shared[0][k] for s in shared[1:]))
-    if differing:
-        raise BadInput(f"seeds in one stack must share every setting but the seed; they differ in {', '.join(differing)}")
-    if len({cfg.seed for cfg in cfgs}) != len(cfgs):
-        raise BadInput(f"the seeds of a stack must differ, got {[cfg.seed for cfg in cfgs]}")
-
-
 def build(cfgs: list[PPOConfig]) -> Stack:
     """Each seed's envs and ActorCritic, built exactly as ``ppo.build`` builds a single run's after seeding,
     then stacked; each seed's generator continues from the seeded global state, as a single run's draws do."""
-    check_stackable(cfgs)
+    check_stack(cfgs)
     envs, models, generators, numpy_states = [], [], [], []
     try:
         for cfg in cfgs:

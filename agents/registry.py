@@ -17,7 +17,7 @@ from gymnasium.vector import VectorEnv
 from agents import grpo, ppo, ppo_stack, sb3
 from agents.config import RunConfig
 from agents.networks import Actor, ActorCritic, load_weights
-from agents.training import check_env, network_spec
+from agents.training import check_env, check_stack, network_spec
 from envs.errors import BadInput
 
 
@@ -39,7 +39,7 @@ class Algo:
 
     def check_stack(self, cfgs: list[RunConfig]) -> None:
         """The configs can train as one stack (they differ in the seed only)."""
-        ppo_stack.check_stackable(cfgs)  # type: ignore[arg-type]
+        check_stack(cfgs)
 
     def validate(self, cfg: RunConfig) -> None:
         """Every check that needs the env, run before anything is written: the env builds with the
@@ -63,7 +63,7 @@ def _load_sb3_policy(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]
 _PPO = {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": _load_actor_critic, "preset": "ppo",
         "train_stack": ppo_stack.train}  # fmt: skip
 _GRPO = {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": _load_actor, "checks": grpo.validate,
-         "preset": "grpo"}  # fmt: skip
+         "preset": "grpo", "train_stack": grpo.train_stack}  # fmt: skip
 ALGOS: dict[str, Algo] = {
     "ppo": Algo(**_PPO),
     "grpo": Algo(**_GRPO),

@@ -10,6 +10,7 @@ Baselines3's ``OnPolicyAlgorithm.learn`` drives each algorithm's ``train()``, wi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -17,6 +18,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -276,6 +278,67 @@ def one_lane(agent: Agent) -> Stack:
         tags=agent.tags,
         close=agent.close,
     )  # fmt: skip
+
+
+def in_turn(build: Callable[[Any], Agent]) -> Callable[[list[RunConfig]], Stack]:
+    """Seeds that share one process and take turns: each seed's agent is built, collects and learns exactly
+    as its single run would, with the process's random number generators swapped to the seed's own for
+    each of its turns. What the stack saves is the fixed cost of a process per seed (interpreter, imports,
+    the optimizer's first step); the arithmetic is not batched. For algorithms without a batched stack."""
+
+    def build_stack(cfgs: list[RunConfig]) -> Stack:
+        agents: list[Agent] = []
+        states: list[dict[str, Any]] = []
+        try:
+            for cfg in cfgs:
+                seed_everything(cfg.seed)
+                agents.append(build(cfg))
+                states.append(runlog.rng_state())
+        except BaseException:
+            for agent in agents:
+                agent.close()
+            raise
+
+        def turn(k: int, work: Callable[[], Any]) -> Any:
+            runlog.load_rng_state(states[k])
+            try:
+                return work()
+            finally:
+                states[k] = runlog.rng_state()
+
+        def load_rng(k: int, state: dict[str, Any]) -> None:
+            states[k] = state
+
+        lanes = [dataclasses.replace(agent, rng_state=partial(states.__getitem__, k), load_rng=partial(load_rng, k))
+                 for k, agent in enumerate(agents)]  # fmt: skip
+
+        def collect(iterations: list[int], running: list[bool]) -> list[Collected | None]:
+            return [turn(k, partial(agent.collect, iterations[k])) if running[k] else None
+                    for k, agent in enumerate(agents)]  # fmt: skip
+
+        def update(collected: list[Collected | None], iterations: list[int], remaining: list[float],
+                   running: list[bool]) -> list[dict[str, float | None]]:  # fmt: skip
+            return [turn(k, partial(agent.update, collected[k], iterations[k], remaining[k])) if running[k] else {}
+                    for k, agent in enumerate(agents)]  # fmt: skip
+
+        def close() -> None:
+            for agent in agents:
+                agent.close()
+
+        return Stack(lanes=lanes, collect=collect, update=update, tags=agents[0].tags, close=close)
+
+    return build_stack
+
+
+def check_stack(cfgs: Sequence[RunConfig]) -> None:
+    """Seeds train as one stack when their configs differ in the seed alone (and the budget, which a resume
+    may raise); BadInput otherwise."""
+    shared = [{k: v for k, v in runlog.config_to_dict(cfg).items() if k not in ("seed", "total_steps")} for cfg in cfgs]
+    differing = sorted(k for k in shared[0] if any(s[k] != shared[0][k] for s in shared[1:]))
+    if differing:
+        raise BadInput(f"seeds in one stack must share every setting but the seed; they differ in {', '.join(differing)}")
+    if len({cfg.seed for cfg in cfgs}) != len(cfgs):
+        raise BadInput(f"the seeds of a stack must differ, got {[cfg.seed for cfg in cfgs]}")
 
 
 # Losses that must stay finite; a NaN in one stops the run with the last good checkpoint kept.
