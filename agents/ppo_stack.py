@@ -251,8 +251,9 @@ def update(
     mask = torch.zeros((S, M * W), dtype=torch.bool)  # (S, M·W)
     for k in range(S):
         mask[k, slots[k]] = True
-    mask = mask.view(S, M, W).to(device)
-    rows = torch.arange(S, device=device).unsqueeze(1)  # (S, 1)
+    mask = mask.to(device)
+    counts_per_minibatch = mask.view(S, M, W).sum(-1).clamp(min=1)  # (S, M)
+    row_offsets = (torch.arange(S) * cfg.batch_size).unsqueeze(1)  # (S, 1)  row k starts at k·T·N when flattened
     stepping = running.to(device)  # (S,)  seeds still updating; a target-KL stop ends a seed's epochs
     totals = torch.zeros((S, 5), device=device)  # (S, 5)  summed to avoid per-step syncs
     counts = torch.zeros(S, device=device)  # (S,)
@@ -262,23 +263,30 @@ def update(
                 shuffled = valid_indices[k][torch.randperm(len(valid_indices[k]), generator=learner.generators[k],
                                                            device=learner.generators[k].device).cpu()]  # fmt: skip
                 index[k, slots[k]] = shuffled
-        batches = index.view(S, M, W).to(device)
+        # Every minibatch of the epoch gathered at once: (S, M·W, …), then minibatch m is columns m·W … (m+1)·W.
+        flat_index = (index + row_offsets).view(-1).to(device)
+        epoch = [x.flatten(0, 1).index_select(0, flat_index).view(S, M * W, *x.shape[2:])
+                 for x in (obs, actions, old_log_probs, old_values, advantages, returns)]  # fmt: skip
         for m in range(M):
-            idx, weight = batches[:, m], mask[:, m]  # (S, W)
-            new_log_probs, entropy, values = net.evaluate(obs[rows, idx], actions[rows, idx])  # (S, W) each
-            log_ratio = new_log_probs - old_log_probs[rows, idx]
+            columns = slice(m * W, (m + 1) * W)
+            mb_obs, mb_actions, mb_old_log_probs, mb_old_values, mb_advantages, mb_returns = (x[:, columns] for x in epoch)
+            # Each seed's mean over its own samples, (S,).
+            mean = partial(masked_mean, mask=mask[:, columns], count=counts_per_minibatch[:, m])
+            weight = mask[:, columns]  # (S, W)
+
+            new_log_probs, entropy, values = net.evaluate(mb_obs, mb_actions)  # (S, W) each
+            log_ratio = new_log_probs - mb_old_log_probs
             ratio = log_ratio.exp()
-            approx_kl = masked_mean(losses.k3_kl(log_ratio).detach(), weight)  # (S,)
+            approx_kl = mean(losses.k3_kl(log_ratio).detach())  # (S,)
             if cfg.target_kl is not None:
                 stepping = stepping & ~(approx_kl > 1.5 * cfg.target_kl)
                 if not bool(stepping.any()):
                     break
-            mb_advantages = adv.normalize_rows(advantages[rows, idx], weight) if cfg.normalize_advantage else (
-                advantages[rows, idx])  # fmt: skip
-            policy_loss = masked_mean(losses.clipped_surrogate(ratio, mb_advantages, clip, clip), weight)  # (S,)
-            value_loss = masked_mean(losses.value_loss(values, old_values[rows, idx], returns[rows, idx],
-                                                       cfg.clip_range_vf), weight)  # fmt: skip
-            entropy_mean = masked_mean(entropy, weight)
+            if cfg.normalize_advantage:
+                mb_advantages = adv.normalize_rows(mb_advantages, weight)
+            policy_loss = mean(losses.clipped_surrogate(ratio, mb_advantages, clip, clip))  # (S,)
+            value_loss = mean(losses.value_loss(values, mb_old_values, mb_returns, cfg.clip_range_vf))
+            entropy_mean = mean(entropy)
             loss = policy_loss + cfg.vf_coef * value_loss  # (S,)
             if cfg.ent_coef:
                 loss = loss - cfg.ent_coef * entropy_mean
@@ -289,7 +297,7 @@ def update(
             learner.adam.step(stepping)
 
             ratio = ratio.detach()
-            clipfrac = masked_mean(((ratio < 1.0 - clip) | (ratio > 1.0 + clip)).float(), weight)
+            clipfrac = mean(((ratio < 1.0 - clip) | (ratio > 1.0 + clip)).float())
             step_stats = torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl,
                                       clipfrac], dim=1)  # (S, 5)  # fmt: skip
             totals += torch.where(stepping.unsqueeze(1), step_stats, 0.0)

@@ -140,10 +140,11 @@ def clip_grad_norms_(grad: Tensor, max_norm: float) -> Tensor:
     return norms
 
 
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+def masked_mean(x: Tensor, mask: Tensor, count: Tensor | None = None) -> Tensor:
     """Mean of each row over its masked entries: Σ_j m_j x_j / max(Σ_j m_j, 1).  x, mask (S, B) → (S,).
-    Entries outside the mask never enter the sum, so a NaN there stays out of it."""
-    return torch.where(mask, x, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
+    Entries outside the mask never enter the sum, so a NaN there stays out of it. ``count``: the
+    denominators, (S,), when the caller already has them."""
+    return torch.where(mask, x, 0.0).sum(-1) / (mask.sum(-1).clamp(min=1) if count is None else count)
 
 
 class SeedAdam:
@@ -170,19 +171,16 @@ class SeedAdam:
         steps = self.steps + rows
         step_size = (self.lr / (1 - self.beta1**steps)).to(grad).unsqueeze(1)  # (S, 1)
         bias_correction2_sqrt = torch.sqrt(1 - self.beta2**steps).to(grad).unsqueeze(1)  # (S, 1)
-        # The same operations whichever rows step, so that a stepping row's numbers never depend on the others.
-        exp_avg = torch.lerp(self.exp_avg, grad, 1 - self.beta1)
-        exp_avg_sq = torch.addcmul(self.exp_avg_sq * self.beta2, grad, grad, value=1 - self.beta2)
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-        params = self.flat.data - step_size * exp_avg / denom
-        if not bool(rows.all()):
-            keep = ~stepping.unsqueeze(1)  # (S, 1)
-            exp_avg = torch.where(keep, self.exp_avg, exp_avg)
-            exp_avg_sq = torch.where(keep, self.exp_avg_sq, exp_avg_sq)
-            params = torch.where(keep, self.flat.data, params)
-        self.exp_avg.copy_(exp_avg)
-        self.exp_avg_sq.copy_(exp_avg_sq)
-        self.flat.data.copy_(params)
+        # Every row takes the same in-place operations, and a row that does not step is put back afterwards:
+        # a stepping row's numbers never depend on which other rows step.
+        held = (~rows).nonzero().squeeze(1).to(grad.device)
+        kept = [t[held].clone() for t in (self.exp_avg, self.exp_avg_sq, self.flat.data)] if len(held) else []
+        self.exp_avg.lerp_(grad, 1 - self.beta1)
+        self.exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        denom = self.exp_avg_sq.sqrt().div_(bias_correction2_sqrt).add_(self.eps)
+        self.flat.data.sub_(self.exp_avg.mul(step_size).div_(denom))
+        for tensor, old in zip((self.exp_avg, self.exp_avg_sq, self.flat.data), kept):
+            tensor[held] = old
         self.steps = steps
 
 
