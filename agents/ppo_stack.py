@@ -18,6 +18,7 @@ round differently from single ones).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -64,12 +65,12 @@ class SeedLane:
     policy: ActorCritic
     optimizer: LaneAdam
     eval_env: VectorEnv
-    obs_stats: Any
-    save: Any
-    load: Any
+    obs_stats: Callable[[], dict[str, Any]]
+    save: Callable[[], dict[str, Any]]
+    load: Callable[[dict[str, Any]], None]
     networks: dict[str, torch.nn.Module]
-    rng_state: Any
-    load_rng: Any
+    rng_state: Callable[[], dict[str, Any]]
+    load_rng: Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -118,8 +119,13 @@ def build(cfgs: list[PPOConfig]) -> Stack:
     learner = StackedLearner(list(cfgs), envs, net, adam, generators, rollouts, numpy_states)
     learner.lane_adams = [LaneAdam(adam, k) for k in range(len(cfgs))]
     lanes = [lane(learner, k, model) for k, model in enumerate(models)]
+
+    def close() -> None:
+        for seed_envs in envs:
+            seed_envs.close()
+
     return Stack(lanes=lanes, collect=partial(collect, learner), update=partial(learn, learner), tags=TAGS,
-                 close=lambda: [seed_envs.close() for seed_envs in envs] and None)  # fmt: skip
+                 close=close)  # fmt: skip
 
 
 def lane(learner: StackedLearner, k: int, model: ActorCritic) -> SeedLane:
