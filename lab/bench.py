@@ -1,11 +1,12 @@
 """Benchmark grids: algorithms × environments × seeds, on this machine or on a Ray cluster.
 
-Each cell is one ``testbed train`` process with one torch thread, writing
-``runs/bench/NAME/<env_id>/<algo>/seed<k>/`` (its console output beside it, ``seed<k>.log``). Both
-backends run the same :func:`run_cell`:
+Each cell writes ``runs/bench/NAME/<env_id>/<algo>/seed<k>/`` (its console output beside it,
+``seed<k>.log``). The cells that differ in the seed only train side by side, up to ``--stack`` of them in
+one ``testbed train --seeds`` process with one torch thread (:func:`pack_stacks`); other cells, one per
+process. Both backends run the same :func:`run_cells`:
 - ``local`` (default): a pool of ``--workers`` processes on this machine;
-- ``ray``: every cell is a Ray task asking for one CPU. The task trains in a scratch folder on whichever
-  node runs it and sends its own run directory and log back to the driver as a tar archive, so no shared
+- ``ray``: every stack is a Ray task asking for one CPU. The task trains in a scratch folder on whichever
+  node runs it and sends its own run directories and logs back to the driver as tar archives, so no shared
   filesystem is needed; a cell to resume travels to the worker the same way. Nothing else travels: a
   task can never replace another cell's files, and a run that completed on the driver is never replaced.
 

@@ -102,7 +102,8 @@ def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     grid = tiny_grid("ray", algos=["ppo"], seeds=2)
     try:
-        bench_dir, outcomes = bench.run_grid(grid, workers=2, backend="ray", ray_address=None, root=tmp_path)
+        # Both seeds in one Ray task, one `train --seeds` process; a stack of one is the same task with one cell.
+        bench_dir, outcomes = bench.run_grid(grid, workers=2, backend="ray", ray_address=None, root=tmp_path, stack=2)
     finally:
         ray.shutdown()
     assert sorted((o.cell.seed, o.status) for o in outcomes) == [(0, "completed"), (1, "completed")]
@@ -110,6 +111,7 @@ def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path) -> None:
         run_dir = bench_dir / "CartPole-v1" / "ppo" / f"seed{seed}"
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
         assert (run_dir / "checkpoint.pt").exists() and (run_dir.parent / f"seed{seed}.log").exists()
+        assert "--seeds 0,1" in (run_dir.parent / f"seed{seed}.log").read_text()
     assert len(read_csv(bench_dir / "summary.csv")) == 2
 
 
