@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 # Seeds per process in bench, credit and tune: the fastest stack size measured for PPO on CartPole
 # (benchmarks/stacking.py; the README's table).
-DEFAULT_STACK = 8
+DEFAULT_STACK = 16
 
 
 def _device(requested: str) -> str:

@@ -216,6 +216,7 @@ def test_train_seeds_writes_ordinary_run_directories_that_eval_and_resume_read(t
             p.name for p in run_dir.iterdir()}  # fmt: skip
         assert runlog.read_config(run_dir)["seed"] == seed
     assert main(["eval", str(parent / "seed6"), "--episodes", "2"]) == 0
+    assert main(["plot", str(parent), "--out", str(tmp_path / "curves.png")]) == 0  # both seeds' curves
     assert main([*base, "--seeds", "5,6", "--total-steps", "512", "--resume"]) == 0  # the stack, resumed
     assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--run-dir", str(parent / "seed5"),
                  "--total-steps", "640", "--resume"]) == 0  # one seed of it, resumed alone  # fmt: skip

@@ -268,7 +268,7 @@ def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None
     # What the pruner was told: at each evaluation step, the mean of both seeds' evaluations there.
     curve = tune.mean_curve([tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" for seed in (100, 101)])
     assert trial.intermediate_values == pytest.approx(curve) and len(curve) >= 2
-    # The trial's two seeds trained side by side in one process (`--stack`, default 8).
+    # The trial's two seeds trained side by side in one process (`--stack`, default 16).
     assert "--seeds 100,101" in (tune_dir / "trial0000" / "CartPole-v1" / "ppo" / "seed100.log").read_text()
 
 
