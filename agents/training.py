@@ -204,8 +204,8 @@ class Collected:
 class Lane(Protocol):
     """One seed's share of what is trained: what its run directory records and what evaluates it.
 
-    A single run has one lane, the :class:`Agent` itself. A stack of seeds (``ppo_stack.py``) has one per
-    seed, whose networks are views of that seed's row of the stacked parameters.
+    An :class:`Agent` is a lane. A batched stack of seeds (``ppo_stack.py``) has one per seed, whose
+    networks are views of that seed's row of the stacked parameters.
     """
 
     model: torch.nn.Module
@@ -268,23 +268,11 @@ class Stack:
     close: Callable[[], None]
 
 
-def one_lane(agent: Agent) -> Stack:
-    """A single agent as a stack of one."""
-    return Stack(
-        lanes=[agent],
-        collect=lambda iterations, running: [agent.collect(iterations[0])],
-        update=lambda collected, iterations, remaining, running: [agent.update(collected[0], iterations[0],
-                                                                               remaining[0])],
-        tags=agent.tags,
-        close=agent.close,
-    )  # fmt: skip
-
-
 def in_turn(build: Callable[[Any], Agent]) -> Callable[[list[RunConfig]], Stack]:
     """Seeds that share one process and take turns: each seed's agent is built, collects and learns exactly
     as its single run would, with the process's random number generators swapped to the seed's own for
     each of its turns. What the stack saves is the fixed cost of a process per seed (interpreter, imports,
-    the optimizer's first step); the arithmetic is not batched. For algorithms without a batched stack."""
+    the optimizer's first step); the arithmetic is not batched. A single run is such a stack of one."""
 
     def build_stack(cfgs: list[RunConfig]) -> Stack:
         agents: list[Agent] = []
@@ -351,12 +339,7 @@ LOSS_TAGS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losse
 def run(build: Callable[[Any], Agent], cfg: RunConfig, run_dir: Path, resume: bool, name: str) -> dict[str, Any]:
     """Train the agent that ``build(cfg)`` makes into ``run_dir``; returns the summary also written to
     ``summary.json``. One seed: a stack of one (:func:`run_stack`)."""
-
-    def build_one(cfgs: list[RunConfig]) -> Stack:
-        seed_everything(cfg.seed)
-        return one_lane(build(cfg))
-
-    return run_stack(build_one, [cfg], [run_dir], resume, name)[0]
+    return run_stack(in_turn(build), [cfg], [run_dir], resume, name)[0]
 
 
 @dataclass

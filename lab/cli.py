@@ -128,7 +128,7 @@ def parse_seeds(spec: str, first: int | None) -> list[int]:
         else:
             seeds = [int(part) for part in spec.split(",")]
     except ValueError:
-        raise BadInput(f"--seeds takes a count (5) or a list (0,1,2), got {spec!r}") from None
+        raise BadInput(f"--seeds takes a count of at least 1 (5) or a list (0,1,2), got {spec!r}; one seed is --seed K") from None
     if len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
         raise BadInput(f"--seeds must be distinct seeds in [0, 2**32 - 1], got {spec!r}")
     return seeds
