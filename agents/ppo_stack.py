@@ -18,7 +18,6 @@ round differently from single ones).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from gymnasium.vector import VectorEnv
 
 from agents import advantages as adv
 from agents import losses
@@ -46,6 +44,7 @@ from agents.stacked import (
 from agents.training import (
     Collected,
     Envs,
+    Lane,
     Stack,
     check_stack,
     network_spec,
@@ -55,22 +54,6 @@ from agents.training import (
     run_stack,
     save_envs,
 )
-
-
-@dataclass
-class SeedLane:
-    """Seed k's :class:`~agents.training.Lane`: an ordinary ActorCritic whose parameters are views of row k."""
-
-    model: ActorCritic
-    policy: ActorCritic
-    optimizer: LaneAdam
-    eval_env: VectorEnv
-    obs_stats: Callable[[], dict[str, Any]]
-    save: Callable[[], dict[str, Any]]
-    load: Callable[[dict[str, Any]], None]
-    networks: dict[str, torch.nn.Module]
-    rng_state: Callable[[], dict[str, Any]]
-    load_rng: Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -128,7 +111,7 @@ def build(cfgs: list[PPOConfig]) -> Stack:
                  close=close)  # fmt: skip
 
 
-def lane(learner: StackedLearner, k: int, model: ActorCritic) -> SeedLane:
+def lane(learner: StackedLearner, k: int, model: ActorCritic) -> Lane:
     """Seed k as the lifecycle sees it: its network, optimizer state, envs and generators."""
     seed_envs = learner.envs[k]
 
@@ -139,7 +122,7 @@ def lane(learner: StackedLearner, k: int, model: ActorCritic) -> SeedLane:
         learner.generators[k].set_state(state["torch"])
         learner.numpy_states[k] = state["numpy"]
 
-    return SeedLane(
+    return Lane(
         model=model, policy=model, optimizer=learner.lane_adams[k], eval_env=seed_envs.eval,
         obs_stats=partial(obs_statistics, seed_envs.train),
         save=lambda: save_envs(seed_envs.train, learner.rollouts[k]), load=load,

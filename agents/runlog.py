@@ -88,7 +88,7 @@ class DirLock:
     def __enter__(self) -> DirLock:
         return self if self.file is not None else self.acquire()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -430,7 +430,7 @@ class StopFlag:
             threading.Thread(target=self._watch_parent, args=(int(parent),), daemon=True).start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._watching = False
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

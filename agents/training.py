@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -201,7 +201,8 @@ class Collected:
     episode_lengths: Sequence[float]
 
 
-class Lane(Protocol):
+@dataclass(kw_only=True)
+class Lane:
     """One seed's share of what is trained: what its run directory records and what evaluates it.
 
     An :class:`Agent` is a lane. A batched stack of seeds (``ppo_stack.py``) has one per seed, whose
@@ -209,47 +210,37 @@ class Lane(Protocol):
     """
 
     model: torch.nn.Module
-    policy: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    eval_env: VectorEnv
-    obs_stats: Callable[[], dict[str, Any]]
-    save: Callable[[], dict[str, Any]]
-    load: Callable[[dict[str, Any]], None]
-    networks: dict[str, torch.nn.Module]
-    rng_state: Callable[[], dict[str, Any]]
-    load_rng: Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class Agent:
-    """What one algorithm supplies to :func:`run`; everything around it is the lifecycle's. It is its
-    own single :class:`Lane`."""
-
-    model: torch.nn.Module
     """Every trained parameter: saved as the checkpoint's ``model`` and checked for NaN after each update."""
     policy: torch.nn.Module
     """What evaluation acts with (``act`` and ``deterministic_action``); usually ``model`` itself."""
-    optimizer: torch.optim.Optimizer
-    """Its learning rate follows the schedule; its state is saved."""
+    optimizer: Any
+    """Its learning rate follows the schedule; its state is saved (a torch optimizer, or a stack's view)."""
     eval_env: VectorEnv
     obs_stats: Callable[[], dict[str, Any]]
     """The training observation statistics, which evaluation uses frozen."""
+    save: Callable[[], dict[str, Any]]
+    """The lane's own checkpoint entries (env state, reference policy, normalizers)."""
+    load: Callable[[dict[str, Any]], None]
+    """Restore them from a checkpoint."""
+    networks: dict[str, torch.nn.Module]
+    """Networks whose sizes the summary reports, by name."""
+    rng_state: Callable[[], dict[str, Any]] = runlog.rng_state
+    """The random number generators it draws from, for checkpoints: by default the process's global ones."""
+    load_rng: Callable[[dict[str, Any]], None] = runlog.load_rng_state
+
+
+@dataclass(kw_only=True)
+class Agent(Lane):
+    """What one algorithm supplies to :func:`run`: its lane, and how it collects and learns; everything
+    around it is the lifecycle's."""
+
     collect: Callable[[int], Collected]
     """``collect(iteration)``: one iteration's experience."""
     update: Callable[[Collected, int, float], dict[str, float | None]]
     """``update(collected, iteration, progress_remaining)``: learn; returns the metrics to log by tag."""
-    save: Callable[[], dict[str, Any]]
-    """The agent's own checkpoint entries (env state, reference policy, normalizers)."""
-    load: Callable[[dict[str, Any]], None]
-    """Restore them from a checkpoint."""
     tags: list[str]
     """TensorBoard tags, which are also the columns of progress.csv."""
-    networks: dict[str, torch.nn.Module]
-    """Networks whose sizes the summary reports, by name."""
     close: Callable[[], None]
-    rng_state: Callable[[], dict[str, Any]] = runlog.rng_state
-    """The random number generators it draws from, for checkpoints: the process's global ones."""
-    load_rng: Callable[[dict[str, Any]], None] = runlog.load_rng_state
 
 
 @dataclass
