@@ -3,12 +3,14 @@
 A group's members start from the same state: a seeded reset (``start_mode=reset``), or a state part-way
 along a trunk episode (``start_mode=branch``, see ``envs/start_states.py``). With dynamic sampling (DAPO),
 groups whose returns all tie carry no learning signal; they are dropped and more are collected. With vine
-values (``advantage=vine``), states along the trajectories are recorded, then branched from.
+values (``advantage=vine``), states along the trajectories are recorded, then branched from. Last, the
+iteration's diagnostics: the groups' grpo/ tags beside the update's.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +20,8 @@ from torch import Tensor
 
 from agents import advantages as adv
 from agents import vine
-from agents.networks import Actor
-from agents.rollout import Episodes, SegmentBuffers, collect_episodes, concat_episodes
+from agents.networks import Actor, Sample
+from agents.rollout import Episodes, SegmentBuffers, concat_episodes, drive, episode_steps
 from agents.vine import VineValues
 from envs import episode_limit
 from envs import start_states as starts
@@ -84,6 +86,15 @@ def collect_groups(
 ) -> Groups:
     """B groups of G trajectories; with dynamic sampling, tied groups are dropped and more collected.
     With advantage=vine, the trajectories' states every m steps are recorded, then branched from."""
+    return drive(group_steps(cfg, env, trunk_env, mode, actor, buffers, iteration), actor, cfg.device)
+
+
+def group_steps(
+    cfg: GRPOConfig, env: Any, trunk_env: Any, mode: str | None, actor: Actor, buffers: SegmentBuffers, iteration: int
+) -> Generator[np.ndarray, Sample, Groups]:
+    """:func:`collect_groups` as a generator of the members' steps (``rollout.episode_steps``): it yields
+    the live members' observations and is sent π_θ's samples. ``actor`` itself acts only for the trunks
+    (start_mode=branch) and the vine's branches."""
     B, G, H = cfg.num_groups, cfg.group_size, buffers.rewards.shape[0]
     recorder = vine.PointRecorder(env, vine_interval(cfg, H)) if cfg.advantage == "vine" else None
 
@@ -106,8 +117,8 @@ def collect_groups(
             env_steps += trunk_steps + replay_steps
             prefix_returns = np.array([p.prefix_return for p in points])
         restore_time += time.perf_counter() - started
-        episodes = collect_episodes(env, actor, np.asarray(first_obs, dtype=np.float32), buffers, cfg.device,
-                                    recorder.record if recorder else None)  # fmt: skip
+        episodes = yield from episode_steps(env, np.asarray(first_obs, dtype=np.float32), buffers,
+                                            recorder.record if recorder else None)  # fmt: skip
         env_steps += episodes.env_steps
         rounds.append(episodes)
         returns = adv.discounted_returns(episodes.rewards, episodes.mask, cfg.gamma).view(B, G)  # (B, G)
@@ -147,4 +158,17 @@ def group_statistics(groups: Groups) -> dict[str, float | None]:
         "grpo/restore_time_s": groups.restore_time_s, "grpo/step_time_s": sum(e.step_time_s for e in groups.rounds),
         "grpo/vine_points": groups.vine.points if groups.vine else None,
         "grpo/vine_branch_step_fraction": groups.vine.branch_steps / groups.env_steps if groups.vine else None,
+    }  # fmt: skip
+
+
+def diagnostics(groups: Groups, stats: dict[str, float], lr_scale: float) -> dict[str, float | None]:
+    """PPO's loss tags where they mean the same thing, the update's grpo/ tags and the groups' own."""
+    clipfrac = stats["clipfrac_low"] + stats["clipfrac_high"] if "clipfrac_low" in stats else None
+    return {
+        "losses/policy_loss": stats.get("policy_loss"), "losses/entropy": stats.get("entropy"),
+        "losses/approx_kl": stats.get("approx_kl"), "losses/clipfrac": clipfrac,
+        "grpo/clipfrac_low": stats.get("clipfrac_low"), "grpo/clipfrac_high": stats.get("clipfrac_high"),
+        "grpo/kl_ref": stats.get("kl_ref"), "grpo/ratio_mean": stats.get("ratio_mean"),
+        "grpo/update_kl": stats.get("update_kl"), "grpo/epochs_run": stats.get("epochs_run"),
+        "grpo/lr_scale": lr_scale, **group_statistics(groups),
     }  # fmt: skip

@@ -7,11 +7,10 @@ episode ends (``groups.collect_groups``) → score each trajectory against its o
 lower and upper clips, a k3 KL penalty to a reference policy and an optional entropy bonus, averaged by
 the chosen aggregation (``losses``). ``training.run`` logs, evaluates and checkpoints around it.
 
-Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process,
-step_baseline: per-step group baselines, vine), the
-aggregation (trajectory = GRPO, step = DAPO, constant = Dr. GRPO), ε_low/ε_high (DAPO's clip-higher),
-β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of truncated trajectories, the reference refresh,
-and a per-iteration KL target that adapts the step size (``kl_target``).
+Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process, step_baseline:
+per-step group baselines, vine), the aggregation (trajectory = GRPO, step = DAPO, constant = Dr. GRPO),
+ε_low/ε_high (DAPO's clip-higher), β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of truncated
+trajectories, the reference refresh, and a per-iteration KL target that adapts the step size (``kl_target``).
 
 The budget counts every step that produced a sample, and the trunk steps before a branch point, the
 replayed steps of a restore and the vine's branch steps. A member whose episode has ended takes no more
@@ -32,10 +31,10 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import losses
 from agents.config import RunConfig, check
-from agents.groups import Groups, collect_groups, group_statistics, horizon, time_limit, validate, vine_interval
+from agents.groups import Groups, collect_groups, diagnostics, horizon, time_limit, validate, vine_interval
 from agents.networks import Actor, adam, adapt_step_size, gradient_step, refresh_reference
 from agents.rollout import Episodes, SegmentBuffers
-from agents.training import Agent, Collected, Envs, in_turn, network_spec, obs_statistics, open_envs, run, run_stack
+from agents.training import Agent, Collected, Envs, network_spec, obs_statistics, open_envs, run
 from envs import EnvOptions, load_normalizer_state, make_vector, normalizer_state
 from envs import start_states as starts
 
@@ -141,9 +140,7 @@ class GRPOConfig(RunConfig):
         return self.num_groups * self.group_size
 
 
-def group_advantages(
-    cfg: GRPOConfig, batch: Episodes, returns: Tensor, vine_values: Tensor | None, H: int
-) -> Tensor:
+def group_advantages(cfg: GRPOConfig, batch: Episodes, returns: Tensor, vine_values: Tensor | None, H: int) -> Tensor:
     """Per-step advantages (T, M) of the batch's B·G trajectories; returns (B, G), vine values (J, M)."""
     T, M = batch.mask.shape
     if cfg.advantage == "vine":
@@ -206,18 +203,21 @@ def minibatch_loss(
     return agg(per_step), stats
 
 
+def targets(cfg: GRPOConfig, groups: Groups, H: int) -> tuple[Tensor, Tensor]:
+    """The batch's per-step advantages and the mask of the steps that enter the loss, each (T, M)."""
+    batch, G = groups.batch, cfg.group_size
+    returns = adv.discounted_returns(batch.rewards, batch.mask, cfg.gamma).view(-1, G)  # (B', G)
+    advantages = group_advantages(cfg, batch, returns, groups.vine.values if groups.vine else None, H)  # (T, M)
+    return advantages, batch.mask & ~batch.truncated if cfg.mask_truncated else batch.mask
+
+
 def update(
     actor: Actor, reference: Actor, optimizer: torch.optim.Optimizer, groups: Groups, cfg: GRPOConfig, H: int
 ) -> dict[str, float]:
     """Epochs × minibatches of trajectories, the epochs cut short once a minibatch's approx_kl passes
     twice ``kl_target``; returns the means of the minibatch statistics and the whole update's KL."""
-    batch = groups.batch
-    G, M = cfg.group_size, batch.mask.shape[1]
-    returns = adv.discounted_returns(batch.rewards, batch.mask, cfg.gamma).view(M // G, G)  # (B', G)
-    vine_values = groups.vine.values if groups.vine else None
-    advantages = group_advantages(cfg, batch, returns, vine_values, H)  # (T, M)
-    loss_mask = batch.mask & ~batch.truncated if cfg.mask_truncated else batch.mask  # (T, M)
-    valid = batch.mask.nonzero(as_tuple=True)
+    batch, (advantages, loss_mask) = groups.batch, targets(cfg, groups, H)
+    M, valid = batch.mask.shape[1], batch.mask.nonzero(as_tuple=True)
     with torch.no_grad():
         ref_log_probs = torch.zeros(batch.mask.shape)  # (T, M)  fixed during the iteration
         ref_log_probs[valid] = reference.log_prob_entropy(reference(batch.obs[valid]), batch.actions[valid])[0]
@@ -240,19 +240,6 @@ def update(
     return {**means, "update_kl": update_kl, "epochs_run": float(epochs)}
 
 
-def diagnostics(groups: Groups, stats: dict[str, float], lr_scale: float) -> dict[str, float | None]:
-    """PPO's loss tags where they mean the same thing, the update's grpo/ tags and the groups' own."""
-    clipfrac = stats["clipfrac_low"] + stats["clipfrac_high"] if stats else None
-    return {
-        "losses/policy_loss": stats.get("policy_loss"), "losses/entropy": stats.get("entropy"),
-        "losses/approx_kl": stats.get("approx_kl"), "losses/clipfrac": clipfrac,
-        "grpo/clipfrac_low": stats.get("clipfrac_low"), "grpo/clipfrac_high": stats.get("clipfrac_high"),
-        "grpo/kl_ref": stats.get("kl_ref"), "grpo/ratio_mean": stats.get("ratio_mean"),
-        "grpo/update_kl": stats.get("update_kl"), "grpo/epochs_run": stats.get("epochs_run"),
-        "grpo/lr_scale": lr_scale, **group_statistics(groups),
-    }  # fmt: skip
-
-
 # ── the iteration: B groups of G trajectories → group advantages → update ─────────────────────────
 
 
@@ -272,13 +259,16 @@ class Learner:
     lr_scale: float = 1.0  # kl_target: the factor on the scheduled learning rate, adapted every iteration
 
 
+def member_envs(cfg: GRPOConfig) -> Envs:
+    """The B·G members as one vector env (train), and the evaluation envs."""
+    options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization,
+                         reward_delay=cfg.reward_delay)  # fmt: skip
+    return open_envs(cfg, cfg.batch_trajectories, options, **time_limit(cfg))
+
+
 def build(cfg: GRPOConfig) -> Agent:
     """GRPO's envs, actor, reference and Adam, as the parts that ``training.run`` drives."""
-    H, M = horizon(cfg), cfg.batch_trajectories
-    limit = time_limit(cfg)
-    options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization,
-                         reward_delay=cfg.reward_delay)
-    envs = open_envs(cfg, M, options, **limit)
+    H, M, limit, envs = horizon(cfg), cfg.batch_trajectories, time_limit(cfg), member_envs(cfg)
     mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs) if cfg.start_mode == "branch" else None
     trunk_options = EnvOptions(vectorization="sync", reward_delay=cfg.reward_delay)  # B raw envs, no normalization
     trunk_env = None if mode is None else make_vector(cfg.env_id, cfg.num_groups, trunk_options, **cfg.env_kwargs,
@@ -312,20 +302,29 @@ def build(cfg: GRPOConfig) -> Agent:
 
 def collect(grpo: Learner, iteration: int) -> Collected:
     """B groups of G trajectories, every member run until its episode ends."""
-    groups = collect_groups(grpo.cfg, grpo.envs.train, grpo.trunk_env, grpo.restore_mode, grpo.actor, grpo.buffers,
-                            iteration)  # fmt: skip
+    return collected(collect_groups(grpo.cfg, grpo.envs.train, grpo.trunk_env, grpo.restore_mode, grpo.actor,
+                                    grpo.buffers, iteration))  # fmt: skip
+
+
+def collected(groups: Groups) -> Collected:
+    """An iteration's groups as the lifecycle counts and logs them."""
     lengths = torch.cat([e.lengths for e in groups.rounds]).tolist()
     return Collected(groups, groups.env_steps, groups.episode_returns, lengths)
 
 
 def learn(grpo: Learner, collected: Collected, iteration: int, progress_remaining: float) -> dict[str, float | None]:
     """Group advantages, the clipped update, the step size adapted to ``kl_target``, the reference refresh."""
-    groups, cfg = collected.batch, grpo.cfg
+    groups = collected.batch
     for group in grpo.optimizer.param_groups:
         group["lr"] *= grpo.lr_scale
     # Without an informative group (every group tied in every round) there is nothing to learn.
-    stats = update(grpo.actor, grpo.reference, grpo.optimizer, groups, cfg, grpo.H) if groups.kept_groups else {}
-    if cfg.kl_target is not None and stats:
+    stats = update(grpo.actor, grpo.reference, grpo.optimizer, groups, grpo.cfg, grpo.H) if groups.kept_groups else {}
+    return after_update(grpo, groups, stats, iteration)
+
+
+def after_update(grpo: Learner, groups: Groups, stats: dict[str, float], iteration: int) -> dict[str, float | None]:
+    """The step size adapted to ``kl_target``, the reference refreshed; returns the iteration's diagnostics."""
+    if (cfg := grpo.cfg).kl_target is not None and stats:
         grpo.lr_scale = adapt_step_size(grpo.lr_scale, stats["update_kl"], cfg.kl_target)
     refresh_reference(grpo.reference, grpo.actor, cfg.ref_update, iteration % cfg.ref_update_interval == 0, cfg.ref_ema)
     return diagnostics(groups, stats, grpo.lr_scale)
@@ -348,10 +347,3 @@ def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False, name: str = "grp
     validate(cfg)
     return run(build, cfg, run_dir, resume, name)
 
-
-def train_stack(cfgs: list[GRPOConfig], run_dirs: list[Path], resume: bool = False,
-                name: str = "grpo") -> list[dict[str, Any]]:  # fmt: skip
-    """Train one GRPO run per config in one process, the seeds taking turns (``training.in_turn``)."""
-    for cfg in cfgs:
-        validate(cfg)
-    return run_stack(in_turn(build), cfgs, run_dirs, resume, name)

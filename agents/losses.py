@@ -136,3 +136,32 @@ def aggregate(per_step: Tensor, mask: Tensor, mode: str, horizon: int | None = N
             raise ValueError("aggregate: mode 'constant' needs a positive horizon")
         return total.sum() / (per_step.shape[1] * horizon)
     raise ValueError(f"aggregate: unknown mode {mode!r}; choose one of {', '.join(AGGREGATIONS)}")
+
+
+def aggregation_weights(
+    mask: Tensor, mode: str, horizon: int | None = None, trajectories: Tensor | None = None
+) -> Tensor:
+    """The weight w_{i,t} that :func:`aggregate` gives each step, so that aggregate(x) = Σ_{i,t} w_{i,t} x_{i,t},
+    for many minibatches at once (any leading axes, one aggregate each):
+
+        trajectory:  w_{i,t} = m_{i,t} / (L_i · M')    M' = |{i : L_i > 0}|, trajectories with a valid step
+        step:        w_{i,t} = m_{i,t} / Σ_j L_j
+        constant:    w_{i,t} = m_{i,t} / (M · H)
+
+    m_{i,t} ∈ {0, 1} is ``mask`` (…, T, M) and L_i = Σ_t m_{i,t}. M counts the columns where
+    ``trajectories`` (…, M) is True (every column if None), so that padding columns do not count. The
+    weighted sum equals :func:`aggregate` up to floating-point rounding.
+    """
+    weights = mask.to(torch.float32)  # (…, T, M)
+    lengths = weights.sum(-2, keepdim=True)  # (…, 1, M)
+    if mode == "trajectory":
+        counted = (lengths > 0).sum(-1, keepdim=True).clamp(min=1)  # (…, 1, 1)  M'
+        return weights / (lengths.clamp(min=1.0) * counted)
+    if mode == "step":
+        return weights / lengths.sum(-1, keepdim=True).clamp(min=1.0)
+    if mode == "constant":
+        if horizon is None or horizon < 1:
+            raise ValueError("aggregation_weights: mode 'constant' needs a positive horizon")
+        M = mask.shape[-1] if trajectories is None else trajectories.sum(-1)[..., None, None].clamp(min=1)
+        return weights / (M * horizon)
+    raise ValueError(f"aggregation_weights: unknown mode {mode!r}; choose one of {', '.join(AGGREGATIONS)}")

@@ -35,7 +35,8 @@ from agents.seeding import seed_everything
 from agents.stacked import (
     LaneAdam,
     SeedAdam,
-    StackedActorCritic,
+    SeedGenerators,
+    StackedNetworks,
     clip_grad_norms_,
     fixed_minibatch_slots,
     masked_mean,
@@ -62,11 +63,10 @@ class StackedLearner:
 
     cfgs: list[PPOConfig]
     envs: list[Envs]  # one vector env per seed
-    net: StackedActorCritic
+    net: StackedNetworks
     adam: SeedAdam
-    generators: list[torch.Generator]  # one per seed
+    random: SeedGenerators  # each seed's generators
     rollouts: list[RolloutState]  # each seed's next observations
-    numpy_states: list[dict[str, Any]]  # what a single run's checkpoint records of NumPy's global generator
     lane_adams: list[LaneAdam] = field(default_factory=list)  # each seed's view of ``adam``
 
     @property
@@ -79,16 +79,13 @@ def build(cfgs: list[PPOConfig]) -> Stack:
     """Each seed's envs and ActorCritic, built exactly as ``ppo.build`` builds a single run's after seeding,
     then stacked; each seed's generator continues from the seeded global state, as a single run's draws do."""
     check_stack(cfgs)
-    envs, models, generators, numpy_states = [], [], [], []
+    envs, models, random = [], [], SeedGenerators()
     try:
         for cfg in cfgs:
             seed_everything(cfg.seed)
             envs.append(open_envs(cfg, cfg.n_envs, env_options(cfg)))
             models.append(ActorCritic(network_spec(envs[-1].train, cfg, cfg.shared_trunk)).to(cfg.device))
-            generator = torch.Generator(cfg.device)
-            generator.set_state(torch.get_rng_state() if cfg.device == "cpu" else torch.cuda.get_rng_state())
-            generators.append(generator)
-            numpy_states.append(np.random.get_state(legacy=False))
+            random.capture(cfg.device)
     except BaseException:
         for opened in envs:
             opened.close()
@@ -97,9 +94,9 @@ def build(cfgs: list[PPOConfig]) -> Stack:
     for cfg, seed_envs in zip(cfgs, envs, strict=True):
         obs, _ = seed_envs.train.reset(seed=cfg.seed)
         rollouts.append(RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool)))
-    net = StackedActorCritic(models)
+    net = StackedNetworks(models)
     adam = SeedAdam(net.flat, cfgs[0].learning_rate)
-    learner = StackedLearner(list(cfgs), envs, net, adam, generators, rollouts, numpy_states)
+    learner = StackedLearner(list(cfgs), envs, net, adam, random, rollouts)
     learner.lane_adams = [LaneAdam(adam, k) for k in range(len(cfgs))]
     lanes = [lane(learner, k, model) for k, model in enumerate(models)]
 
@@ -118,17 +115,12 @@ def lane(learner: StackedLearner, k: int, model: ActorCritic) -> Lane:
     def load(ckpt: dict[str, Any]) -> None:
         learner.rollouts[k] = restore_envs(seed_envs.train, ckpt, learner.cfgs[k].seed)
 
-    def load_rng(state: dict[str, Any]) -> None:
-        learner.generators[k].set_state(state["torch"])
-        learner.numpy_states[k] = state["numpy"]
-
     return Lane(
         model=model, policy=model, optimizer=learner.lane_adams[k], eval_env=seed_envs.eval,
         obs_stats=partial(obs_statistics, seed_envs.train),
         save=lambda: save_envs(seed_envs.train, learner.rollouts[k]), load=load,
         networks={"actor_critic": model},
-        rng_state=lambda: {"torch": learner.generators[k].get_state(), "numpy": learner.numpy_states[k]},
-        load_rng=load_rng,
+        rng_state=partial(learner.random.state, k), load_rng=partial(learner.random.load, k),
     )  # fmt: skip
 
 
@@ -150,7 +142,7 @@ def collect(learner: StackedLearner, iterations: list[int], running: list[bool])
     next_obs = np.stack([rollout.next_obs for rollout in learner.rollouts])  # (S, N, obs_dim)
     next_is_autoreset = np.stack([rollout.next_is_autoreset for rollout in learner.rollouts])  # (S, N)
     sample_mask = np.zeros((T, S, N), dtype=np.bool_)  # (T, S, N)
-    generators = [g if on else None for g, on in zip(learner.generators, running, strict=True)]
+    generators = [g if on else None for g, on in zip(learner.random.torch, running, strict=True)]
     lanes = [k for k in range(S) if running[k]]
     episodes: list[tuple[list[float], list[float]]] = [([], []) for _ in range(S)]
     with torch.inference_mode():
@@ -249,8 +241,9 @@ def update(
     for _ in range(cfg.n_epochs):
         for k in range(S):
             if bool(stepping[k]):
-                shuffled = valid_indices[k][torch.randperm(len(valid_indices[k]), generator=learner.generators[k],
-                                                           device=learner.generators[k].device).cpu()]  # fmt: skip
+                generator = learner.random.torch[k]
+                shuffled = valid_indices[k][torch.randperm(len(valid_indices[k]), generator=generator,
+                                                           device=generator.device).cpu()]  # fmt: skip
                 index[k, slots[k]] = shuffled
         # Every minibatch of the epoch gathered at once: (S, M·W, …), then minibatch m is columns m·W … (m+1)·W.
         flat_index = (index + row_offsets).view(-1).to(device)

@@ -14,7 +14,7 @@ from typing import Any
 
 from gymnasium.vector import VectorEnv
 
-from agents import grpo, ppo, ppo_stack, sb3
+from agents import grpo, grpo_stack, ppo, ppo_stack, sb3
 from agents.config import RunConfig
 from agents.networks import Actor, ActorCritic, load_weights
 from agents.training import check_env, check_stack, network_spec
@@ -63,7 +63,7 @@ def _load_sb3_policy(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]
 _PPO = {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": _load_actor_critic, "preset": "ppo",
         "train_stack": ppo_stack.train}  # fmt: skip
 _GRPO = {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": _load_actor, "checks": grpo.validate,
-         "preset": "grpo", "train_stack": grpo.train_stack}  # fmt: skip
+         "preset": "grpo", "train_stack": grpo_stack.train}  # fmt: skip
 ALGOS: dict[str, Algo] = {
     "ppo": Algo(**_PPO),
     "grpo": Algo(**_GRPO),

@@ -13,15 +13,16 @@ observation. So:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 from torch import Tensor
 
-from agents.networks import Actor, ActorCritic
+from agents.networks import Actor, ActorCritic, Sample
 from envs.members import step_members
 
 
@@ -148,16 +149,16 @@ class Episodes:
         )  # fmt: skip
 
 
-def collect_episodes(
+def episode_steps(
     env: VectorEnv,
-    actor: Actor,
     first_obs: np.ndarray,
     buffers: SegmentBuffers,
-    device: str = "cpu",
     before_step: Callable[[int, np.ndarray], None] | None = None,
-) -> Episodes:
-    """Step the M sub-envs from ``first_obs`` (M, obs_dim) with π_θ until each has ended once; a member
-    whose episode has ended is not stepped again, and π_θ acts only for the live ones.
+) -> Generator[np.ndarray, Sample, Episodes]:
+    """Step the M sub-envs from ``first_obs`` (M, obs_dim) until each has ended once; a member whose
+    episode has ended is not stepped again. A generator: it yields the live members' observations
+    (K, obs_dim) and is sent π_θ's :class:`~agents.networks.Sample` for them, so that one policy call
+    (:func:`collect_episodes`) or one batched call for many seeds (``agents.grpo_stack``) can drive it.
 
     ``buffers`` is (T_max, M): T_max must bound the episode length (the env's time limit).
     ``before_step(t, alive (M,))`` runs before step t, while the sub-envs are in the states s_t (the
@@ -169,31 +170,30 @@ def collect_episodes(
     truncated_at_end = np.zeros(M, dtype=bool)  # (M,)
     actions = np.zeros((M, *buffers.actions.shape[2:]), dtype=buffers.actions.numpy().dtype)  # (M, ...)
     obs, t, idle, step_time = first_obs, 0, 0, 0.0
-    with torch.inference_mode():
-        while alive.any():
-            if t == T_max:
-                raise RuntimeError(f"an episode outlived max_episode_steps={T_max}; the env's time limit is longer")
-            if before_step is not None:
-                before_step(t, alive)
-            live = torch.from_numpy(np.flatnonzero(alive))  # (K,) the members still in their episode
-            buffers.obs[t] = obs
-            buffers.sample_mask[t] = alive
-            sample = actor.act(torch.from_numpy(buffers.obs[t][alive]).to(device))
-            buffers.actions[t].zero_()
-            buffers.log_probs[t].zero_()
-            buffers.actions[t, live] = sample.actions.cpu()
-            buffers.log_probs[t, live] = sample.log_probs.cpu()
-            actions[alive] = sample.actions.cpu().numpy()
-            started = time.perf_counter()
-            result = step_members(env, actions, alive)
-            step_time += time.perf_counter() - started
-            obs, idle = result.obs, idle + result.idle_steps
-            buffers.rewards[t] = result.rewards
-            ended = alive & (result.terminated | result.truncated)
-            terminated_at_end |= ended & result.terminated
-            truncated_at_end |= ended & result.truncated & ~result.terminated
-            alive &= ~ended
-            t += 1
+    while alive.any():
+        if t == T_max:
+            raise RuntimeError(f"an episode outlived max_episode_steps={T_max}; the env's time limit is longer")
+        if before_step is not None:
+            before_step(t, alive)
+        live = torch.from_numpy(np.flatnonzero(alive))  # (K,) the members still in their episode
+        buffers.obs[t] = obs
+        buffers.sample_mask[t] = alive
+        sample = yield buffers.obs[t][alive]
+        buffers.actions[t].zero_()
+        buffers.log_probs[t].zero_()
+        buffers.actions[t, live] = sample.actions.cpu()
+        buffers.log_probs[t, live] = sample.log_probs.cpu()
+        actions[alive] = sample.actions.cpu().numpy()
+        started = time.perf_counter()
+        result = step_members(env, actions, alive)
+        step_time += time.perf_counter() - started
+        obs, idle = result.obs, idle + result.idle_steps
+        buffers.rewards[t] = result.rewards
+        ended = alive & (result.terminated | result.truncated)
+        terminated_at_end |= ended & result.terminated
+        truncated_at_end |= ended & result.truncated & ~result.terminated
+        alive &= ~ended
+        t += 1
     return Episodes(
         obs=torch.from_numpy(buffers.obs[:t].copy()),
         actions=buffers.actions[:t].clone(),
@@ -205,6 +205,33 @@ def collect_episodes(
         idle_steps=idle,
         step_time_s=step_time,
     )
+
+
+R = TypeVar("R")
+
+
+def drive(steps: Generator[np.ndarray, Sample, R], actor: Actor, device: str = "cpu") -> R:
+    """Run a generator of :func:`episode_steps`'s kind to its end, π_θ acting on every observation it yields."""
+    with torch.inference_mode():
+        try:
+            obs = next(steps)
+            while True:
+                obs = steps.send(actor.act(torch.from_numpy(obs).to(device)))
+        except StopIteration as finished:
+            return finished.value
+
+
+def collect_episodes(
+    env: VectorEnv,
+    actor: Actor,
+    first_obs: np.ndarray,
+    buffers: SegmentBuffers,
+    device: str = "cpu",
+    before_step: Callable[[int, np.ndarray], None] | None = None,
+) -> Episodes:
+    """Step the M sub-envs from ``first_obs`` with π_θ until each has ended once (:func:`episode_steps`);
+    π_θ acts only for the live members."""
+    return drive(episode_steps(env, first_obs, buffers, before_step), actor, device)
 
 
 def concat_episodes(parts: list[Episodes]) -> Episodes:

@@ -21,11 +21,12 @@ import math
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from agents import distributions as D
-from agents.networks import ActorCritic
+from agents.networks import Actor, ActorCritic, Sample
 
 # The stacked views' gradients are strided views of the one (S, P) gradient, by design: backward adds into
 # them in place. Autograd warns that such a layout may be slower; measured, the stack is still the fast path.
@@ -66,23 +67,25 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
 
-class StackedActorCritic:
-    """S :class:`~agents.networks.ActorCritic` networks of one spec, computed together.
+class StackedNetworks:
+    """S networks of one spec, computed together: :class:`~agents.networks.ActorCritic` networks (PPO), or
+    :class:`~agents.networks.Actor` networks (GRPO's policies and references), which have no critic.
 
     Observations are (S, B, obs_dim); every output has the seed axis first.
     """
 
-    def __init__(self, models: list[ActorCritic]) -> None:
+    def __init__(self, models: list[ActorCritic] | list[Actor]) -> None:
         self.spec = models[0].spec
         self.flat = stack_parameters(models)  # (S, P)
         p = stacked_views(self.flat, models[0])
         depth = len(self.spec.hidden_sizes)
-        self.actor_trunk = [(p[f"actor.trunk.{2 * i}.weight"], p[f"actor.trunk.{2 * i}.bias"]) for i in range(depth)]
-        self.actor_head = (p["actor.head.weight"], p["actor.head.bias"])
-        self.log_std = p.get("actor.log_std")  # (S, D) for continuous actions
-        self.critic_trunk = None if self.spec.shared_trunk else [
+        actor = "actor." if isinstance(models[0], ActorCritic) else ""
+        self.actor_trunk = [(p[f"{actor}trunk.{2 * i}.weight"], p[f"{actor}trunk.{2 * i}.bias"]) for i in range(depth)]
+        self.actor_head = (p[f"{actor}head.weight"], p[f"{actor}head.bias"])
+        self.log_std = p.get(f"{actor}log_std")  # (S, D) for continuous actions
+        self.critic_trunk = None if not actor or self.spec.shared_trunk else [
             (p[f"critic_trunk.{2 * i}.weight"], p[f"critic_trunk.{2 * i}.bias"]) for i in range(depth)]  # fmt: skip
-        self.critic_head = (p["critic_head.weight"], p["critic_head.bias"])
+        self.critic_head = (p["critic_head.weight"], p["critic_head.bias"]) if actor else None
         self.activation = torch.tanh if self.spec.activation == "tanh" else torch.relu
 
     @property
@@ -94,15 +97,30 @@ class StackedActorCritic:
             x = self.activation(linear(x, weight, bias))
         return x
 
+    def policy(self, obs: Tensor) -> Tensor:
+        """Policy head output (logits or means), (S, B, action_dim)."""
+        return linear(self._trunk(obs, self.actor_trunk), *self.actor_head)
+
     def heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """Policy head output (S, B, action_dim) and values (S, B), as ``ActorCritic.heads`` per seed."""
+        assert self.critic_head is not None, "heads: these networks have no critic"
         hidden = self._trunk(obs, self.actor_trunk)
         critic_hidden = hidden if self.critic_trunk is None else self._trunk(obs, self.critic_trunk)
         return linear(hidden, *self.actor_head), linear(critic_hidden, *self.critic_head).squeeze(-1)
 
+    def sample_seed(self, k: int, out: Tensor, generator: torch.Generator) -> Sample:
+        """a ~ π_k(·|s) and log π_k(a|s) for seed k's head output ``out`` (B, action_dim), drawn from its own
+        generator exactly as ``Actor.sample`` draws from the global one."""
+        if self.log_std is None:
+            actions = torch.multinomial(out.softmax(-1), 1, generator=generator).squeeze(-1)  # (B,)
+            return Sample(actions, D.categorical_log_prob(out, actions))
+        actions = out + torch.exp(self.log_std[k]) * torch.randn(out.shape, generator=generator, device=out.device)
+        return Sample(actions, D.gaussian_log_prob(out, self.log_std[k], actions))
+
     def sample(self, out: Tensor, generators: list[torch.Generator | None]) -> tuple[Tensor, Tensor]:
-        """a ~ π_k(·|s) and log π_k(a|s) for each seed k, drawn from its own generator, as a single run draws
-        from the global one; a seed whose generator is None (not running) gets zeros and draws nothing."""
+        """a ~ π_k(·|s) and log π_k(a|s) for each seed k, out (S, N, action_dim), drawn from its own generator
+        as a single run draws from the global one; a seed whose generator is None (not running) gets zeros
+        and draws nothing. The log-probabilities are one batched call for all seeds."""
         if self.log_std is None:
             probs = out.softmax(-1)  # (S, N, K)
             actions = torch.zeros(out.shape[:2], dtype=torch.int64, device=out.device)  # (S, N)
@@ -118,13 +136,17 @@ class StackedActorCritic:
         actions = out + torch.exp(log_std) * noise
         return actions, D.gaussian_log_prob(out, log_std, actions)
 
+    def log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """log π(a|s) of stored actions and the entropy of π(·|s), each (S, B), with gradients."""
+        if self.log_std is None:
+            return D.categorical_log_prob_entropy(out, actions)
+        entropy = torch.stack([D.gaussian_entropy(log_std, out.shape[1]) for log_std in self.log_std])  # (S, B)
+        return D.gaussian_log_prob(out, self.log_std.unsqueeze(1), actions), entropy
+
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """log π(a|s), the entropy of π(·|s) and V(s) for stored actions, each (S, B), with gradients."""
         out, values = self.heads(obs)
-        if self.log_std is None:
-            return *D.categorical_log_prob_entropy(out, actions), values
-        entropy = torch.stack([D.gaussian_entropy(log_std, out.shape[1]) for log_std in self.log_std])  # (S, B)
-        return D.gaussian_log_prob(out, self.log_std.unsqueeze(1), actions), entropy, values
+        return *self.log_prob_entropy(out, actions), values
 
 
 def clip_grad_norms_(grad: Tensor, max_norm: float) -> Tensor:
@@ -231,3 +253,27 @@ def fixed_minibatch_slots(count: int, minibatches: int, width: int) -> Tensor:
 def padded_width(samples: int, minibatches: int) -> int:
     """The longest a minibatch can be, ⌈samples / M⌉: the padded width every seed shares."""
     return math.ceil(samples / minibatches)
+
+
+class SeedGenerators:
+    """Each seed's random number generators in a stack: a ``torch.Generator``, which draws what a single run
+    draws from the global one, and what a single run's checkpoint records of NumPy's global generator."""
+
+    def __init__(self) -> None:
+        self.torch: list[torch.Generator] = []
+        self.numpy: list[dict[str, Any]] = []
+
+    def capture(self, device: str) -> None:
+        """Add a seed whose generators continue from the global state, right after its single run's build."""
+        generator = torch.Generator(device)
+        generator.set_state(torch.get_rng_state() if device == "cpu" else torch.cuda.get_rng_state())
+        self.torch.append(generator)
+        self.numpy.append(np.random.get_state(legacy=False))
+
+    def state(self, k: int) -> dict[str, Any]:
+        """Seed k's generators as a single run's checkpoint records them."""
+        return {"torch": self.torch[k].get_state(), "numpy": self.numpy[k]}
+
+    def load(self, k: int, state: dict[str, Any]) -> None:
+        self.torch[k].set_state(state["torch"])
+        self.numpy[k] = state["numpy"]

@@ -128,7 +128,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path: Pat
     run_training(grpo, cfg, tmp_path / "straight")
 
     with pytest.MonkeyPatch.context() as patch:
-        interrupt_after(patch, groups, "collect_episodes", 3)
+        interrupt_after(patch, groups, "episode_steps", 3)
         assert run_training(grpo, cfg, tmp_path / "resumed")["status"] == "interrupted"
     assert run_training(grpo, cfg, tmp_path / "resumed", resume=True)["status"] == "completed"
     straight = runlog.load_checkpoint(tmp_path / "straight", {"algo": "grpo"})

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from agents.losses import (
     aggregate,
+    aggregation_weights,
     clip_fraction,
     clipped_surrogate,
     explained_variance,
@@ -237,3 +238,19 @@ def test_aggregation_weights(mode: str, long_weight: float, short_weight: float)
     aggregate(per_step, mask, mode, horizon=10).backward()
     expected = torch.tensor([[long_weight, short_weight], [long_weight, 0], [long_weight, 0], [long_weight, 0]])
     torch.testing.assert_close(per_step.grad, expected)
+    # The same weights, written out: and beside them a padding column that must not count.
+    torch.testing.assert_close(aggregation_weights(mask, mode, horizon=10), expected)
+    padded = torch.cat([mask, torch.zeros(4, 1, dtype=torch.bool)], dim=1)  # (T, M + 1)
+    real = torch.tensor([True, True, False])
+    weights = aggregation_weights(padded, mode, horizon=10, trajectories=real)
+    torch.testing.assert_close(weights, torch.cat([expected, torch.zeros(4, 1)], dim=1))
+
+
+@pytest.mark.parametrize("mode", ["trajectory", "step", "constant"])
+def test_aggregation_weights_of_a_stack_match_aggregate(mode: str) -> None:
+    generator = torch.Generator().manual_seed(0)
+    per_step = torch.randn(3, 6, 5, generator=generator)  # (S, T, M)
+    mask = torch.rand(3, 6, 5, generator=generator) < 0.6  # (S, T, M), some columns may be empty
+    weights = aggregation_weights(mask, mode, horizon=6)
+    for k in range(3):
+        torch.testing.assert_close((weights[k] * per_step[k]).sum(), aggregate(per_step[k], mask[k], mode, horizon=6))

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from agents import advantages as adv
-from agents import grpo, ppo, ppo_stack, runlog
+from agents import ppo, ppo_stack, runlog
 from agents.stacked import LaneAdam, SeedAdam, clip_grad_norms_, fixed_minibatch_slots, masked_mean
 from agents.training import check_stack
 from lab import bench
 from lab.cli import main
-from tests.conftest import grpo_config, interrupt_after, ppo_config, read_progress, run_training
+from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
 
 LOSSES = ["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac"]
 # Four minibatches of a 128-sample segment, so each seed's minibatches are padded; a target KL low enough
@@ -180,22 +180,6 @@ def test_a_nan_in_one_seed_fails_that_seed_only(tmp_path: Path, monkeypatch: pyt
 def test_seeds_in_a_stack_must_share_their_settings() -> None:
     with pytest.raises(Exception, match="differ in learning_rate"):
         check_stack([small(0), dataclasses.replace(small(1), learning_rate=1e-2)])
-
-
-def test_grpo_seeds_taking_turns_in_one_process_train_exactly_as_single_runs(tmp_path: Path) -> None:
-    settings = {"group_size": 4, "num_groups": 2, "num_minibatches": 2, "max_episode_steps": 50, "total_steps": 600, "eval_interval": 300,
-                "eval_episodes": 2}  # fmt: skip
-    cfgs = [grpo_config(seed=seed, **settings) for seed in (0, 5)]
-    run_dirs = [tmp_path / "stack" / f"seed{cfg.seed}" for cfg in cfgs]
-    for run_dir in run_dirs:
-        runlog.prepare_run_dir(run_dir, False)
-    grpo.train_stack(cfgs, run_dirs)
-    single = tmp_path / "single"
-    run_training(grpo, cfgs[0], single)
-    timings = ("wall_time_s", "charts/SPS", "grpo/restore_time_s", "grpo/step_time_s")
-    rows = [[{k: v for k, v in row.items() if k not in timings} for row in read_progress(d)] for d in (run_dirs[0], single)]
-    assert rows[0] == rows[1] and len(rows[0]) >= 3
-    assert all(torch.equal(v, parameters(single, "grpo")[k]) for k, v in parameters(run_dirs[0], "grpo").items())
 
 
 # ── the command line and the bench ─────────────────────────────────────────────────────────────────

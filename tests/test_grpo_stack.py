@@ -1,0 +1,144 @@
+"""GRPO seeds side by side (``agents/grpo_stack.py``): batched, and taking turns where a variant needs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agents import grpo, grpo_stack, runlog
+from agents.grpo import GRPOConfig
+from lab.cli import main
+from tests.conftest import grpo_config, interrupt_after, read_progress, run_training
+
+LOSSES = ["losses/policy_loss", "losses/entropy", "losses/approx_kl", "grpo/kl_ref", "grpo/clipfrac_low",
+          "grpo/clipfrac_high", "grpo/update_kl", "grpo/epochs_run", "charts/episodic_return"]  # fmt: skip
+TIMINGS = ("wall_time_s", "charts/SPS", "grpo/restore_time_s", "grpo/step_time_s")
+# 6 trajectories in 4 minibatches: padded minibatches of 2 and of 1. A KL target low enough that seeds stop
+# their epochs at different minibatches, and a step size that adapts.
+SMALL = {"group_size": 3, "num_groups": 2, "num_minibatches": 4, "n_epochs": 3, "max_episode_steps": 60,
+         "total_steps": 1500, "eval_interval": 500, "eval_episodes": 2, "kl_target": 0.002, "vine_branches": 3}  # fmt: skip
+# Pendulum: continuous actions, another aggregation and a reference refreshed every iteration.
+PENDULUM = {"env_id": "Pendulum-v1", "max_episode_steps": 40, "aggregation": "constant", "ref_update": "ema",
+            "total_steps": 1000, "beta": 0.1, "advantage": "outcome"}  # fmt: skip
+
+
+def small(seed: int, **overrides: Any) -> GRPOConfig:
+    settings = {**SMALL, **overrides}
+    env_id = settings.pop("env_id", "CartPole-v1")
+    return grpo_config(env_id, env_id != "CartPole-v1", seed=seed, **settings)
+
+
+def train_stack(tmp: Path, seeds: list[int], **overrides: Any) -> dict[int, Path]:
+    """A stack of these seeds into tmp/seed<k>; returns each seed's run directory."""
+    run_dirs = {seed: tmp / f"seed{seed}" for seed in seeds}
+    for run_dir in run_dirs.values():
+        runlog.prepare_run_dir(run_dir, False)
+    grpo_stack.train([small(seed, **overrides) for seed in seeds], list(run_dirs.values()))
+    return run_dirs
+
+
+def losses_of(run_dir: Path) -> list[list[str]]:
+    return [[row[tag] for tag in LOSSES] for row in read_progress(run_dir)]
+
+
+def parameters(run_dir: Path) -> dict[str, torch.Tensor]:
+    checkpoint = runlog.load_checkpoint(run_dir, {"algo": "grpo"})
+    return {**checkpoint["model"], **{f"reference.{k}": v for k, v in checkpoint["reference"].items()}}
+
+
+def same_parameters(a: Path, b: Path) -> bool:
+    first, second = parameters(a), parameters(b)
+    return first.keys() == second.keys() and all(torch.equal(v, second[k]) for k, v in first.items())
+
+
+def assert_close_losses(a: Path, b: Path, rows: int) -> None:
+    first, second = losses_of(a)[:rows], losses_of(b)[:rows]
+    assert len(first) == rows
+    assert torch.allclose(torch.tensor([[float(v) for v in r] for r in first]),
+                          torch.tensor([[float(v) for v in r] for r in second]), rtol=1e-3, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", [{}, PENDULUM], ids=["cartpole", "pendulum"])
+def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(tmp_path: Path, overrides: dict) -> None:
+    first = train_stack(tmp_path / "a", [0, 1, 2], **overrides)
+    other = train_stack(tmp_path / "b", [0, 7, 2], **overrides)
+    for seed in (0, 2):  # bit-identical: the neighbour's seed changed, and with it its episodes' lengths
+        assert losses_of(first[seed]) == losses_of(other[seed]) and len(losses_of(first[seed])) >= 3
+        assert same_parameters(first[seed], other[seed])
+    assert losses_of(first[1]) != losses_of(other[7])
+    epochs = {row[7] for seed in (0, 1, 2) for row in losses_of(first[seed])}
+    assert len(epochs) > 1 or overrides  # CartPole's target KL stops epochs at different points
+    alone = train_stack(tmp_path / "c", [0, 2], **overrides)  # without the neighbour: equal to rounding
+    for seed in (0, 2):
+        assert_close_losses(first[seed], alone[seed], rows=2)
+
+
+@pytest.mark.parametrize("overrides", [{}, PENDULUM], ids=["cartpole", "pendulum"])
+def test_a_stack_of_one_matches_a_single_run(tmp_path: Path, overrides: dict) -> None:
+    stacked = train_stack(tmp_path / "stack", [3], **overrides)[3]
+    single = tmp_path / "single"
+    run_training(grpo, small(3, **overrides), single)
+    assert_close_losses(stacked, single, rows=2)
+    summary = json.loads((stacked / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["seed"] == 3
+
+
+def test_stacked_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = train_stack(tmp_path / "whole", [0, 1])
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, grpo_stack, "collect", 3)  # Ctrl-C during the third iteration
+        parts = train_stack(tmp_path / "parts", [0, 1])
+    assert all(json.loads((d / "summary.json").read_text())["status"] == "interrupted" for d in parts.values())
+    grpo_stack.train([small(0), small(1)], [parts[0], parts[1]], resume=True)
+    for seed in (0, 1):
+        assert json.loads((parts[seed] / "summary.json").read_text())["status"] == "completed"
+        assert losses_of(whole[seed]) == losses_of(parts[seed])
+        assert same_parameters(whole[seed], parts[seed])
+
+
+def test_a_nan_in_one_seed_fails_that_seed_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clean = train_stack(tmp_path / "clean", [0, 1, 2])
+    original, calls = grpo_stack.update, 0
+
+    def poisoned(stack: grpo_stack.StackedGRPO, *args: Any) -> list[dict[str, float]]:
+        nonlocal calls
+        calls += 1
+        stats = original(stack, *args)
+        if calls == 2:
+            stack.net.flat.data[1, 0] = float("nan")  # seed 1's first weight
+        return stats
+
+    monkeypatch.setattr(grpo_stack, "update", poisoned)
+    hit = train_stack(tmp_path / "hit", [0, 1, 2])
+    failed = json.loads((hit[1] / "summary.json").read_text())
+    assert failed["status"] == "failed" and "non-finite" in failed["error"]
+    for seed in (0, 2):
+        assert json.loads((hit[seed] / "summary.json").read_text())["status"] == "completed"
+        assert losses_of(hit[seed]) == losses_of(clean[seed])
+
+
+def test_variants_that_act_outside_the_members_steps_take_turns_exactly_as_single_runs(tmp_path: Path) -> None:
+    cfgs = [small(seed, start_mode="branch", branch_max_depth=10, total_steps=600) for seed in (0, 5)]
+    assert not grpo_stack.batched(cfgs[0]) and grpo_stack.batched(small(0))
+    run_dirs = [tmp_path / "stack" / f"seed{cfg.seed}" for cfg in cfgs]
+    for run_dir in run_dirs:
+        runlog.prepare_run_dir(run_dir, False)
+    grpo_stack.train(cfgs, run_dirs)
+    single = tmp_path / "single"
+    run_training(grpo, cfgs[0], single)
+    rows = [[{k: v for k, v in row.items() if k not in TIMINGS} for row in read_progress(d)] for d in (run_dirs[0], single)]
+    assert rows[0] == rows[1] and len(rows[0]) >= 2
+    assert same_parameters(run_dirs[0], single)
+
+
+def test_train_seeds_for_grpo_writes_run_directories_that_eval_reads(tmp_path: Path) -> None:
+    settings = [arg for key, value in SMALL.items() if key != "total_steps" for arg in ("--set", f"{key}={value}")]
+    parent = tmp_path / "stack"
+    assert main(["train", "--algo", "grpo", "--env", "CartPole-v1", *settings, "--seeds", "2", "--total-steps", "400",
+                 "--run-dir", str(parent)]) == 0  # fmt: skip
+    assert sorted(p.name for p in parent.iterdir()) == ["seed0", "seed1"]
+    assert main(["eval", str(parent / "seed1"), "--episodes", "2"]) == 0
