@@ -46,6 +46,7 @@ from agents.stacked import (
 )
 from agents.training import Collected, Lane, Stack, check_stack, in_turn, network_spec, obs_statistics, run_stack
 
+ROWS = 256  # the rows of a chunk of the update: wider chunks pad more, narrower ones make more calls
 STATS = ("policy_loss", "entropy", "approx_kl", "kl_ref", "ratio_mean", "clipfrac_low", "clipfrac_high")
 
 
@@ -151,7 +152,8 @@ def learn(
     for learner in (learner for k, learner in enumerate(stack.learners) if running[k]):
         for group in learner.optimizer.param_groups:  # the lifecycle's schedule, times the KL-target factor
             group["lr"] *= learner.lr_scale
-    stack.adam.lr = torch.tensor([l.optimizer.param_groups[0]["lr"] for l in stack.learners], dtype=torch.float64)
+    stack.adam.lr = torch.tensor([learner.optimizer.param_groups[0]["lr"] for learner in stack.learners],
+                                 dtype=torch.float64)  # fmt: skip
     stats = update(stack, groups)
     return [after_update(learner, groups[k], stats[k], iterations[k]) if groups[k] is not None else {}
             for k, learner in enumerate(stack.learners)]  # fmt: skip
@@ -162,13 +164,60 @@ def trajectories_at(x: Tensor, index: Tensor) -> Tensor:
     return torch.take_along_dim(x, index.view(*index.shape[:1], 1, index.shape[1], *[1] * (x.dim() - 3)), dim=2)
 
 
+def chunks_for(count: Tensor) -> int:
+    """Chunks of ROWS rows that hold the most loss steps any seed has in a minibatch, at least one."""
+    return max(1, -(-int(count.max()) // ROWS))
+
+
+@torch.no_grad()
+def log_probs_at(net: StackedNetworks, obs: Tensor, actions: Tensor, mask: Tensor) -> Tensor:
+    """log π_k(a|s) at each seed's masked steps, 0 elsewhere.  obs (S, B, obs_dim), mask (S, B) → (S, B).
+    Only the masked steps go through the network, picked out and run in chunks of ROWS rows."""
+    rows = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, : ROWS * chunks_for(mask.sum(-1))]  # (S, R)
+    log_probs = torch.zeros(mask.shape, device=mask.device)  # (S, B)
+    for part in rows.split(ROWS, dim=1):
+        x = torch.take_along_dim(obs, part.unsqueeze(-1), dim=1)  # (S, ROWS, obs_dim)
+        a = torch.take_along_dim(actions, part.view(*part.shape, *[1] * (actions.dim() - 2)), dim=1)
+        log_probs.scatter_(1, part, net.log_prob_entropy(net.policy(x), a)[0])
+    return torch.where(mask, log_probs, 0.0)
+
+
+def chunked_loss(net: StackedNetworks, cfg: GRPOConfig, picked: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """GRPO's objective (``grpo.minibatch_loss``) for every seed, over its picked steps (S, R, …), R a
+    multiple of ROWS; each chunk of ROWS rows goes through the network and the sums on its own:
+
+        L_k = Σ_{i,t} w_{i,t} [ −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A) + β · k3(π_ref / π_θ) − c_H · H(π_θ) ]
+
+    w: the aggregation's weights (``losses.aggregation_weights``), 0 off seed k's loss steps. Returns L (S,)
+    and the detached sums over each seed's steps of (w · surrogate, entropy, approx_kl, kl_ref, ratio,
+    clipped low, clipped high), (S, 7). A chunk past a seed's steps adds exact zeros to its sums and gradient.
+    """
+    loss, sums = 0.0, 0.0
+    for start in range(0, picked["mask"].shape[1], ROWS):
+        x = {name: value[:, start : start + ROWS] for name, value in picked.items()}  # (S, ROWS, …) each
+        log_probs, entropy = net.log_prob_entropy(net.policy(x["obs"]), x["actions"])  # (S, ROWS) each
+        log_ratio = log_probs - x["old_log_probs"]
+        ratio = log_ratio.exp()
+        surrogate = losses.clipped_surrogate(ratio, x["advantages"], cfg.clip_low, cfg.clip_high)
+        # k3 at x ~ π_old: a penalty toward π_ref, as grpo.minibatch_loss.
+        kl_ref = losses.k3_kl(x["ref_log_probs"] - log_probs)
+        per_step = surrogate + cfg.beta * kl_ref - cfg.ent_coef * entropy
+        loss = loss + (x["weight"] * torch.where(x["mask"], per_step, 0.0)).sum(-1)  # (S,)
+        with torch.no_grad():
+            terms = [x["weight"] * surrogate, entropy, losses.k3_kl(log_ratio), kl_ref, ratio,
+                     (ratio < 1.0 - cfg.clip_low).float(), (ratio > 1.0 + cfg.clip_high).float()]  # fmt: skip
+            sums = sums + torch.stack([torch.where(x["mask"], term, 0.0).sum(-1) for term in terms], dim=1)
+    return loss, sums  # type: ignore[return-value]
+
+
 def update(stack: StackedGRPO, groups: list[Groups | None]) -> list[dict[str, float]]:
     """Epochs × minibatches of trajectories for every seed with an informative group, as ``grpo.update``
     does for one; returns each seed's means over its minibatches and its whole update's KL.
 
     Seed k's batch is padded to (H, B·G) and masked. Each epoch, its trajectories are shuffled by its own
     generator and split into the minibatches ``grpo.update`` makes, each padded to W = ⌈B·G / minibatches⌉
-    trajectories. A seed whose approx_kl passes twice ``kl_target`` stops stepping, as its epochs end.
+    trajectories. A minibatch's loss steps are picked out and run in chunks (:func:`chunked_loss`). A seed
+    whose approx_kl passes twice ``kl_target`` stops stepping, as its epochs end.
     """
     cfg, net, S, H = stack.cfg, stack.net, len(stack.learners), stack.learners[0].H
     M, n_minibatches, device = cfg.batch_trajectories, cfg.num_minibatches, cfg.device
@@ -192,9 +241,9 @@ def update(stack: StackedGRPO, groups: list[Groups | None]) -> list[dict[str, fl
     obs, actions, old_log_probs, advantages, valid, loss_mask = (
         x.to(device) for x in (obs, actions, old_log_probs, advantages, valid, loss_mask))  # fmt: skip
     flat = partial(torch.flatten, start_dim=1, end_dim=2)  # (S, T, m, …) → (S, T·m, …)
-    with torch.no_grad():
-        out = stack.references.policy(flat(obs))
-        ref_log_probs = stack.references.log_prob_entropy(out, flat(actions))[0].view(S, H, M)  # fixed this iteration
+    ref_log_probs = log_probs_at(stack.references, flat(obs), flat(actions), flat(valid))  # fixed this iteration
+    batch = {"obs": flat(obs), "actions": flat(actions), "old_log_probs": flat(old_log_probs),
+             "advantages": flat(advantages), "ref_log_probs": ref_log_probs}  # each (S, H·M, …)  # fmt: skip
     members = torch.zeros((S, n_minibatches * W), dtype=torch.int64)  # (S, minibatches·W)  padding → member 0
     real = torch.zeros((S, n_minibatches * W), dtype=torch.bool)  # (S, minibatches·W)
     for k, seed_slots in enumerate(slots):
@@ -213,47 +262,41 @@ def update(stack: StackedGRPO, groups: list[Groups | None]) -> list[dict[str, fl
         epoch_members = members.to(device)
         for m in range(n_minibatches):
             columns = slice(m * W, (m + 1) * W)
-            mb_real = real[:, columns]  # (S, W)
-
-            take = partial(trajectories_at, index=epoch_members[:, columns])
-            mask = take(loss_mask) & mb_real.unsqueeze(1)  # (S, H, W)
+            mb_real, mb_members = real[:, columns], epoch_members[:, columns]  # (S, W) each
+            mask = trajectories_at(loss_mask, mb_members) & mb_real.unsqueeze(1)  # (S, H, W)
+            weights = losses.aggregation_weights(mask, cfg.aggregation, H, mb_real)  # (S, H, W)
+            # Each seed's loss steps first, in the (t, i) order of grpo.minibatch_loss, then in chunks of
+            # ROWS rows: a seed's chunks never depend on how many chunks its neighbours need.
             flat_mask = flat(mask)  # (S, H·W)
-            mean = partial(masked_mean, mask=flat_mask, count=flat_mask.sum(-1).clamp(min=1))
-            log_probs, entropy = net.log_prob_entropy(net.policy(flat(take(obs))), flat(take(actions)))  # (S, H·W)
-            log_ratio = log_probs - flat(take(old_log_probs))
-            ratio = log_ratio.exp()
-            approx_kl = mean(losses.k3_kl(log_ratio).detach())  # (S,)
+            count = flat_mask.sum(-1)  # (S,)
+            rows = torch.argsort((~flat_mask).to(torch.uint8), dim=1, stable=True)[:, : ROWS * chunks_for(count)]
+            at_batch = (rows // W) * M + torch.gather(mb_members, 1, rows % W)  # (S, R) positions in the (H, M) batch
+            picked = {name: torch.take_along_dim(x, at_batch.view(S, -1, *[1] * (x.dim() - 2)), dim=1)
+                      for name, x in batch.items()}  # fmt: skip
+            picked |= {"mask": torch.gather(flat_mask, 1, rows), "weight": torch.gather(flat(weights), 1, rows)}
+            loss, sums = chunked_loss(net, cfg, picked)  # (S,), (S, 7)
+            approx_kl = sums[:, 2] / count.clamp(min=1)  # (S,)
             step_now = stepping & mb_real.any(-1)  # a seed with fewer trajectories may have an empty minibatch
             if cfg.kl_target is not None:
                 stopped = step_now & (approx_kl > 2.0 * cfg.kl_target)
                 stepping, step_now = stepping & ~stopped, step_now & ~stopped
             if not bool(stepping.any()):
                 break
-            surrogate = losses.clipped_surrogate(ratio, flat(take(advantages)), cfg.clip_low, cfg.clip_high)
-            # k3 at x ~ π_old: a penalty toward π_ref, as grpo.minibatch_loss.
-            kl_ref = losses.k3_kl(flat(take(ref_log_probs)) - log_probs)
-            per_step = surrogate + cfg.beta * kl_ref - cfg.ent_coef * entropy
-            weights = flat(losses.aggregation_weights(mask, cfg.aggregation, H, mb_real))  # (S, H·W)
-            loss = (weights * torch.where(flat_mask, per_step, 0.0)).sum(-1)  # (S,)
 
             net.flat.grad.zero_()
             torch.where(step_now, loss, 0.0).sum().backward()  # each seed's gradient lands in its own row
             clip_grad_norms_(net.flat.grad, cfg.max_grad_norm)
             stack.adam.step(step_now)
 
-            with torch.no_grad():
-                step_stats = torch.stack([
-                    (weights * torch.where(flat_mask, surrogate, 0.0)).sum(-1), mean(entropy), approx_kl, mean(kl_ref),
-                    mean(ratio), mean((ratio < 1.0 - cfg.clip_low).float()), mean((ratio > 1.0 + cfg.clip_high).float()),
-                ], dim=1)  # (S, 7)  # fmt: skip
-                totals += torch.where(step_now.unsqueeze(1), step_stats, 0.0)
-                counts += step_now
+            step_stats = torch.cat([sums[:, :1], sums[:, 1:] / count.clamp(min=1).unsqueeze(1)], dim=1)  # (S, 7)
+            totals += torch.where(step_now.unsqueeze(1), step_stats, 0.0)
+            counts += step_now
         else:
             continue
         break  # no seed steps any more: the epoch loop ends too
-    with torch.no_grad():  # KL(π_old ‖ π_θ) of each seed's whole update, over every sample of its batch
-        log_probs = net.log_prob_entropy(net.policy(flat(obs)), flat(actions))[0]  # (S, H·M)
-        update_kl = masked_mean(losses.k3_kl(log_probs - flat(old_log_probs)), flat(valid))  # (S,)
+    # KL(π_old ‖ π_θ) of each seed's whole update, over every sample of its batch
+    log_probs = log_probs_at(net, flat(obs), flat(actions), flat(valid))  # (S, H·M)
+    update_kl = masked_mean(losses.k3_kl(log_probs - flat(old_log_probs)), flat(valid))  # (S,)
     means = (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
     return [
         ({**(dict(zip(STATS, means[k].tolist(), strict=True)) if counts[k] else {}),

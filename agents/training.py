@@ -205,8 +205,8 @@ class Collected:
 class Lane:
     """One seed's share of what is trained: what its run directory records and what evaluates it.
 
-    An :class:`Agent` is a lane. A batched stack of seeds (``ppo_stack.py``) has one per seed, whose
-    networks are views of that seed's row of the stacked parameters.
+    An :class:`Agent` is a lane. A batched stack of seeds (``ppo_stack.py``, ``grpo_stack.py``) has one per
+    seed, whose networks are views of that seed's row of the stacked parameters.
     """
 
     model: torch.nn.Module

@@ -159,16 +159,19 @@ def child_env() -> dict[str, str]:
 # ── the hyperparameters, ours and their SB3 equivalents ───────────────────────────────────────────
 
 
-def resolve(case: Case) -> tuple[Any, bool]:
-    """Our preset's config for the case (PPOConfig) and whether its actions are continuous."""
+def resolve(case: Case, algo: str = "ppo") -> tuple[Any, bool]:
+    """Our preset's config for the case (PPOConfig, or GRPOConfig for ``grpo``) and whether its actions are
+    continuous."""
     import gymnasium as gym
 
     from agents.config import resolve_config
+    from agents.grpo import GRPOConfig
     from agents.ppo import PPOConfig
     from envs import action_space_of
 
     continuous = isinstance(action_space_of(case.env_id), gym.spaces.Box)
-    cfg, _ = resolve_config(PPOConfig, "ppo", case.env_id, continuous, {"total_steps": case.total_steps})
+    config = GRPOConfig if algo == "grpo" else PPOConfig
+    cfg, _ = resolve_config(config, algo, case.env_id, continuous, {"total_steps": case.total_steps})
     return cfg, continuous
 
 

@@ -1,6 +1,6 @@
 """Seeds side by side in one process (``train --seeds``) against one process per seed, ours and SB3's.
 
-    python benchmarks/stacking.py --case cartpole [--seeds 8] [--steps N] [--core 1] [--out DIR]
+    python benchmarks/stacking.py --case cartpole [--algo ppo|grpo] [--seeds 8] [--steps N] [--core 1] [--out DIR]
 
 Per case, every process pinned to one core and run one after another:
 - one stacked process of ours training S seeds (``python -m lab train --seeds S``);
@@ -12,6 +12,9 @@ Each time is a whole process, wall clock from spawn to exit, interpreter start a
 Ours runs without periodic evaluations or intermediate checkpoints (its final evaluation and checkpoint
 stay in the time); SB3 evaluates and saves nothing. ``--sizes 1,2,4,8,16`` instead times one stacked
 process per stack size, for the bench's default ``--stack``.
+
+``--algo grpo`` times our GRPO preset the same way. SB3 has no GRPO, so its place is taken by one process
+whose seeds take turns unbatched (``training.in_turn``, what ``start_mode=branch`` and the vine get).
 
 Writes ``OUT/stacking.csv`` (a row per process) and ``OUT/stacking.md``, rewritten after every process.
 """
@@ -44,10 +47,13 @@ CASES = {
 PROFILE_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from agents import ppo_stack, runlog
+from agents import grpo, grpo_stack, ppo, ppo_stack, runlog
 from agents.config import build_config
-from agents.ppo import PPOConfig
 
+algo, turns = sys.argv[3], sys.argv[4] == "turns"
+module, config = (grpo_stack, grpo.GRPOConfig) if algo == "grpo" else (ppo_stack, ppo.PPOConfig)
+if turns:
+    grpo_stack.batched = lambda cfg: False
 timers = {"collect": 0.0, "update": 0.0}
 def timed(name, function):
     def wrapper(*args):
@@ -57,13 +63,14 @@ def timed(name, function):
         finally:
             timers[name] += time.perf_counter() - start
     return wrapper
-ppo_stack.collect, ppo_stack.learn = timed("collect", ppo_stack.collect), timed("update", ppo_stack.learn)
-cfgs = [build_config(PPOConfig, c) for c in json.loads(sys.argv[1])]
+if not turns:
+    module.collect, module.learn = timed("collect", module.collect), timed("update", module.learn)
+cfgs = [build_config(config, c) for c in json.loads(sys.argv[1])]
 dirs = [Path(sys.argv[2]) / f"seed{c.seed}" for c in cfgs]
 for d in dirs:
     runlog.prepare_run_dir(d, False)
 start = time.perf_counter()
-ppo_stack.train(cfgs, dirs)
+module.train(cfgs, dirs)
 print(json.dumps({**timers, "train_s": time.perf_counter() - start}))
 """
 
@@ -71,7 +78,7 @@ print(json.dumps({**timers, "train_s": time.perf_counter() - start}))
 @dataclasses.dataclass
 class Row:
     case: str
-    impl: str  # stacked | ours | sb3 | stacked_profiled
+    impl: str  # stacked | ours | sb3 | turns | stacked_profiled | size
     seeds: int  # seeds this process trained
     seed: str  # which
     wall_s: float
@@ -96,13 +103,22 @@ def timed(cmd: list[str], core: int | None) -> tuple[float, Any]:
     return wall, proc
 
 
-def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int]) -> list[str]:
+def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int], algo: str = "ppo") -> list[str]:
     which = ["--seed", str(seeds[0])] if len(seeds) == 1 else ["--seeds", ",".join(map(str, seeds))]
-    return [sys.executable, "-m", "lab", "train", "--algo", "ppo", "--env", case.env_id, *which,
+    return [sys.executable, "-m", "lab", "train", "--algo", algo, "--env", case.env_id, *which,
             "--total-steps", str(steps), *speed.OURS_FLAGS, "--run-dir", str(run_dir)]  # fmt: skip
 
 
-def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed.Case], steps: dict[str, int]) -> str:
+def profile_argv(cfg: Any, seeds: list[int], run_dir: Path, algo: str, how: str) -> list[str]:
+    """A stacked process of PROFILE_SCRIPT: batched with timers, or (GRPO) the seeds taking turns."""
+    from agents.runlog import config_to_dict
+
+    cfgs = [config_to_dict(dataclasses.replace(cfg, seed=seed, eval_interval=0, checkpoint_interval=0)) for seed in seeds]
+    return [sys.executable, "-c", PROFILE_SCRIPT, json.dumps(cfgs), str(run_dir), algo, how]
+
+
+def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed.Case], steps: dict[str, int],
+             algo: str = "ppo") -> str:  # fmt: skip
     lines = ["# Seeds side by side in one process, against one process per seed", "",
              f"Command: `{command}`", "", f"Machine: {machine}", "",
              ("Each time is a whole process pinned to one core, wall clock from spawn to exit, imports included; "
@@ -111,22 +127,23 @@ def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed
     for name in dict.fromkeys(r.case for r in rows):
         case_rows = [r for r in rows if r.case == name]
         by = {impl: [r for r in case_rows if r.impl == impl and r.returncode == 0] for impl in
-              ("stacked", "ours", "sb3", "stacked_profiled", "size")}  # fmt: skip
-        lines += [f"## {name}: {cases[name].env_id}, {steps[name]:,} steps per seed", ""]
+              ("stacked", "ours", "sb3", "turns", "stacked_profiled", "size")}  # fmt: skip
+        lines += [f"## {name}: {algo.upper()}, {cases[name].env_id}, {steps[name]:,} steps per seed", ""]
         if by["size"]:
             lines += ["| seeds in the process | wall (s) | s per seed |", "|---|---|---|"]
             lines += [f"| {r.seeds} | {r.wall_s:.1f} | {r.wall_s / r.seeds:.2f} |" for r in by["size"]]
             lines.append("")
             continue
-        total = {impl: sum(r.wall_s for r in by[impl]) for impl in ("stacked", "ours", "sb3")}
+        total = {impl: sum(r.wall_s for r in by[impl]) for impl in ("stacked", "ours", "sb3", "turns")}
         lines += ["| how | processes | seeds | total wall (s) | s per seed |", "|---|---|---|---|---|"]
         for impl, label in (("stacked", "ours, stacked (`train --seeds`)"), ("ours", "ours, one process per seed"),
-                            ("sb3", "Stable-Baselines3, one process per seed")):  # fmt: skip
+                            ("sb3", "Stable-Baselines3, one process per seed"),
+                            ("turns", "ours, one process, seeds taking turns unbatched")):  # fmt: skip
             seeds = sum(r.seeds for r in by[impl])
             if seeds:
                 lines.append(f"| {label} | {len(by[impl])} | {seeds} | {total[impl]:.1f} | {total[impl] / seeds:.2f} |")
         if total["stacked"]:
-            for impl, label in (("sb3", "SB3"), ("ours", "our single runs")):
+            for impl, label in (("sb3", "SB3"), ("ours", "our single runs"), ("turns", "seeds taking turns")):
                 if total[impl]:
                     lines.append(f"\n{label} / stacked, total wall time: **{total[impl] / total['stacked']:.2f}×**")
         if by["stacked_profiled"]:
@@ -137,7 +154,8 @@ def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed
                       "| part | s | % |", "|---|---|---|",
                       (f"| collect: acting (one batched forward pass) and stepping each seed's envs | {r.collect_s:.1f} | "
                        f"{100 * r.collect_s / r.wall_s:.0f} |"),
-                      f"| update: GAE and the batched gradient steps | {r.update_s:.1f} | {100 * r.update_s / r.wall_s:.0f} |",
+                      (f"| update: {'group advantages' if algo == 'grpo' else 'GAE'} and the batched gradient steps | "
+                       f"{r.update_s:.1f} | {100 * r.update_s / r.wall_s:.0f} |"),
                       (f"| rest: start, imports, envs, logging, evaluation, checkpoints | {rest:.1f} | "
                        f"{100 * rest / r.wall_s:.0f} |")]  # fmt: skip
         lines.append("")
@@ -152,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--core", type=int, default=None, help="pin every process to this core")
     parser.add_argument("--sizes", default=None, help="time one stacked process per stack size, e.g. 1,2,4,8,16")
     parser.add_argument("--no-sb3", action="store_true")
+    parser.add_argument("--algo", choices=["ppo", "grpo"], default="ppo")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stacking")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.DictWriter(f, fieldnames=[field.name for field in dataclasses.fields(Row)])
             writer.writeheader()
             writer.writerows(dataclasses.asdict(r) for r in rows)
-        (args.out / "stacking.md").write_text(markdown(rows, command, machine, CASES, steps))
+        (args.out / "stacking.md").write_text(markdown(rows, command, machine, CASES, steps, args.algo))
 
     seeds = list(range(args.seeds))
     for name in args.case:
@@ -175,17 +194,21 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="stacking-") as tmp:
             if args.sizes:
                 for size in [int(s) for s in args.sizes.split(",")]:
-                    wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / f"size{size}", list(range(size))),
-                                       args.core)  # fmt: skip
+                    wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / f"size{size}", list(range(size)),
+                                                 args.algo), args.core)  # fmt: skip
                     record(Row(name, "size", size, f"0-{size - 1}", wall, proc.returncode))
                 continue
-            wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / "stacked", seeds), args.core)
+            wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / "stacked", seeds, args.algo), args.core)
             record(Row(name, "stacked", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode))
             for seed in seeds:
-                wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / f"ours{seed}", [seed]), args.core)
+                wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / f"ours{seed}", [seed], args.algo),
+                                   args.core)  # fmt: skip
                 record(Row(name, "ours", 1, str(seed), wall, proc.returncode))
-            cfg, continuous = speed.resolve(case)
-            if not args.no_sb3:
+            cfg, continuous = speed.resolve(case, args.algo)
+            if args.algo == "grpo":
+                wall, proc = timed(profile_argv(cfg, seeds, Path(tmp) / "turns", "grpo", "turns"), args.core)
+                record(Row(name, "turns", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode))
+            elif not args.no_sb3:
                 from agents.runlog import config_to_dict
 
                 for seed in seeds:
@@ -193,12 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                     wall, proc = timed([sys.executable, "-c", speed.SB3_SCRIPT, config_json, "1" if continuous else "0"],
                                        args.core)  # fmt: skip
                     record(Row(name, "sb3", 1, str(seed), wall, proc.returncode))
-            from agents.runlog import config_to_dict
-
-            cfgs = [config_to_dict(dataclasses.replace(cfg, seed=seed, eval_interval=0, checkpoint_interval=0))
-                    for seed in seeds]  # fmt: skip
-            wall, proc = timed([sys.executable, "-c", PROFILE_SCRIPT, json.dumps(cfgs), str(Path(tmp) / "profiled")],
-                               args.core)  # fmt: skip
+            wall, proc = timed(profile_argv(cfg, seeds, Path(tmp) / "profiled", args.algo, "batched"), args.core)
             timers = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
             record(Row(name, "stacked_profiled", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode,
                        timers.get("collect"), timers.get("update")))  # fmt: skip

@@ -63,7 +63,12 @@ def assert_close_losses(a: Path, b: Path, rows: int) -> None:
 
 
 @pytest.mark.parametrize("overrides", [{}, PENDULUM], ids=["cartpole", "pendulum"])
-def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(tmp_path: Path, overrides: dict) -> None:
+def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict
+) -> None:
+    # Chunks of 8 rows: a minibatch of up to 2 × 60 steps takes 1 to 15 chunks, as many as its longest
+    # seed needs, so neighbours of different episode lengths change the number of chunks.
+    monkeypatch.setattr(grpo_stack, "ROWS", 8)
     first = train_stack(tmp_path / "a", [0, 1, 2], **overrides)
     other = train_stack(tmp_path / "b", [0, 7, 2], **overrides)
     for seed in (0, 2):  # bit-identical: the neighbour's seed changed, and with it its episodes' lengths
@@ -78,7 +83,8 @@ def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(tmp_path:
 
 
 @pytest.mark.parametrize("overrides", [{}, PENDULUM], ids=["cartpole", "pendulum"])
-def test_a_stack_of_one_matches_a_single_run(tmp_path: Path, overrides: dict) -> None:
+def test_a_stack_of_one_matches_a_single_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict) -> None:
+    monkeypatch.setattr(grpo_stack, "ROWS", 8)  # many chunks per minibatch
     stacked = train_stack(tmp_path / "stack", [3], **overrides)[3]
     single = tmp_path / "single"
     run_training(grpo, small(3, **overrides), single)
