@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 
 from agents import runlog
 from agents.config import resolve_config
@@ -118,3 +119,24 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 2.0, poll_s: floa
     deadline = time.monotonic() + timeout_s
     while not condition() and time.monotonic() < deadline:
         time.sleep(poll_s)
+
+
+def stack_dirs(tmp: Path, seeds: list[int]) -> dict[int, Path]:
+    """Run directories tmp/seed<k> for a stack of these seeds, prepared as the CLI prepares them."""
+    run_dirs = {seed: tmp / f"seed{seed}" for seed in seeds}
+    for run_dir in run_dirs.values():
+        runlog.prepare_run_dir(run_dir, False)
+    return run_dirs
+
+
+def progress_values(run_dir: Path, tags: list[str]) -> list[list[str]]:
+    """The logged values of ``tags`` in each row of a run's progress.csv."""
+    return [[row[tag] for tag in tags] for row in read_progress(run_dir)]
+
+
+def assert_close_progress(a: Path, b: Path, tags: list[str], rows: int, rtol: float, atol: float) -> None:
+    """The first ``rows`` rows of two runs' ``tags`` agree to floating-point tolerance."""
+    first, second = progress_values(a, tags)[:rows], progress_values(b, tags)[:rows]
+    assert len(first) == rows
+    assert torch.allclose(torch.tensor([[float(v) for v in r] for r in first]),
+                          torch.tensor([[float(v) for v in r] for r in second]), rtol=rtol, atol=atol)  # fmt: skip

@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 from agents import advantages as adv
-from agents import ppo, ppo_stack, runlog
+from agents import grpo_stack, ppo, ppo_stack, runlog
 from agents.stacked import LaneAdam, SeedAdam, clip_grad_norms_, fixed_minibatch_slots, masked_mean
 from agents.training import check_stack
 from lab import bench
 from lab.cli import main
-from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
+from tests import test_grpo_stack as grpo_tests
+from tests.conftest import (
+    assert_close_progress,
+    interrupt_after,
+    ppo_config,
+    progress_values,
+    read_progress,
+    run_training,
+    stack_dirs,
+)
 
 LOSSES = ["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac"]
 # Four minibatches of a 128-sample segment, so each seed's minibatches are padded; a target KL low enough
@@ -31,15 +42,13 @@ def small(seed: int, env_id: str = "CartPole-v1", **overrides: Any) -> ppo.PPOCo
 
 def train_stack(tmp: Path, seeds: list[int], **overrides: Any) -> dict[int, Path]:
     """A stack of these seeds into tmp/seed<k>; returns each seed's run directory."""
-    run_dirs = {seed: tmp / f"seed{seed}" for seed in seeds}
-    for run_dir in run_dirs.values():
-        runlog.prepare_run_dir(run_dir, False)
+    run_dirs = stack_dirs(tmp, seeds)
     ppo_stack.train([small(seed, **overrides) for seed in seeds], list(run_dirs.values()))
     return run_dirs
 
 
 def losses_of(run_dir: Path) -> list[list[str]]:
-    return [[row[tag] for tag in LOSSES] for row in read_progress(run_dir)]
+    return progress_values(run_dir, LOSSES)
 
 
 def parameters(run_dir: Path, algo: str = "ppo") -> dict[str, torch.Tensor]:
@@ -47,9 +56,7 @@ def parameters(run_dir: Path, algo: str = "ppo") -> dict[str, torch.Tensor]:
 
 
 def assert_close_losses(a: Path, b: Path, rows: int) -> None:
-    first, second = losses_of(a)[:rows], losses_of(b)[:rows]
-    assert torch.allclose(torch.tensor([[float(v) for v in r] for r in first]),
-                          torch.tensor([[float(v) for v in r] for r in second]), rtol=1e-4, atol=1e-6)  # fmt: skip
+    assert_close_progress(a, b, LOSSES, rows, rtol=1e-4, atol=1e-6)
 
 
 # ── the math, against hand-computed numbers ─────────────────────────────────────────────────────────
@@ -143,38 +150,67 @@ def test_a_stack_of_one_matches_a_single_run(tmp_path: Path, env_id: str) -> Non
     assert summary["status"] == "completed" and summary["seed"] == 3 and summary["total_steps"] == 512
 
 
-def test_stacked_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    whole = train_stack(tmp_path / "whole", [0, 1])
+def same_parameters(a: Path, b: Path) -> bool:
+    first, second = parameters(a), parameters(b)
+    return first.keys() == second.keys() and all(torch.equal(v, second[k]) for k, v in first.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedStack:
+    """One algorithm's batched stack and the helpers its tests train and compare it with."""
+
+    module: ModuleType  # ppo_stack or grpo_stack
+    small: Callable[..., Any]  # seed → a small config
+    train_stack: Callable[..., dict[int, Path]]
+    losses_of: Callable[[Path], list[list[str]]]
+    same_parameters: Callable[[Path, Path], bool]
+
+
+def batched_stack(algo: str) -> BatchedStack:
+    if algo == "ppo":
+        return BatchedStack(ppo_stack, small, train_stack, losses_of, same_parameters)
+    return BatchedStack(grpo_stack, grpo_tests.small, grpo_tests.train_stack, grpo_tests.losses_of,
+                        grpo_tests.same_parameters)  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_stacked_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: str) -> None:
+    case = batched_stack(algo)
+    whole = case.train_stack(tmp_path / "whole", [0, 1])
     with monkeypatch.context() as patch:
-        interrupt_after(patch, ppo_stack, "collect", 3)  # Ctrl-C during the third iteration
-        parts = train_stack(tmp_path / "parts", [0, 1])
+        interrupt_after(patch, case.module, "collect", 3)  # Ctrl-C during the third iteration
+        parts = case.train_stack(tmp_path / "parts", [0, 1])
     assert all(json.loads((d / "summary.json").read_text())["status"] == "interrupted" for d in parts.values())
-    ppo_stack.train([small(0), small(1)], [parts[0], parts[1]], resume=True)
+    case.module.train([case.small(0), case.small(1)], [parts[0], parts[1]], resume=True)
     for seed in (0, 1):
         assert json.loads((parts[seed] / "summary.json").read_text())["status"] == "completed"
-        assert losses_of(whole[seed]) == losses_of(parts[seed])
-        assert all(torch.equal(v, parameters(parts[seed])[k]) for k, v in parameters(whole[seed]).items())
+        assert case.losses_of(whole[seed]) == case.losses_of(parts[seed])
+        assert case.same_parameters(whole[seed], parts[seed])
 
 
-def test_a_nan_in_one_seed_fails_that_seed_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clean = train_stack(tmp_path / "clean", [0, 1, 2])
-    original, calls = ppo_stack.update, 0
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_a_nan_in_one_seed_fails_that_seed_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: str) -> None:
+    case = batched_stack(algo)
+    clean = case.train_stack(tmp_path / "clean", [0, 1, 2])
+    original, calls = case.module.update, 0
 
-    def poisoned(learner: ppo_stack.StackedLearner, *args: Any) -> torch.Tensor:
+    def poisoned(stack: Any, *args: Any) -> Any:
         nonlocal calls
         calls += 1
-        stats = original(learner, *args)
+        stats = original(stack, *args)
         if calls == 2:
-            learner.net.flat.data[1, 0] = float("nan")  # seed 1's first weight
+            stack.net.flat.data[1, 0] = float("nan")  # seed 1's first weight
         return stats
 
-    monkeypatch.setattr(ppo_stack, "update", poisoned)
-    hit = train_stack(tmp_path / "hit", [0, 1, 2])
+    monkeypatch.setattr(case.module, "update", poisoned)
+    hit = case.train_stack(tmp_path / "hit", [0, 1, 2])
     failed = json.loads((hit[1] / "summary.json").read_text())
-    assert failed["status"] == "failed" and "non-finite" in failed["error"] and failed["total_steps"] == 256
+    assert failed["status"] == "failed" and "non-finite" in failed["error"]
+    completed = json.loads((hit[0] / "summary.json").read_text())
+    assert 0 < failed["total_steps"] < completed["total_steps"]  # it stopped at its second update
     for seed in (0, 2):
         assert json.loads((hit[seed] / "summary.json").read_text())["status"] == "completed"
-        assert losses_of(hit[seed]) == losses_of(clean[seed])
+        assert case.losses_of(hit[seed]) == case.losses_of(clean[seed])
 
 
 def test_seeds_in_a_stack_must_share_their_settings() -> None:
