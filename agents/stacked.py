@@ -4,15 +4,17 @@ A small network's gradient step costs mostly per-operation overhead, not arithme
 makes one batched matmul (``torch.baddbmm``) of S small ones, so S seeds cost far less than S runs.
 Nothing is shared but the arithmetic:
 - parameters: one (S, P) tensor, row k is seed k's flat parameter vector. Seed k's ordinary
-  :class:`~agents.networks.ActorCritic` keeps its parameters as views of row k, so evaluation,
-  checkpoints and ``testbed eval`` see an ordinary network;
+  :class:`~agents.networks.ActorCritic` (PPO) or :class:`~agents.networks.Actor` (GRPO) keeps its
+  parameters as views of row k, so evaluation, checkpoints and ``testbed eval`` see an ordinary network;
 - Adam (:class:`SeedAdam`): element-wise, with a step count per seed, and a mask for seeds that do not
   step (a seed stopped by its target KL, or failed);
 - gradient-norm clipping (:func:`clip_grad_norms_`): one norm per seed;
-- random numbers: a ``torch.Generator`` per seed, which draws what a single run draws from the global one.
+- random numbers: a ``torch.Generator`` per seed (:class:`SeedGenerators`), which draws what a single
+  run draws from the global one.
 
-Every reduction runs within one seed's row, and every shape is fixed by the config alone, so seed k's
-numbers are bit-identical whoever its neighbours are.
+Every reduction runs within one seed's row, and every shape is fixed by the config alone (or, in GRPO's
+chunks, grows only by whole chunks that add exact zeros), so seed k's numbers are bit-identical whoever
+its neighbours are.
 """
 
 from __future__ import annotations

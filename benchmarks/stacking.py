@@ -87,6 +87,11 @@ class Row:
     update_s: float | None = None
 
 
+def type_of(field_name: str) -> Any:
+    """The type of a Row field, to read it back from the CSV."""
+    return {"seeds": int, "wall_s": float, "returncode": int, "collect_s": float, "update_s": float}.get(field_name, str)
+
+
 def pinned(core: int | None) -> Any:
     return (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
 
@@ -143,9 +148,14 @@ def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed
             if seeds:
                 lines.append(f"| {label} | {len(by[impl])} | {seeds} | {total[impl]:.1f} | {total[impl] / seeds:.2f} |")
         if total["stacked"]:
-            for impl, label in (("sb3", "SB3"), ("ours", "our single runs"), ("turns", "seeds taking turns")):
+            for impl, label in (("sb3", "SB3"), ("ours", "our single runs")):
                 if total[impl]:
                     lines.append(f"\n{label} / stacked, total wall time: **{total[impl] / total['stacked']:.2f}×**")
+        if total["turns"] and by["stacked_profiled"]:
+            # Both started the same way (PROFILE_SCRIPT, no command line): batched against unbatched alone.
+            batched = by["stacked_profiled"][0].wall_s
+            lines.append(f"\nseeds taking turns / batched, both started by the same script ({total['turns']:.1f} s against "
+                         f"{batched:.1f} s): **{total['turns'] / batched:.2f}×**")  # fmt: skip
         if by["stacked_profiled"]:
             r = by["stacked_profiled"][0]
             assert r.collect_s is not None and r.update_s is not None
@@ -172,12 +182,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sb3", action="store_true")
     parser.add_argument("--algo", choices=["ppo", "grpo"], default="ppo")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stacking")
+    parser.add_argument("--render", action="store_true", help="rewrite OUT/stacking.md from OUT/stacking.csv only")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     command = speed.public_command("benchmarks/stacking.py", sys.argv[1:] if argv is None else argv)
     machine = speed.machine_line()
     rows: list[Row] = []
     steps = {name: args.steps or CASES[name].total_steps for name in args.case}
+    if args.render:  # the markdown of a finished run, from its CSV and the command recorded in it
+        with open(args.out / "stacking.csv", newline="") as f:
+            rows = [Row(**{k: (None if v == "" else type_of(k)(v)) for k, v in r.items()}) for r in csv.DictReader(f)]
+        recorded = (args.out / "stacking.md").read_text().split("Command: `")[1].split("`")[0]
+        machine = (args.out / "stacking.md").read_text().split("Machine: ")[1].splitlines()[0]
+        (args.out / "stacking.md").write_text(markdown(rows, recorded, machine, CASES, steps, args.algo))
+        return 0
 
     def record(row: Row) -> None:
         rows.append(row)
