@@ -166,8 +166,16 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_the_same_co
         time.sleep(0.01)
     process.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
     process.wait(30)
-    assert not (run_dir / runlog.CHECKPOINT).exists()
     assert b"Traceback" not in (process.stderr.read() if process.stderr else b"")
+    if how == "sigint" and (run_dir / runlog.CHECKPOINT).exists():
+        # On a busy machine Ctrl-C can land after training took over (seen in a fresh-clone CI run): the run
+        # then stops at the end of its iteration with a checkpoint, the other guarantee, and resumes exactly.
+        assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+        again = start_trainer(run_dir, 4096, "--resume")
+        assert again.wait(60) == 0, again.stderr.read().decode() if again.stderr else ""
+        assert [int(r["global_step"]) for r in read_progress(run_dir)] == list(range(256, 4097, 256))
+        return
+    assert not (run_dir / runlog.CHECKPOINT).exists()
     again = start_trainer(run_dir, 4096)
     assert again.wait(60) == 0, again.stderr.read().decode() if again.stderr else ""
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
