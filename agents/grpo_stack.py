@@ -8,10 +8,12 @@ all S seeds (``stacked``).
 
 What stays each seed's own, so that seed k trains as its single run would: its envs and observation
 normalizer, its start states, its random numbers (a generator per seed), its minibatches, its KL-target
-stop and step size, its reference policy and its Adam state. Every tensor the update batches has a shape
-that the config alone fixes: trajectories are padded to the horizon H, minibatches to ⌈B·G / minibatches⌉
-trajectories, and the padding is masked out of every sum. So seed k's numbers are bit-identical whatever
-seeds share its stack, and a stack of one matches a single run to floating-point rounding.
+stop and step size, its reference policy and its Adam state. The batch is padded to the horizon H and
+minibatches to ⌈B·G / minibatches⌉ trajectories, shapes that the config alone fixes. A minibatch's loss
+steps then run through the network in chunks of ROWS rows, as many chunks as the seed with the most
+steps needs; a chunk past a seed's own steps adds exact zeros to its sums and its gradient. So seed k's
+numbers are bit-identical whatever seeds share its stack, and a stack of one matches a single run to
+floating-point rounding.
 
 Two variants act with the policy outside the members' own steps (the trunks of ``start_mode=branch``,
 the vine's branches); their seeds take turns instead (``training.in_turn``), as ``train`` picks.
