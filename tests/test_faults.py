@@ -159,8 +159,10 @@ def test_bad_input_is_refused_before_the_run_directory_exists(
 
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
 def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_the_same_command(tmp_path: Path, how: str) -> None:
-    run_dir = tmp_path / "run"
-    process = start_trainer(run_dir, 4096)
+    # 12,288 steps train for about 5 s after config.yaml appears, so the signal lands well before the end
+    # even when this process is slow to send it (a 4,096-step run once ended first in a fresh-clone CI run).
+    run_dir, steps = tmp_path / "run", 12_288
+    process = start_trainer(run_dir, steps)
     deadline = time.monotonic() + 30
     while not (run_dir / "config.yaml").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -168,18 +170,16 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_the_same_co
     process.wait(30)
     assert b"Traceback" not in (process.stderr.read() if process.stderr else b"")
     if how == "sigint" and (run_dir / runlog.CHECKPOINT).exists():
-        # On a busy machine Ctrl-C can land after training took over (seen in a fresh-clone CI run): the run
-        # then stops at the end of its iteration with a checkpoint, the other guarantee, and resumes exactly.
+        # Ctrl-C can also land after training took over: the run then stops at the end of its iteration
+        # with a checkpoint, the other guarantee, and resumes exactly.
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
-        again = start_trainer(run_dir, 4096, "--resume")
-        assert again.wait(60) == 0, again.stderr.read().decode() if again.stderr else ""
-        assert [int(r["global_step"]) for r in read_progress(run_dir)] == list(range(256, 4097, 256))
-        return
-    assert not (run_dir / runlog.CHECKPOINT).exists()
-    again = start_trainer(run_dir, 4096)
+        again = start_trainer(run_dir, steps, "--resume")
+    else:
+        assert not (run_dir / runlog.CHECKPOINT).exists()
+        again = start_trainer(run_dir, steps)
     assert again.wait(60) == 0, again.stderr.read().decode() if again.stderr else ""
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
-    assert [int(r["global_step"]) for r in read_progress(run_dir)] == list(range(256, 4097, 256))
+    assert [int(r["global_step"]) for r in read_progress(run_dir)] == list(range(256, steps + 1, 256))
 
 
 # ── one writer per run directory ────────────────────────────────────────────────────────────────────
