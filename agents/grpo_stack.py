@@ -166,16 +166,18 @@ def trajectories_at(x: Tensor, index: Tensor) -> Tensor:
     return torch.take_along_dim(x, index.view(*index.shape[:1], 1, index.shape[1], *[1] * (x.dim() - 3)), dim=2)
 
 
-def chunks_for(count: Tensor) -> int:
-    """Chunks of ROWS rows that hold the most loss steps any seed has in a minibatch, at least one."""
-    return max(1, -(-int(count.max()) // ROWS))
+def masked_first(mask: Tensor) -> Tensor:
+    """Each seed's masked positions first, in their order, cut to whole chunks of ROWS rows: as many chunks
+    as the seed with the most masked positions needs, at least one.  mask (S, B) → positions (S, R)."""
+    chunks = max(1, -(-int(mask.sum(-1).max()) // ROWS))
+    return torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, : ROWS * chunks]
 
 
 @torch.no_grad()
 def log_probs_at(net: StackedNetworks, obs: Tensor, actions: Tensor, mask: Tensor) -> Tensor:
     """log π_k(a|s) at each seed's masked steps, 0 elsewhere.  obs (S, B, obs_dim), mask (S, B) → (S, B).
     Only the masked steps go through the network, picked out and run in chunks of ROWS rows."""
-    rows = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, : ROWS * chunks_for(mask.sum(-1))]  # (S, R)
+    rows = masked_first(mask)  # (S, R)
     log_probs = torch.zeros(mask.shape, device=mask.device)  # (S, B)
     for part in rows.split(ROWS, dim=1):
         x = torch.take_along_dim(obs, part.unsqueeze(-1), dim=1)  # (S, ROWS, obs_dim)
@@ -243,9 +245,10 @@ def update(stack: StackedGRPO, groups: list[Groups | None]) -> list[dict[str, fl
     obs, actions, old_log_probs, advantages, valid, loss_mask = (
         x.to(device) for x in (obs, actions, old_log_probs, advantages, valid, loss_mask))  # fmt: skip
     flat = partial(torch.flatten, start_dim=1, end_dim=2)  # (S, T, m, …) → (S, T·m, …)
-    ref_log_probs = log_probs_at(stack.references, flat(obs), flat(actions), flat(valid))  # fixed this iteration
-    batch = {"obs": flat(obs), "actions": flat(actions), "old_log_probs": flat(old_log_probs),
-             "advantages": flat(advantages), "ref_log_probs": ref_log_probs}  # each (S, H·M, …)  # fmt: skip
+    obs, actions, old_log_probs, valid = flat(obs), flat(actions), flat(old_log_probs), flat(valid)  # (S, H·M, …)
+    ref_log_probs = log_probs_at(stack.references, obs, actions, valid)  # fixed this iteration
+    batch = {"obs": obs, "actions": actions, "old_log_probs": old_log_probs, "advantages": flat(advantages),
+             "ref_log_probs": ref_log_probs}  # fmt: skip
     members = torch.zeros((S, n_minibatches * W), dtype=torch.int64)  # (S, minibatches·W)  padding → member 0
     real = torch.zeros((S, n_minibatches * W), dtype=torch.bool)  # (S, minibatches·W)
     for k, seed_slots in enumerate(slots):
@@ -271,7 +274,7 @@ def update(stack: StackedGRPO, groups: list[Groups | None]) -> list[dict[str, fl
             # ROWS rows: a seed's chunks never depend on how many chunks its neighbours need.
             flat_mask = flat(mask)  # (S, H·W)
             count = flat_mask.sum(-1)  # (S,)
-            rows = torch.argsort((~flat_mask).to(torch.uint8), dim=1, stable=True)[:, : ROWS * chunks_for(count)]
+            rows = masked_first(flat_mask)  # (S, R)
             at_batch = (rows // W) * M + torch.gather(mb_members, 1, rows % W)  # (S, R) positions in the (H, M) batch
             picked = {name: torch.take_along_dim(x, at_batch.view(S, -1, *[1] * (x.dim() - 2)), dim=1)
                       for name, x in batch.items()}  # fmt: skip
@@ -297,8 +300,8 @@ def update(stack: StackedGRPO, groups: list[Groups | None]) -> list[dict[str, fl
             continue
         break  # no seed steps any more: the epoch loop ends too
     # KL(π_old ‖ π_θ) of each seed's whole update, over every sample of its batch
-    log_probs = log_probs_at(net, flat(obs), flat(actions), flat(valid))  # (S, H·M)
-    update_kl = masked_mean(losses.k3_kl(log_probs - flat(old_log_probs)), flat(valid))  # (S,)
+    log_probs = log_probs_at(net, obs, actions, valid)  # (S, H·M)
+    update_kl = masked_mean(losses.k3_kl(log_probs - old_log_probs), valid)  # (S,)
     means = (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
     return [
         ({**(dict(zip(STATS, means[k].tolist(), strict=True)) if counts[k] else {}),
