@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from envs.errors import BadInput
+from envs.errors import BadInput, brief
 
 PRESET_DIR = Path(__file__).parent / "presets"
 C = TypeVar("C")
@@ -30,6 +32,19 @@ def check(condition: bool, message: str) -> None:
 
 SEED_LIMIT = 2**32
 """Seeds lie in [0, 2³²): NumPy's global generator takes no more."""
+INT_LIMIT = 2**63
+"""Every integer setting fits a signed 64-bit integer, as torch and NumPy count."""
+
+# Sizes one machine sensibly runs; ``--set size_limits=false`` lifts them. Beyond them a typo
+# (n_envs=100000000) would exhaust memory or hang instead of being refused.
+MAX_ENVS = 1024
+"""Parallel envs of one run (PPO's n_envs; GRPO's group members, G · B)."""
+MAX_BATCH = 2**20
+"""Env steps collected per iteration (PPO's n_steps · n_envs)."""
+MAX_EVAL_EPISODES = 1000
+"""Episodes of one evaluation, each on an env of its own."""
+MAX_WIDTH = 8192
+"""Units of one hidden layer."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,9 @@ class RunConfig:
     """Env steps between checkpoints (one is also written at the end and on SIGINT/SIGTERM)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the networks live; the envs always run on the CPU."""
+    size_limits: bool = True
+    """Refuse sizes beyond what one machine sensibly runs (``MAX_ENVS``, ``MAX_BATCH``,
+    ``MAX_EVAL_EPISODES``, ``MAX_WIDTH``); false lifts these limits."""
 
     def __post_init__(self) -> None:
         check(0 <= self.seed < SEED_LIMIT, f"seed must be in [0, 2**32 - 1], got {self.seed}")
@@ -99,6 +117,70 @@ class RunConfig:
         check(self.eval_interval >= 0, f"eval_interval must be >= 0, got {self.eval_interval}")
         check(self.eval_episodes >= 1, f"eval_episodes must be at least 1, got {self.eval_episodes}")
         check(self.checkpoint_interval >= 0, f"checkpoint_interval must be >= 0, got {self.checkpoint_interval}")
+        self.check_size(self.eval_episodes, MAX_EVAL_EPISODES, "eval_episodes")
+        self.check_size(max(self.hidden_sizes), MAX_WIDTH, "the widest hidden layer")
+
+    def check_size(self, value: int, limit: int, what: str) -> None:
+        """BadInput if ``value`` exceeds ``limit`` while ``size_limits`` holds, saying how to lift the limit."""
+        check(not self.size_limits or value <= limit, f"{what} is {value:,}, above the limit of {limit:,}; lower "
+              "it, or add --set size_limits=false to lift the testbed's size limits")  # fmt: skip
+
+
+YAML_MAX_CHARS = 1_000_000
+YAML_MAX_NODES = 100_000
+YAML_MAX_DEPTH = 50
+
+
+def load_yaml(text: str | bytes, source: str) -> Any:
+    """A YAML document read with the safe loader and within bounds; BadInput naming ``source`` otherwise.
+
+    Every file and value a user gives goes through here (presets, search spaces, env kwargs, run and
+    study files). Bounds, checked before anything is built: at most ``YAML_MAX_CHARS`` characters, and a
+    document of at most ``YAML_MAX_NODES`` nodes nested at most ``YAML_MAX_DEPTH`` deep, aliases counted
+    as often as they expand, so that a few lines of nested aliases (a "billion laughs") are refused
+    rather than expanded by whatever prints or walks them.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadInput(f"{source} is not UTF-8 text; give a YAML file") from None
+    if len(text) > YAML_MAX_CHARS:
+        raise BadInput(f"{source} holds {len(text):,} characters, more than the {YAML_MAX_CHARS:,} a YAML input may")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_size(node, source)
+        return loader.construct_document(node)
+    except yaml.YAMLError as error:
+        raise BadInput(f"{source} is not valid YAML ({brief(str(error).splitlines()[0], 160)})") from None
+    except RecursionError:
+        raise BadInput(f"{source} nests deeper than YAML input may ({YAML_MAX_DEPTH} levels)") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file of the testbed's (bench.yaml, tune.yaml, a study's), read as :func:`load_yaml` reads."""
+    return load_yaml(path.read_bytes(), str(path))
+
+
+def _check_yaml_size(root: yaml.Node, source: str) -> None:
+    """BadInput if the node graph, expanded as it would be built, exceeds the nodes or depth YAML may have."""
+    count, pending = 0, [(root, 1)]
+    while pending:
+        node, depth = pending.pop()
+        count += 1
+        if count > YAML_MAX_NODES or depth > YAML_MAX_DEPTH:
+            what = (f"expands to more than {YAML_MAX_NODES:,} values" if count > YAML_MAX_NODES
+                    else f"nests more than {YAML_MAX_DEPTH} levels deep")  # fmt: skip
+            raise BadInput(f"{source} {what} (counting every alias where it expands); YAML input may not")
+        if isinstance(node, yaml.SequenceNode):
+            pending += [(child, depth + 1) for child in node.value]
+        elif isinstance(node, yaml.MappingNode):
+            pending += [(part, depth + 1) for pair in node.value for part in pair]
 
 
 def load_preset(algo: str, env_id: str, continuous: bool, preset_file: Path | None = None) -> tuple[dict[str, Any], str]:
@@ -108,12 +190,13 @@ def load_preset(algo: str, env_id: str, continuous: bool, preset_file: Path | No
     the block ``testbed tune`` exports: its ``envs`` entry for ``env_id`` replaces the packaged one, and its
     ``defaults``, if any, the packaged defaults. Returns the values and the name of the preset used.
     """
-    presets = yaml.safe_load((PRESET_DIR / f"{algo}.yaml").read_text())
+    presets = load_yaml((PRESET_DIR / f"{algo}.yaml").read_bytes(), f"agents/presets/{algo}.yaml")
     if preset_file is not None:
         try:
-            own = yaml.safe_load(preset_file.read_text())
-        except (OSError, yaml.YAMLError) as error:
-            raise BadInput(f"--preset {preset_file}: cannot be read as YAML ({str(error).splitlines()[0]})") from None
+            own = load_yaml(preset_file.read_bytes(), "the file")
+        except (OSError, BadInput) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            raise BadInput(f"--preset {preset_file}: cannot be read as YAML ({reason})") from None
         entry = own.get("envs", {}).get(env_id) if isinstance(own, dict) and isinstance(own.get("envs"), dict) else None
         if not isinstance(entry, dict):
             raise BadInput(f"--preset {preset_file} has no entry for {env_id}: it needs `envs: {{{env_id}: {{key: value, ...}}}}`, "
@@ -133,7 +216,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise BadInput(f"--set expects key=value, got {pair!r}")
+            raise BadInput(f"--set expects key=value, got {brief(pair)}")
         overrides[key.strip()] = value.strip()
     return overrides
 
@@ -144,11 +227,11 @@ def parse_key_values(pairs: list[str]) -> dict[str, Any]:
     Raises ValueError for a pair without ``:`` or without a key; blank items are skipped."""
     split = [item.partition(":") for item in pairs if item.strip()]
     if any(not sep or not key.strip() for key, sep, _ in split):
-        raise ValueError(f"expected KEY:VALUE pairs, got {pairs!r}")
+        raise ValueError(f"expected KEY:VALUE pairs, got {brief(pairs)}")
     try:
-        return {key.strip(): yaml.safe_load(value.strip()) for key, _, value in split}
-    except yaml.YAMLError as error:
-        raise ValueError(f"a value in {pairs!r} is not valid YAML ({str(error).splitlines()[0]})") from None
+        return {key.strip(): load_yaml(value.strip(), f"the value of {brief(key.strip(), 60)}") for key, _, value in split}
+    except BadInput as error:
+        raise ValueError(str(error)) from None
 
 
 def _coerce(key: str, value: Any, kind: Any) -> Any:
@@ -167,10 +250,10 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
                 pass
         names = [" or ".join(map(repr, typing.get_args(a))) if typing.get_origin(a) is Literal else a.__name__
                  for a in arms]  # fmt: skip
-        raise BadInput(f"{key}={value!r} is not valid: give {', or '.join(names)}, or none")
+        raise BadInput(f"{key}={brief(value)} is not valid: give {', or '.join(names)}, or none")
     if origin is Literal:
         if str(value) not in args:
-            raise BadInput(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
+            raise BadInput(f"{key} must be one of {', '.join(map(str, args))}; got {brief(value)}")
         return str(value)
     try:
         if kind is bool:
@@ -183,12 +266,21 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
                 return False
             raise ValueError
         if kind is int:
-            number = float(value)
-            if not number.is_integer():
+            if isinstance(value, bool):
                 raise ValueError
+            # Whole numbers exactly (2**62 + 1 stays itself); 1e5 and 2048.0 through a float.
+            whole = isinstance(value, int) or re.fullmatch(r"\s*[+-]?\d+\s*", str(value))
+            number = int(value) if whole else float(value)
+            if isinstance(number, float) and not number.is_integer():
+                raise ValueError
+            if not -INT_LIMIT <= number < INT_LIMIT:
+                raise BadInput(f"{key}={brief(value, 40)} does not fit a 64-bit integer; give a smaller number")
             return int(number)
         if kind is float:
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):
+                raise BadInput(f"{key} must be a finite number, got {brief(value, 40)}")
+            return number
         if kind is str:
             return str(value)
         if origin is dict:
@@ -208,7 +300,7 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
         pass
     else:
         raise TypeError(f"unsupported config type {kind} for {key}")
-    raise BadInput(f"{key}={value!r} is not a valid {getattr(kind, '__name__', kind)}")
+    raise BadInput(f"{key}={brief(value)} is not a valid {getattr(kind, '__name__', kind)}")
 
 
 def build_config(cls: type[C], values: dict[str, Any]) -> C:

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from agents import advantages as adv
 from agents import losses
-from agents.config import RunConfig, check
+from agents.config import MAX_ENVS, RunConfig, check
 from agents.groups import Groups, collect_groups, diagnostics, horizon, time_limit, validate, vine_interval
 from agents.networks import Actor, adam, adapt_step_size, gradient_step, refresh_reference
 from agents.rollout import Episodes, SegmentBuffers
@@ -111,6 +111,7 @@ class GRPOConfig(RunConfig):
         super().__post_init__()
         check(self.group_size >= 2, f"group_size (G) must be at least 2 to compare members, got {self.group_size}")
         check(self.num_groups >= 1, f"num_groups (B) must be at least 1, got {self.num_groups}")
+        self.check_size(self.group_size * self.num_groups, MAX_ENVS, "G · B, the group members of an iteration,")
         check(self.max_episode_steps is None or self.max_episode_steps >= 1, "max_episode_steps must be positive")
         check(self.branch_max_depth >= 0, f"branch_max_depth must be >= 0, got {self.branch_max_depth}")
         check(0.0 < self.clip_low < 1.0, f"clip_low must be in (0, 1), got {self.clip_low}")

@@ -310,7 +310,9 @@ def update(stack: StackedGRPO, groups: list[Groups | None]) -> list[dict[str, fl
     ]  # fmt: skip
 
 
-def train(cfgs: list[GRPOConfig], run_dirs: list[Path], resume: bool = False, name: str = "grpo") -> list[dict[str, Any]]:
+def train(
+    cfgs: list[GRPOConfig], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = "grpo"
+) -> list[dict[str, Any]]:
     """Train one GRPO run per config in one process into ``run_dirs``: batched where the variant allows
     (:func:`batched`), the seeds taking turns otherwise; returns their summaries."""
     for cfg in cfgs:

@@ -39,7 +39,7 @@ import torch
 
 from agents import advantages as adv
 from agents import losses
-from agents.config import RunConfig, check
+from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.networks import ActorCritic, adam, gradient_step
 from agents.rollout import RolloutState, Segment, SegmentBuffers, collect_segment
 from agents.training import (
@@ -98,6 +98,8 @@ class PPOConfig(RunConfig):
         super().__post_init__()
         check(self.n_envs >= 1, f"n_envs must be at least 1, got {self.n_envs}")
         check(self.n_steps >= 1, f"n_steps must be at least 1, got {self.n_steps}")
+        self.check_size(self.n_envs, MAX_ENVS, "n_envs")
+        self.check_size(self.batch_size, MAX_BATCH, "n_steps · n_envs, the env steps of one iteration,")
         check(
             1 <= self.minibatch_size <= self.batch_size,
             f"minibatch_size must be in [1, n_steps·n_envs = {self.batch_size}], got {self.minibatch_size}",

@@ -290,6 +290,8 @@ def update(
     return (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
 
 
-def train(cfgs: list[PPOConfig], run_dirs: list[Path], resume: bool = False, name: str = "ppo") -> list[dict[str, Any]]:
+def train(
+    cfgs: list[PPOConfig], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = "ppo"
+) -> list[dict[str, Any]]:
     """Train one PPO run per config, side by side, into ``run_dirs``; returns their summaries."""
     return run_stack(build, cfgs, run_dirs, resume, name)

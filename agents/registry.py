@@ -34,8 +34,9 @@ class Algo:
     """The presets file, ``agents/presets/<preset>.yaml``; None: the algo's own name."""
     fixed: dict[str, Any] = field(default_factory=dict)
     """Config values that make this algo a variant of another (PPO with λ = 0, say); not overridable."""
-    train_stack: Callable[[list[Any], list[Path], bool, str], list[dict[str, Any]]] | None = None
-    """``train_stack(cfgs, run_dirs, resume, name)``: seeds side by side in one process; None: not supported."""
+    train_stack: Callable[[list[Any], list[Path], list[bool], str], list[dict[str, Any]]] | None = None
+    """``train_stack(cfgs, run_dirs, resumes, name)``: seeds side by side in one process, each resumed from its
+    checkpoint or started; None: not supported."""
 
     def check_stack(self, cfgs: list[RunConfig]) -> None:
         """The configs can train as one stack (they differ in the seed only)."""

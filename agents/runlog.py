@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import yaml
 
-from envs.errors import BadInput
+from agents.config import build_config, load_yaml
+from envs.errors import BadInput, brief
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = 1
@@ -54,24 +55,36 @@ class DirLock:
     """One writer per directory: an exclusive ``flock`` on ``DIR/.lock``, which names its holder.
 
     The kernel releases the lock when the holder's process ends, however it ends (SIGKILL included), so a
-    stale lock never blocks a rerun. A second writer gets :class:`BadInput` naming the holder.
+    stale lock never blocks a rerun. A second writer gets :class:`BadInput` naming the holder. A lock
+    released on a directory that holds nothing else (a command refused after taking it) takes its file
+    and the folders it created with it, so a refused command leaves nothing behind.
     """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.file: Any = None
+        self.created: list[Path] = []  # what acquire() made: the lock file, then the folders, deepest first
 
     def acquire(self) -> DirLock:
+        path = self.directory / LOCK
+        self.created = [d for d in [path, self.directory, *self.directory.parents] if not d.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
-        file = open(self.directory / LOCK, "a+")
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            file.seek(0)
-            holder = file.read().strip() or "another process"
+        while True:
+            file = open(path, "a+")
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                file.seek(0)
+                holder = file.read().strip() or "another process"
+                file.close()
+                self.created = []
+                raise BadInput(f"{self.directory} is being written by {holder}. Wait for it to finish, or stop it "
+                               "(its checkpoint lets you rerun or --resume), then try again.") from None  # fmt: skip
+            # A releasing holder may have removed the file between our open and our lock: lock the file that
+            # is at the path now, or two processes would each hold a lock of their own.
+            if path.exists() and os.path.samestat(os.fstat(file.fileno()), path.stat()):
+                break
             file.close()
-            raise BadInput(f"{self.directory} is being written by {holder}. Wait for it to finish, or stop it "
-                           "(its checkpoint lets you rerun or --resume), then try again.") from None  # fmt: skip
         file.seek(0)
         file.truncate()
         command = " ".join(["testbed", *sys.argv[1:]]) if sys.argv else "python"
@@ -80,16 +93,25 @@ class DirLock:
         self.file = file
         return self
 
-    def release(self) -> None:
-        if self.file is not None:
-            self.file.close()  # closing the descriptor releases the flock
-            self.file = None
+    def release(self, undo: bool = False) -> None:
+        """Release the lock. ``undo`` (the command failed), or a directory left holding nothing but the lock:
+        remove what :meth:`acquire` created, the lock file and the folders, where they are empty."""
+        if self.file is None:
+            return
+        try:
+            if undo or [p.name for p in self.directory.iterdir()] == [LOCK]:
+                for made in self.created:  # the lock file first, while still held: see acquire()
+                    made.unlink() if made.name == LOCK else made.rmdir()
+        except OSError:
+            pass  # a folder someone has written into stays, as does anything that cannot be removed
+        self.file.close()  # closing the descriptor releases the flock
+        self.file = None
 
     def __enter__(self) -> DirLock:
         return self if self.file is not None else self.acquire()
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.release(undo=exc_type is not None and not issubclass(exc_type, KeyboardInterrupt))
 
 
 def lock_holder(directory: Path) -> str | None:
@@ -122,16 +144,18 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> DirLock:
         entries = [p for p in run_dir.iterdir() if p.name != LOCK]
         stale = [p for p in entries if p.is_file() and (p.name in RESTARTABLE or p.name.startswith(("events.out",
                  "meta.resume", ".")))]  # fmt: skip
+        if (run_dir / CHECKPOINT).exists():
+            raise BadInput(f"run directory {run_dir} already exists and holds a checkpoint. Pass --resume to continue "
+                           "it, or choose another --run-dir.")  # fmt: skip
         if len(stale) != len(entries):
-            raise BadInput(
-                f"run directory {run_dir} already exists and holds a checkpoint or other files. Pass --resume to "
-                "continue it, or choose another --run-dir."
-            )
+            others = sorted(p.name for p in entries if p not in stale)
+            raise BadInput(f"run directory {run_dir} holds files that are not a run's ({brief(others)}); move them "
+                           "away, or choose another --run-dir.")  # fmt: skip
         for path in stale:
             path.unlink()
         return lock
     except BaseException:
-        lock.release()
+        lock.release(undo=True)
         raise
 
 
@@ -150,13 +174,27 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     if not path.exists():
         raise BadInput(f"{run_dir} has no config.yaml: it is not a run directory")
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as error:
-        reason = str(error).splitlines()[0]
-        raise BadInput(f"{path} cannot be read ({reason}). Restore it: the run's settings are in it.") from None
+        values = load_yaml(path.read_bytes(), "it")
+    except BadInput as error:
+        raise BadInput(f"{path} cannot be read ({error}). Restore it: the run's settings are in it.") from None
     if not isinstance(values, dict) or not isinstance(values.get("algo"), str):
         raise BadInput(f"{path} is not a run's config (a mapping with algo and env_id). Restore it.")
     return values
+
+
+def config_differences(run_dir: Path, algo: str, cfg: Any) -> list[str]:
+    """The settings in which the run in ``run_dir`` (its config.yaml) differs from ``cfg``, a config of
+    ``algo``: empty when it is the run ``cfg`` asks for. Compared as typed values, so ``3e-4`` and
+    ``0.0003`` agree; a key config.yaml lacks takes its default, as a resume would read it."""
+    saved = read_config(run_dir)
+    if saved.pop("algo") != algo:
+        return ["algo"]
+    asked = config_to_dict(cfg)
+    try:
+        had = config_to_dict(build_config(type(cfg), saved))
+    except BadInput:  # a key this version no longer has, or a value it refuses
+        return sorted(set(saved) - set(asked)) or ["values this version refuses"]
+    return sorted(key for key in asked if asked[key] != had[key])
 
 
 def _git_commit() -> str | None:
@@ -239,9 +277,13 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
     """Write ``checkpoint.pt`` atomically: a crash mid-write leaves the previous checkpoint intact."""
     path = run_dir / CHECKPOINT
     tmp = run_dir / f".{CHECKPOINT}.tmp"
+    # Serialized in memory, then written by Python: a full disk is then an OSError naming its cause, where
+    # torch's own writer reports it as a RuntimeError ("unexpected pos …") that reads like a crash.
+    buffer = io.BytesIO()
+    torch.save({"format": CHECKPOINT_FORMAT, **_to_safe(payload)}, buffer)
     try:
         with open(tmp, "wb") as f:
-            torch.save({"format": CHECKPOINT_FORMAT, **_to_safe(payload)}, f)
+            f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -392,10 +392,16 @@ def failure(exc: Exception, run_dir: Path, show: bool = True) -> tuple[str, OSEr
 
 
 def run_stack(
-    build: Callable[[list[Any]], Stack], cfgs: Sequence[RunConfig], run_dirs: Sequence[Path], resume: bool, name: str
+    build: Callable[[list[Any]], Stack],
+    cfgs: Sequence[RunConfig],
+    run_dirs: Sequence[Path],
+    resume: bool | Sequence[bool],
+    name: str,
 ) -> list[dict[str, Any]]:
     """Train the stack that ``build(cfgs)`` makes, lane k into ``run_dirs[k]``; returns each lane's summary,
-    also written to its ``summary.json``. ``build`` seeds each lane.
+    also written to its ``summary.json``. ``build`` seeds each lane. ``resume``: whether each lane continues
+    from its checkpoint (one bool: all of them); a stack may hold both, and lanes at or past their budget,
+    which complete without training.
 
     One iteration: ``collect`` → the learning-rate schedule → ``update`` → per lane: log, evaluate,
     checkpoint. The schedule decays by the fraction of the budget still to go after this iteration's
@@ -404,13 +410,14 @@ def run_stack(
     any kill writes each iteration exactly once. A lane that fails (a NaN, a full disk) ends alone; the
     others go on. A failure of the shared iteration itself ends every running lane.
     """
+    resumes = [resume] * len(cfgs) if isinstance(resume, bool) else list(resume)
     stack = build(list(cfgs))
     runs = [LaneRun(cfg, run_dir, lane) for cfg, run_dir, lane in zip(cfgs, run_dirs, stack.lanes, strict=True)]
     try:
-        for lane_run in runs:
-            wall_offset, csv_bytes, eval_step = lane_run.resume(name) if resume else (0.0, None, None)
+        for lane_run, resumed in zip(runs, resumes, strict=True):
+            wall_offset, csv_bytes, eval_step = lane_run.resume(name) if resumed else (0.0, None, None)
             lane_run.tracker = RunTracker(lane_run.run_dir, name, lane_run.cfg, stack.tags, lane_run.global_step,
-                                          wall_offset, resume, csv_bytes, eval_step)  # fmt: skip
+                                          wall_offset, resumed, csv_bytes, eval_step)  # fmt: skip
     except BaseException:
         stack.close()
         raise

@@ -22,6 +22,7 @@ driver) and stop with a checkpoint when the driver that started them dies, even 
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -44,6 +45,7 @@ import gymnasium as gym
 import yaml
 
 from agents import registry, runlog
+from agents.config import SEED_LIMIT, RunConfig, parse_overrides, read_yaml, resolve_config
 from envs import action_space_of
 from envs.errors import BadInput
 from lab.results import read_summary
@@ -102,6 +104,41 @@ class Cell:
     def stack_key(self) -> tuple[Any, ...]:
         """Cells with the same key differ in the seed only, so they can train side by side in one process."""
         return self.algo, self.env_id, self.variant, self.total_steps, self.overrides
+
+    def config(self) -> RunConfig:
+        """The resolved config this cell asks for, as its ``testbed train`` resolves it."""
+        return resolve_cell(self.algo, self.env_id, list(self.overrides), self.total_steps, self.seed)
+
+
+@functools.cache
+def _continuous(env_id: str) -> bool:
+    return isinstance(action_space_of(env_id), gym.spaces.Box)
+
+
+def resolve_cell(algo: str, env_id: str, pairs: list[str], total_steps: int | None, seed: int | None = None) -> RunConfig:
+    """A cell's config: the algo's preset for the env, its variant's fixed values, then ``key=value`` pairs,
+    the budget and the seed (None: the preset's); BadInput for a bad key or value."""
+    spec = registry.get(algo)
+    values: dict[str, Any] = parse_overrides(pairs)
+    if total_steps is not None:
+        values["total_steps"] = total_steps
+    if seed is not None:
+        values["seed"] = seed
+    cfg, _ = resolve_config(spec.config, spec.preset or algo, env_id, _continuous(env_id), {**spec.fixed, **values})
+    return cfg
+
+
+def reused_elsewhere(cell: Cell, bench_dir: Path) -> str | None:
+    """Why the cell's run directory, if it holds a run to reuse (completed, or with a checkpoint to resume),
+    is not the run the cell asks for: the settings in which its config.yaml differs; None if it is, or holds
+    nothing to reuse."""
+    run_dir = cell.run_dir(bench_dir)
+    if not (run_dir / "config.yaml").exists() or not (
+        (run_dir / runlog.CHECKPOINT).exists() or read_status(run_dir) == "completed"
+    ):
+        return None
+    differing = runlog.config_differences(run_dir, cell.algo, cell.config())
+    return f"{run_dir} ({', '.join(differing)})" if differing else None
 
 
 def stack_command(cells: list[Cell], bench_dir: Path, resume: bool) -> list[str]:
@@ -179,7 +216,6 @@ def plan_grid(
     key=value pairs for every algo) multiply the grid: a study's horizons or reward delays. ``name`` (by
     default the suite's, else ``custom``) is the bench's folder under runs/bench. Seeds run from
     ``first_seed``: a sweep on seeds 100 … leaves 0 … unseen for the results it chooses between."""
-    from agents.config import SEED_LIMIT, parse_overrides, resolve_config
     from agents.registry import ALGOS
 
     name = name if name is not None else suite or "custom"
@@ -220,18 +256,15 @@ def plan_grid(
             raise BadInput(f"--set in a bench takes ALGO.key=value (ALGO one of {choices}) or key=value; "
                            f"got {pair!r}")  # fmt: skip
         grid.overrides.setdefault(algo, []).append(rest)
+    for algo, pairs in grid.overrides.items():
+        if "seed" in parse_overrides(pairs):
+            raise BadInput(f"--set seed would give every seed of {algo} one seed; choose the seeds with --seeds N and "
+                           "--first-seed K")  # fmt: skip
     for env_id in grid.envs:
-        continuous = isinstance(action_space_of(env_id), gym.spaces.Box)
         for algo in grid.algos:
             for pairs in grid.variants.values():
                 # Builds and validates every cell's config, as `testbed train` would, before any run.
-                values: dict[str, Any] = parse_overrides(grid.overrides.get(algo, []) + pairs)
-                if grid.total_steps is not None:
-                    values["total_steps"] = grid.total_steps
-                algo_spec = ALGOS[algo]
-                cfg, _ = resolve_config(algo_spec.config, algo_spec.preset or algo, env_id, continuous,
-                                        {**algo_spec.fixed, **values})  # fmt: skip
-                algo_spec.validate(cfg)
+                ALGOS[algo].validate(resolve_cell(algo, env_id, grid.overrides.get(algo, []) + pairs, grid.total_steps))
     return grid
 
 
@@ -240,7 +273,7 @@ def check_bench_dir(bench_dir: Path, grid: Grid) -> None:
     path = bench_dir / "bench.yaml"
     definition = grid.definition()
     if path.exists():
-        saved = yaml.safe_load(path.read_text()) or {}
+        saved = read_yaml(path) or {}
         if {k: saved.get(k) for k in definition} != definition:
             raise BadInput(
                 f"{bench_dir} was run with total_steps={saved.get('total_steps')}, overrides="
@@ -251,7 +284,7 @@ def check_bench_dir(bench_dir: Path, grid: Grid) -> None:
 
 def write_bench_yaml(bench_dir: Path, grid: Grid) -> None:
     path = bench_dir / "bench.yaml"
-    saved = yaml.safe_load(path.read_text()) if path.exists() else {}
+    saved = read_yaml(path) if path.exists() else {}
     merged = {
         "name": grid.name,
         **grid.definition(),
@@ -347,8 +380,12 @@ def _train(cells: list[Cell], bench_dir: Path, resume: bool) -> list[tuple[str, 
            runlog.PARENT_PID: str(os.getpid())}  # fmt: skip
     run_dirs = [cell.run_dir(bench_dir) for cell in cells]
     command = stack_command(cells, bench_dir, resume)
-    shared_log = log_path(run_dirs[0]) if len(cells) == 1 else run_dirs[0].parent / f".stack-{os.getpid()}.log"
+    # One stack log per driver and first seed: two stacks of one cell may run at once, in one folder.
+    first = run_dirs[0]
+    shared_log = log_path(first) if len(cells) == 1 else first.with_name(f".stack-{os.getpid()}-{first.name}.log")
     with open(shared_log, "a") as log:
+        if len(cells) > 1:  # whose log it is, for share_stack_log even after this driver is killed
+            log.write(f"# {' '.join(log_path(run_dir).name for run_dir in run_dirs)}\n")
         log.write(f"$ {' '.join(command[1:])}\n")
         log.flush()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -364,12 +401,30 @@ def _train(cells: list[Cell], bench_dir: Path, resume: bool) -> list[tuple[str, 
         finally:
             Stop.children.pop(process, None)
     if len(cells) > 1:
-        output = shared_log.read_text()
-        for run_dir in run_dirs:
-            with open(log_path(run_dir), "a") as log:
-                log.write(output)
-        shared_log.unlink()
+        share_stack_log(shared_log)
     return [_result(run_dir, returncode) for run_dir in run_dirs]
+
+
+def share_stack_log(path: Path) -> None:
+    """Append a stack's console output (``.stack-<driver pid>-seed<k>.log``, written while it ran) to the log
+    of each of its seeds, which its first line names, and remove it."""
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
+    for name in lines[0].removeprefix("# ").split() if lines else []:
+        with open(path.with_name(name), "a") as log:
+            log.writelines(lines[1:])
+    path.unlink()
+
+
+def share_orphaned_stack_logs(folder: Path) -> None:
+    """The logs of stacks whose driver was killed before it shared them: shared now, unless a trainer still
+    writes one of their seeds (it then still writes the log too). This driver's own stacks are running."""
+    for path in folder.glob(".stack-*.log"):
+        if path.name.startswith(f".stack-{os.getpid()}-"):
+            continue
+        with open(path, errors="replace") as f:
+            names = f.readline().removeprefix("# ").split()
+        if not any(runlog.lock_holder(path.with_name(name.removesuffix(".log"))) for name in names):
+            share_stack_log(path)
 
 
 def _result(run_dir: Path, returncode: int) -> tuple[str, str | None]:
@@ -406,6 +461,7 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1) -> list[Outc
         if holder is not None:
             outcomes[i] = _still_written(cell, run_dir, holder)
             continue
+        share_orphaned_stack_logs(run_dir.parent)  # before the cell's log is set aside or written again
         status = read_status(run_dir)
         if status == "completed":
             outcomes[i] = Outcome(cell, "completed", attempts=0)
@@ -688,8 +744,12 @@ def run_grid(
     cells = grid.cells()
     with runlog.DirLock(bench_dir):
         check_bench_dir(bench_dir, grid)
-        for cell in cells:
-            read_status(cell.run_dir(bench_dir))  # BadInput naming an unreadable summary.json, before any cell starts
+        # Before any cell starts: BadInput naming an unreadable summary.json, or a run trained with other settings.
+        others = [why for cell in cells if (why := reused_elsewhere(cell, bench_dir))]
+        if others:
+            raise BadInput(f"{len(others)} run(s) of {bench_dir} were trained with other settings than this bench asks "
+                           f"for (the presets changed?): {'; '.join(others[:3])}{' …' if len(others) > 3 else ''}. "
+                           "Use another --name, or move those runs away to train them again.")  # fmt: skip
         if prepare is not None:
             prepare(bench_dir)
         write_bench_yaml(bench_dir, grid)

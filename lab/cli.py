@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,8 @@ from agents import registry, runlog
 from agents.config import RunConfig, build_config, parse_overrides, resolve_config
 from agents.registry import ALGOS
 from envs import action_space_of
-from envs.errors import BadInput
+from envs.errors import BadInput, brief
+from lab.results import read_summary
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +33,8 @@ EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 # Seeds per process in bench, credit and tune: the fastest stack size measured for PPO on CartPole
 # (benchmarks/stacking.py; the README's table).
 DEFAULT_STACK = 16
+MAX_STACK = 256
+"""The most seeds one process trains side by side (``train --seeds``); a bench spreads more over processes."""
 
 
 def _device(requested: str) -> str:
@@ -48,6 +52,20 @@ def default_run_dir(algo: str, env_id: str, seed: int, seeds: int = 1) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"seed{seed}" if seeds == 1 else f"seeds{seed}-{seed + seeds - 1}"
     return Path("runs") / algo / env_id.replace("/", "_") / f"{name}-{stamp}"
+
+
+@dataclass
+class PlannedRun:
+    """One run of ``train``, resolved and checked before anything is written."""
+
+    cfg: RunConfig
+    run_dir: Path
+    preset: str
+    mode: str
+    """``new`` (start, or start again: nothing to continue), ``resume`` (from its checkpoint) or ``done``
+    (completed at its budget: nothing left to do)."""
+    saved: dict[str, Any] = field(default_factory=dict)
+    """config.yaml as the run wrote it, for a run that had started."""
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -70,6 +88,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise BadInput("--resume needs --run-dir DIR: the run to continue")
     if args.resume and args.preset is not None:
         raise BadInput("a resumed run keeps the settings in its config.yaml; drop --preset")
+    if args.run_dir is not None:
+        check_path(args.run_dir, "--run-dir")
     seeds = parse_seeds(args.seeds, args.seed) if args.seeds is not None else None
     if seeds is not None and algo.train_stack is None:
         stackable = ", ".join(name for name, a in ALGOS.items() if a.train_stack is not None)
@@ -84,35 +104,65 @@ def cmd_train(args: argparse.Namespace) -> int:
         runs = [plan_run(args, algo, overrides, run_dir)]
     else:
         parent = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, seeds[0], len(seeds))
-        runs = [plan_run(args, algo, {**overrides, "seed": seed}, parent / f"seed{seed}") for seed in seeds]
-        algo.check_stack([cfg for cfg, _, _, _ in runs])
+        template = stack_template(parent, seeds) if args.resume else None
+        runs = [plan_run(args, algo, {**overrides, "seed": seed}, parent / f"seed{seed}", template) for seed in seeds]
+        algo.check_stack([r.cfg for r in runs])
     with contextlib.ExitStack() as locks:
-        for cfg, run_dir, preset_name, saved in runs:
-            locks.enter_context(runlog.prepare_run_dir(run_dir, args.resume))
-        for cfg, run_dir, preset_name, saved in runs:
-            if not args.resume or cfg.total_steps != saved.get("total_steps"):
-                runlog.write_config(run_dir, args.algo, cfg)
-            runlog.write_meta(run_dir, {"preset": preset_name, "resumed": args.resume})
-        first_cfg, first_dir, preset_name, _ = runs[0]
+        for r in runs:
+            locks.enter_context(runlog.prepare_run_dir(r.run_dir, r.mode != "new"))
+        for r in runs:
+            if r.mode == "new" or (r.mode == "resume" and r.cfg.total_steps != r.saved.get("total_steps")):
+                runlog.write_config(r.run_dir, args.algo, r.cfg)
+            if r.mode != "done":
+                runlog.write_meta(r.run_dir, {"preset": r.preset, "resumed": r.mode == "resume"})
+        first = runs[0]
         if seeds is None:
-            print(f"{args.algo} on {first_cfg.env_id}, seed {first_cfg.seed}, {first_cfg.total_steps} steps, preset {preset_name}")
-            print(f"run directory: {first_dir}")
-            summaries = [algo.train(first_cfg, first_dir, args.resume, args.algo)]
+            print(f"{args.algo} on {first.cfg.env_id}, seed {first.cfg.seed}, {first.cfg.total_steps} steps, preset {first.preset}")
         else:
-            print(f"{args.algo} on {first_cfg.env_id}, seeds {', '.join(map(str, seeds))} side by side, "
-                  f"{first_cfg.total_steps} steps each, preset {preset_name}")
-            print(f"run directories: {first_dir.parent}/seed<k>")
+            print(f"{args.algo} on {first.cfg.env_id}, seeds {', '.join(map(str, seeds))} side by side, "
+                  f"{first.cfg.total_steps} steps each, preset {first.preset}")  # fmt: skip
+        for r in runs:
+            if r.mode == "done":
+                print(f"{r.run_dir} completed its {r.cfg.total_steps} steps already: nothing to do")
+            elif r.mode == "new" and r.saved:
+                print(f"{r.run_dir} stopped before its first checkpoint: it starts again from its config.yaml")
+        print(f"run directory: {first.run_dir}" if seeds is None else f"run directories: {first.run_dir.parent}/seed<k>")
+        active = [r for r in runs if r.mode != "done"]
+        trained: list[dict[str, Any]] = []
+        if active and seeds is None:
+            trained = [algo.train(first.cfg, first.run_dir, first.mode == "resume", args.algo)]
+        elif active:
             assert algo.train_stack is not None
-            summaries = algo.train_stack([r[0] for r in runs], [r[1] for r in runs], args.resume, args.algo)
+            trained = algo.train_stack([r.cfg for r in active], [r.run_dir for r in active],
+                                       [r.mode == "resume" for r in active], args.algo)  # fmt: skip
+        by_dir = {r.run_dir: summary for r, summary in zip(active, trained, strict=True)}
+        summaries = [by_dir[r.run_dir] if r.run_dir in by_dir else read_summary(r.run_dir) or {} for r in runs]
 
     print(json.dumps(summaries[0] if seeds is None else summaries, indent=2))
     for summary in summaries:
         if summary["status"] == "failed":
             print(f"error (seed {summary['seed']}): {summary['error']}", file=sys.stderr)
-    where = first_dir if seeds is None else first_dir.parent
+    where = first.run_dir if seeds is None else first.run_dir.parent
     print(f"Logs, checkpoints and summaries are in {where}. Open TensorBoard with: tensorboard --logdir {where}")
     statuses = {summary["status"] for summary in summaries}
     return EXIT_CODES[next(s for s in ("failed", "interrupted", "completed") if s in statuses)]
+
+
+def check_path(value: str, option: str) -> None:
+    """BadInput for a path option that is empty or holds control characters (a newline, say)."""
+    if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise BadInput(f"{option} {brief(value, 80)} is not a usable path: give a non-empty path without control "
+                       "characters (newlines, tabs)")  # fmt: skip
+
+
+def stack_template(parent: Path, seeds: list[int]) -> dict[str, Any]:
+    """The settings of a resumed stack, for its seeds that never started: the config.yaml of one that did
+    (the seeds of a stack share every setting but the seed). BadInput when none did."""
+    for seed in seeds:
+        if (parent / f"seed{seed}" / "config.yaml").exists():
+            return runlog.read_config(parent / f"seed{seed}")
+    raise BadInput(f"--resume: no seed under {parent} has started (none holds a config.yaml), so there is nothing "
+                   "to continue. Run the same command without --resume.")  # fmt: skip
 
 
 def parse_seeds(spec: str, first: int | None) -> list[int]:
@@ -122,51 +172,69 @@ def parse_seeds(spec: str, first: int | None) -> list[int]:
     try:
         if "," not in spec:
             count = int(spec)
-            if count < 1:
+            if not 1 <= count <= MAX_STACK:
                 raise ValueError
             seeds = list(range(first or 0, (first or 0) + count))
         else:
             seeds = [int(part) for part in spec.split(",")]
     except ValueError:
-        raise BadInput(f"--seeds takes a count of at least 1 (5) or a list (0,1,2), got {spec!r}; one seed is --seed K") from None
+        raise BadInput(f"--seeds takes a count from 1 to {MAX_STACK} (5) or a list (0,1,2), got {brief(spec, 80)}; "
+                       "one seed is --seed K") from None  # fmt: skip
     if len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
-        raise BadInput(f"--seeds must be distinct seeds in [0, 2**32 - 1], got {spec!r}")
+        raise BadInput(f"--seeds must be distinct seeds in [0, 2**32 - 1], got {brief(spec, 80)}")
+    if len(seeds) > MAX_STACK:
+        raise BadInput(f"--seeds lists {len(seeds)} seeds; one process trains at most {MAX_STACK}. Spread more over "
+                       "processes with `testbed bench --seeds N --stack K`.")  # fmt: skip
     return seeds
 
 
 def plan_run(
-    args: argparse.Namespace, algo: registry.Algo, overrides: dict[str, Any], run_dir: Path | None
-) -> tuple[RunConfig, Path, str, dict[str, Any]]:
-    """One run's resolved and checked config, run directory, preset name and saved config (on resume)."""
-    saved: dict[str, Any] = {}
-    if args.resume:
-        assert run_dir is not None
-        saved = runlog.read_config(run_dir)
-        if saved.pop("algo") != args.algo or saved.get("env_id") != args.env:
-            raise BadInput(f"{run_dir} is a {saved.get('env_id')} run of another algo or env; check --algo and --env")
-        cfg = build_config(algo.config, {**saved, **overrides})
-        # Compared as typed values: a bench's rerun repeats `--set learning_rate=3e-4 --set env_kwargs=horizon:10`,
-        # which config.yaml holds as 0.0003 and {horizon: 10}.
-        resolved = runlog.config_to_dict(cfg)
-        changed = sorted(k for k in overrides if k != "total_steps" and resolved[k] != saved.get(k))
-        if changed:
-            raise BadInput(f"a resumed run keeps its settings; only --total-steps may change, not {', '.join(changed)}")
-        # Refuses a checkpoint that config.yaml's network or normalization no longer fits, before anything is written.
-        ckpt, env, _ = _checkpoint_policy(args.algo, cfg, run_dir, episodes=1)
-        env.close()
-        trained = ckpt["global_step"]
-        if cfg.total_steps < trained:
-            raise BadInput(f"{run_dir} has already trained {trained} steps; --total-steps must be at least that")
-        preset_name = "resumed"
-    else:
+    args: argparse.Namespace,
+    algo: registry.Algo,
+    overrides: dict[str, Any],
+    run_dir: Path | None,
+    template: dict[str, Any] | None = None,
+) -> PlannedRun:
+    """One run's resolved and checked config, run directory, preset name and what to do with it.
+
+    With ``--resume``: a run with a checkpoint continues from it, or is ``done`` when it completed its
+    budget (a stop in its last iteration leaves it past the budget: the resume then only evaluates it);
+    a run stopped before its first checkpoint starts again from its own config.yaml; a seed of a stack
+    that never started, from ``template`` (another seed's settings).
+    """
+    if not args.resume:
         action_space = action_space_of(args.env)
         continuous = isinstance(action_space, gym.spaces.Box)
         preset_file = Path(args.preset) if args.preset else None
         cfg, preset_name = resolve_config(algo.config, algo.preset or args.algo, args.env, continuous, overrides,
                                           preset_file)  # fmt: skip
-        run_dir = run_dir or default_run_dir(args.algo, args.env, cfg.seed)
+        algo.validate(cfg)
+        return PlannedRun(cfg, run_dir or default_run_dir(args.algo, args.env, cfg.seed), preset_name, "new")
+    assert run_dir is not None
+    started = (run_dir / "config.yaml").exists() or template is None
+    saved = runlog.read_config(run_dir) if started else {**template, "seed": overrides["seed"]}
+    if saved.get("algo") != args.algo or saved.get("env_id") != args.env:
+        raise BadInput(f"{run_dir} is a {saved.get('env_id')} run of another algo or env; check --algo and --env")
+    saved = {k: v for k, v in saved.items() if k != "algo"}
+    cfg = build_config(algo.config, {**saved, **overrides})
+    # Compared as typed values: a bench's rerun repeats `--set learning_rate=3e-4 --set env_kwargs=horizon:10`,
+    # which config.yaml holds as 0.0003 and {horizon: 10}.
+    resolved = runlog.config_to_dict(cfg)
+    changed = sorted(k for k in overrides if k != "total_steps" and resolved[k] != saved.get(k))
+    if changed:
+        raise BadInput(f"a resumed run keeps its settings; only --total-steps may change, not {', '.join(changed)}")
     algo.validate(cfg)
-    return cfg, run_dir, preset_name, saved
+    if not (run_dir / runlog.CHECKPOINT).exists():
+        return PlannedRun(cfg, run_dir, "its config.yaml", "new", saved if started else {})
+    # Refuses a checkpoint that config.yaml's network or normalization no longer fits, before anything is written.
+    ckpt, env, _ = _checkpoint_policy(args.algo, cfg, run_dir, episodes=1)
+    env.close()
+    trained = ckpt["global_step"]
+    if cfg.total_steps < trained and cfg.total_steps != saved.get("total_steps"):
+        raise BadInput(f"{run_dir} has already trained {trained} steps; --total-steps must be at least that")
+    status = (read_summary(run_dir) or {}).get("status")
+    done = status == "completed" and trained >= cfg.total_steps
+    return PlannedRun(cfg, run_dir, "resumed", "done" if done else "resume", saved)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -479,7 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BadInput as error:
-        print(f"testbed {args.command}: error: {error}", file=sys.stderr)
+        message = str(error)  # a value quoted whole (a huge --name, say) is cut, keeping the advice at the end
+        if len(message) > 1500:
+            message = f"{message[:1000]} … {message[-400:]}"
+        print(f"testbed {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as error:  # a read-only or full disk, a folder that vanished: no traceback, nothing half-written
         where = f" {error.filename}" if error.filename else ""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from agents.config import parse_key_values
+from agents.config import parse_key_values, read_yaml
 from envs import check_env_id, reference_returns
 from envs.errors import BadInput
 from lab.plot import algo_colors, new_figure, plot_env_runs, save_figure
@@ -121,7 +121,7 @@ def write_study(bench_dir: Path, study: Study) -> None:
 
 
 def read_study(bench_dir: Path) -> Study:
-    return Study(**yaml.safe_load((bench_dir / STUDY_FILE).read_text()))
+    return Study(**read_yaml(bench_dir / STUDY_FILE))
 
 
 # ── scores ─────────────────────────────────────────────────────────────────────────────────────────
@@ -242,7 +242,7 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
     solved_rule = (f"an evaluation's normalized return reaches {SOLVED}" if study.axis == "horizon"
                    else "an evaluation's mean return reaches gymnasium's reward_threshold for the env")  # fmt: skip
     score_rule = " = (R − R_random) / (R_optimal − R_random), with the task's known expected returns"
-    bench = yaml.safe_load((bench_dir / "bench.yaml").read_text()) if (bench_dir / "bench.yaml").exists() else {}
+    bench = read_yaml(bench_dir / "bench.yaml") if (bench_dir / "bench.yaml").exists() else {}
     budgets = sorted({int(r.config["total_steps"]) for r in runs if r.config.get("total_steps")})
     blocks: list[Block] = [
         Heading(1, f"Credit-assignment study: {bench_dir.resolve().name}"),

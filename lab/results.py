@@ -15,15 +15,16 @@ import csv
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from scipy import stats
 
+from agents.config import load_yaml
 from envs.errors import BadInput
 
 RUN_DIR_CONTENTS = (
@@ -61,6 +62,8 @@ class Run:
     """global_step of the last progress.csv row: how far the run got, evaluated or not."""
     last_wall_time_s: float = 0.0
     """wall_time_s of the last progress.csv row."""
+    problem: str | None = None
+    """What is wrong with its progress.csv, if anything (bytes that are not text, a cut-short end), in words."""
 
 
 def _float(text: str | None) -> float:
@@ -81,7 +84,7 @@ def read_progress(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, 
     returns: list[float] = []
     last_step, last_time = 0, 0.0
     if path.exists():
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
             for row in csv.DictReader(f):
                 try:
                     step = int(row["global_step"])
@@ -109,7 +112,7 @@ def read_series(path: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
     steps: list[int] = []
     values: list[float] = []
     if path.exists():
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
             for row in csv.DictReader(f):
                 value = _float(row.get(column))
                 if math.isfinite(value) and (row.get("global_step") or "").isdigit():
@@ -118,14 +121,33 @@ def read_series(path: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
 
 
+def progress_problem(path: Path, summary: dict[str, Any], last_step: int) -> str | None:
+    """What is wrong with a run's progress.csv, in a few words, or None. Only an ended run (one with a
+    summary) is judged by its end: a running one may be caught mid-row."""
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    problems = []
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        problems.append("holds bytes that are not UTF-8 text (the values there are skipped)")
+    if summary and data and not data.endswith(b"\n"):
+        problems.append("ends in a row cut short")
+    trained = summary.get("total_steps")
+    if summary.get("status") == "completed" and isinstance(trained, int) and last_step < trained:
+        problems.append(f"ends at step {last_step:,}, before the run's last step {trained:,}: rows are missing")
+    return "; ".join(problems) or None
+
+
 def _run_config(run_dir: Path) -> dict[str, Any] | None:
     """config.yaml's contents if ``run_dir`` is a run directory, else None."""
     path = run_dir / "config.yaml"
     if not path.is_file():
         return None
     try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
+        config = load_yaml(path.read_bytes(), str(path))
+    except BadInput:
         return None
     if not isinstance(config, dict) or "algo" not in config or "env_id" not in config:
         return None
@@ -196,6 +218,7 @@ def read_run(run_dir: Path, config: dict[str, Any] | None = None) -> Run:
         config=config,
         last_step=int(summary.get("total_steps") or last_step),
         last_wall_time_s=float(summary.get("wall_time_s") or last_time),
+        problem=progress_problem(run_dir / "progress.csv", summary, last_step),
     )
 
 
@@ -226,6 +249,8 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
             key = run_dir.resolve()
             if key not in seen:
                 seen[key] = read_run(run_dir, config)
+                if seen[key].problem:
+                    print(f"warning: {run_dir / 'progress.csv'} {seen[key].problem}", file=sys.stderr)
         if not found:
             raise BadInput(f"no run found under {path}: {RUN_DIR_CONTENTS}.")
     return sorted(seen.values(), key=lambda r: (natural_key(r.env_id), r.algo, r.seed, str(r.run_dir)))

@@ -20,7 +20,9 @@ default: the seeds ``bench`` reports on (0 …) stay unseen by the search.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import socket
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -33,8 +35,9 @@ import numpy as np
 import yaml
 
 from agents import runlog
+from agents.config import load_yaml, read_yaml
 from envs import action_space_of
-from envs.errors import BadInput
+from envs.errors import BadInput, brief
 from lab.bench import (
     BENCH_NAME,
     Cell,
@@ -45,6 +48,7 @@ from lab.bench import (
     pack_run,
     pack_stacks,
     receive_cell,
+    reused_elsewhere,
     run_cells,
     stop_signals,
     unpack_run,
@@ -61,6 +65,8 @@ TUNE_FILE = "tune.yaml"
 POLL_S = 1.0
 """How often a running trial's evaluations are read and reported to the pruner."""
 FIRST_TUNING_SEED = 100
+RESERVED = {"seed": "--first-seed and --seeds", "total_steps": "--total-steps", "env_id": "--env"}
+"""Config keys a study sets itself, which neither its space nor --set may."""
 
 
 # ── the search space ───────────────────────────────────────────────────────────────────────────────
@@ -123,10 +129,7 @@ def _as_list(value: Any) -> Any:
 
 def parse_space(text: str, source: str) -> dict[str, Param]:
     """A space file's text as params. Each key: a list of choices, or ``{low, high, log?, int?}``."""
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        raise BadInput(f"{source} is not valid YAML ({str(error).splitlines()[0]})") from None
+    raw = load_yaml(text, source) or {}
     if not isinstance(raw, dict) or not raw:
         raise BadInput(f"{source} must map config keys to a list of choices or {{low, high, log}}; it is empty or not a mapping")
     space: dict[str, Param] = {}
@@ -249,7 +252,10 @@ def plan_tune(
     path = Path(space_file) if space_file else default_space_file(algo)
     if not path.is_file():
         raise BadInput(f"--space {path}: no such file; give a YAML search space (see lab/spaces/{algo}.yaml)")
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"--space {path} is not UTF-8 text; give a YAML search space (see lab/spaces/{algo}.yaml)") from None
     space = parse_space(text, path.name)
     fields = [f.name for f in dataclasses.fields(ALGOS[algo].config)]
     unknown = sorted(set(space) - set(fields))
@@ -263,7 +269,11 @@ def plan_tune(
     elif fixed:
         raise BadInput(f"{path.name}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} "
                        "from the space, or tune the algo it varies")  # fmt: skip
-    set_keys = {pair.partition("=")[0] for pair in sets}
+    set_keys = {pair.partition("=")[0].strip() for pair in sets}
+    for key, option in RESERVED.items():
+        if key in space or key in set_keys:
+            where = f"{path.name} tunes" if key in space else "--set fixes"
+            raise BadInput(f"{where} {key}, which a study sets itself from {option}; remove it from there")
     if set_keys & set(ALGOS[algo].fixed):
         keys = ", ".join(sorted(set_keys & set(ALGOS[algo].fixed)))
         raise BadInput(f"{algo} fixes {keys}; use --algo {algo.split('-')[0]} to set {keys}")
@@ -293,15 +303,57 @@ def storage_for(url: str | None, tune_dir: Path) -> Any:
 
     if url is None:
         tune_dir.mkdir(parents=True, exist_ok=True)
+        check_journal(tune_dir / STUDY_FILE)
         backend = optuna.storages.journal.JournalFileBackend(str((tune_dir / STUDY_FILE).resolve()))
         return optuna.storages.JournalStorage(backend)
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
     except Exception as error:  # noqa: BLE001  SQLAlchemy and drivers raise many kinds; all mean "unreachable"
-        raise BadInput(f"cannot open the study storage {url!r} ({type(error).__name__}: "
-                       f"{str(error).splitlines()[0] if str(error) else 'no detail'}). Give a database URL Optuna "
+        raise BadInput(f"cannot open the study storage {brief(url, 120)} ({type(error).__name__}: "
+                       f"{brief(str(error).splitlines()[0], 160) if str(error) else 'no detail'}). Give a database URL Optuna "
                        "accepts, e.g. sqlite:///tune.db or postgresql://user@host/db, or leave --storage out for a "
                        "local file.") from None  # fmt: skip
+
+
+def check_journal(path: Path, repair: bool = False) -> None:
+    """Refuse a study journal that holds anything but whole records (one JSON object a line), with one line
+    naming the file. A last record cut short, by a driver killed mid-write or a full disk, is not damage:
+    Optuna skips it when reading, and ``repair`` (the driver, holding the study's lock, before it writes)
+    drops it, so that the next record does not land on the end of its partial line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    whole = data.rfind(b"\n") + 1
+    for number, line in enumerate(data[:whole].splitlines(), start=1):
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            record = None
+        if not isinstance(record, dict):
+            raise BadInput(f"{path} is damaged at line {number} ({brief(line[:60])}), which is not a journal record. "
+                           "Restore the file from a backup, or start the study again under another --name.")  # fmt: skip
+    if repair and whole < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(whole)
+            os.fsync(f.fileno())
+        print(f"{path}: dropped its last record, cut short by a stop mid-write ({len(data) - whole} bytes); the "
+              "trial it concerned resumes from its runs", flush=True)  # fmt: skip
+
+
+def set_aside_stale(bench_dir: Path, cells: list[Cell]) -> None:
+    """Move a trial's folder aside (``.trialNNNN.staleK``) when it holds runs trained with other settings than
+    the trial's, as a study whose journal was deleted finds them when it numbers its trials from 0 again:
+    the trial then trains afresh, and nothing is lost. A folder that a process still writes is left to
+    :func:`run_cells`, which waits for it."""
+    stale = [why for cell in cells if (why := reused_elsewhere(cell, bench_dir))]
+    if not stale or any(runlog.lock_holder(cell.run_dir(bench_dir)) for cell in cells):
+        return
+    attempt = 1
+    while (aside := bench_dir.with_name(f".{bench_dir.name}.stale{attempt}")).exists():
+        attempt += 1
+    bench_dir.rename(aside)
+    print(f"{bench_dir} held runs trained with other settings than its trial's ({stale[0]}): moved to {aside.name}; "
+          "the trial trains afresh", flush=True)  # fmt: skip
 
 
 def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
@@ -324,7 +376,7 @@ def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
 def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:
     path = tune_dir / TUNE_FILE
     if path.exists():
-        saved = yaml.safe_load(path.read_text()) or {}
+        saved = read_yaml(path) or {}
         if {k: saved.get(k) for k in plan.definition()} != plan.definition():
             differ = sorted(k for k, v in plan.definition().items() if saved.get(k) != v)
             raise BadInput(f"{tune_dir} holds a study with other {', '.join(differ)}; use another --name for "
@@ -335,7 +387,7 @@ def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> None:
     import sys
 
     path = tune_dir / TUNE_FILE
-    saved = yaml.safe_load(path.read_text()) if path.exists() else {}
+    saved = read_yaml(path) if path.exists() else {}
     merged = {"name": plan.name, **plan.definition(), "trials": plan.trials, "storage": plan.storage,
               "pruner": plan.pruner, "startup_trials": plan.startup_trials, "sampler_seed": plan.sampler_seed,
               "commands": [*saved.get("commands", []), " ".join(["testbed", *sys.argv[1:]])]}  # fmt: skip
@@ -555,6 +607,8 @@ def run_study(
     counts: dict[str, int] = {}
     with runlog.DirLock(tune_dir):
         check_tune_dir(tune_dir, plan)
+        if plan.storage is None:
+            check_journal(tune_dir / STUDY_FILE, repair=True)
         study = open_study(plan, tune_dir)
         write_tune_yaml(tune_dir, plan)
         enqueue_presets(study, plan)
@@ -583,6 +637,7 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
     def execute(trial: Any) -> tuple[list[Outcome], bool]:
         bench_dir = trial_dir(tune_dir, trial.number)
         cells = plan.cells(list(trial.user_attrs["overrides"]))
+        set_aside_stale(bench_dir, cells)
         if backend == "local":
             return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id), stack=stack)
         for cell in cells:

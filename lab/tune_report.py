@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from agents.config import PRESET_DIR
+from agents.config import PRESET_DIR, read_yaml
 from envs.errors import BadInput
 from lab.report import Block, Bullets, Code, Heading, Image, Para, Table, fmt_steps, render_html, render_markdown
 from lab.results import read_progress, read_summary
@@ -28,7 +28,7 @@ def load_study(tune_dir: Path) -> tuple[Any, dict[str, Any]]:
     path = tune_dir / TUNE_FILE
     if not path.is_file():
         raise BadInput(f"{tune_dir} holds no {TUNE_FILE}: give a study folder, runs/tune/NAME")
-    saved = yaml.safe_load(path.read_text()) or {}
+    saved = read_yaml(path) or {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna.load_study(study_name=saved["name"], storage=storage_for(saved.get("storage"), tune_dir)), saved
 
