@@ -446,14 +446,15 @@ def run_cell(cell: Cell, bench_dir: Path, retries: int = 1) -> Outcome:
 
 def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1) -> list[Outcome]:
     """Train cells that differ in the seed only, side by side in one process (``train --seeds``): skip those
-    done, resume those interrupted (one process), start the others (another), and retry the failed ones
-    once, from scratch and together.
+    done; in one process, resume those with a checkpoint and start the others (a stack resumes any mix);
+    retry the failed ones once, from scratch and together.
 
-    A run directory that another process still writes is waited for (:func:`wait_for_writer`), then left
-    alone: the cell fails without a retry, and nothing is set aside.
+    A run that failed, or stopped before its first checkpoint, is set aside and starts again. A run
+    directory that another process still writes is waited for (:func:`wait_for_writer`), then left alone:
+    the cell fails without a retry, and nothing is set aside.
     """
     outcomes: dict[int, Outcome] = {}
-    starts: tuple[list[int], list[int]] = ([], [])  # (fresh, resumed) cell indices
+    todo: list[int] = []
     run_dirs = [cell.run_dir(bench_dir) for cell in cells]
     for i, (cell, run_dir) in enumerate(zip(cells, run_dirs, strict=True)):
         run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -466,18 +467,17 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1) -> list[Outc
         if status == "completed":
             outcomes[i] = Outcome(cell, "completed", attempts=0)
             continue
-        resumed = (run_dir / "checkpoint.pt").exists() and status != "failed"
-        if run_dir.exists() and not resumed:
+        if run_dir.exists() and (status == "failed" or not (run_dir / runlog.CHECKPOINT).exists()):
             _set_aside(run_dir)
-        starts[resumed].append(i)
-    for resumed, indices in ((True, starts[True]), (False, starts[False])):
-        if indices:
-            results = _train([cells[i] for i in indices], bench_dir, resumed)
-            outcomes.update({i: Outcome(cells[i], *result, resumed=resumed) for i, result in zip(indices, results)})
+        todo.append(i)
+    resumed = {i: (run_dirs[i] / runlog.CHECKPOINT).exists() for i in todo}
+    if todo:
+        results = _train([cells[i] for i in todo], bench_dir, any(resumed.values()))
+        outcomes.update({i: Outcome(cells[i], *result, resumed=resumed[i]) for i, result in zip(todo, results)})
 
     def to_retry() -> list[int]:
-        return [i for i in starts[0] + starts[1] if outcomes[i].status == "failed"
-                and outcomes[i].attempts <= retries and not Stop.halted(run_dirs[i])]  # fmt: skip
+        return [i for i in todo if outcomes[i].status == "failed" and outcomes[i].attempts <= retries
+                and not Stop.halted(run_dirs[i])]  # fmt: skip
 
     while retry := to_retry():
         for i in retry:
