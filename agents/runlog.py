@@ -458,7 +458,7 @@ class StopFlag:
             if os.getppid() != parent:  # re-parented: the driver is gone
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
-            time.sleep(0.5)
+            time.sleep(0.1)
 
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):

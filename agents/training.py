@@ -449,7 +449,18 @@ def train_lanes(
                 lane_run.end("completed")
             except Exception as exc:  # noqa: BLE001
                 fail(lane_run, exc)
+    iterated = False
     while any(lane_run.running for lane_run in runs):
+        if iterated and stop.raised:  # the stop came after the last iteration read it: end there, start no other
+            for lane_run in runs:
+                if lane_run.running:
+                    try:
+                        lane_run.checkpoint(name)
+                        lane_run.end("interrupted")
+                    except Exception as exc:  # noqa: BLE001  recorded in this lane's summary.json
+                        fail(lane_run, exc)
+            break
+        iterated = True
         running = [lane_run.running for lane_run in runs]
         iterations = [lane_run.iteration for lane_run in runs]
         try:

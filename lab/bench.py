@@ -17,7 +17,9 @@ continues. The report (``lab.report``) is rebuilt from disk at the end.
 
 One writer at a time: the driver locks the bench directory for the whole grid, and each trainer its run
 directory. Trainers run in their own process sessions (so that a Ctrl-C reaches them once, through the
-driver) and stop with a checkpoint when the driver that started them dies, even by SIGKILL.
+driver) and stop with a checkpoint when the driver that started them dies, even by SIGKILL. A local Ray
+instance ends with its driver too (``lab/raywatch.py``); its workers kill their trainers without a
+checkpoint, whose scratch folder never returns, so those cells start again.
 """
 
 from __future__ import annotations
@@ -515,7 +517,7 @@ def run_cells_remote(
 ) -> list[tuple[Outcome, bytes | None]]:
     """A Ray task: run the cells (one stack) in a scratch bench folder, each from the run directory and log in
     its ``files`` if any; send back those run directories and logs only."""
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory(prefix="testbed-cells-") as scratch:  # named: a cancelled task leaves it
         for cell, packed in zip(cells, files, strict=True):
             cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
             if packed is not None:
@@ -694,7 +696,9 @@ def connect_ray(address: str | None, workers: int) -> None:
         if address:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         else:
-            ray.init(num_cpus=workers, log_to_driver=False, logging_level="ERROR", include_dashboard=False)
+            from lab.raywatch import init_local
+
+            init_local(ray, num_cpus=workers, log_to_driver=False, logging_level="ERROR", include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise BadInput(f"cannot reach a Ray cluster at {address!r} ({error}). Start one with `ray start --head`, "
                        "or leave --ray-address out for a local instance.") from None  # fmt: skip

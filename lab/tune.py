@@ -536,7 +536,7 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
     import tempfile
 
     ray = import_ray()
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory(prefix="testbed-trial-") as scratch:  # named: a cancelled task leaves it
         for cell, packed in zip(cells, files):
             cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
             if packed is not None:

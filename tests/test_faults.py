@@ -330,7 +330,8 @@ def test_a_stop_signal_right_after_the_checkpoint_decision_still_checkpoints_whe
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The signal lands just after the lifecycle decided not to checkpoint this iteration: the run must not
-    # then stop there without one (summary.json ahead of checkpoint.pt). It runs one more iteration instead.
+    # then stop there without one (summary.json ahead of checkpoint.pt). It checkpoints there before the next
+    # iteration, and runs no more.
     original = training.RunTracker.checkpoint_due
 
     def signalled_after(self: training.RunTracker, step: int, stopping: bool) -> bool:
@@ -344,9 +345,9 @@ def test_a_stop_signal_right_after_the_checkpoint_decision_still_checkpoints_whe
     run_dir = tmp_path / "run"
     assert main(train_argv(run_dir, 4096, "--set", "checkpoint_interval=0", "--set", "eval_interval=0")) == 130
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["total_steps"] == 768
-    assert runlog.load_checkpoint(run_dir, {"algo": "ppo"})["global_step"] == 768
-    assert [int(r["global_step"]) for r in read_progress(run_dir)] == [256, 512, 768]
+    assert summary["status"] == "interrupted" and summary["total_steps"] == 512
+    assert runlog.load_checkpoint(run_dir, {"algo": "ppo"})["global_step"] == 512
+    assert [int(r["global_step"]) for r in read_progress(run_dir)] == [256, 512]
 
 
 def test_mujoco_warnings_are_not_repeated_for_every_env(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -313,3 +314,29 @@ def test_report_refuses_a_bench_that_a_driver_is_running(tmp_path: Path, capsys:
         holder.wait()
     assert main(["report", str(tmp_path / "absent")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_a_local_ray_instance_ends_with_its_driver_even_by_sigkill(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    # A driver that starts a local instance, runs one task, then waits; its task leaves a child behind, as a trainer.
+    code = ("import subprocess, sys, time\nimport ray\nfrom lab import bench\nbench.connect_ray(None, 1)\n"
+            "child = ray.remote(lambda: subprocess.Popen(['sleep', '600'], start_new_session=True).pid)\n"
+            "print(ray.get(child.remote()), flush=True)\ntime.sleep(600)\n")  # fmt: skip
+    driver = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)  # fmt: skip
+    assert driver.stdout is not None
+    started = [int(driver.stdout.readline())]  # the task's child
+    stack = [driver.pid]
+    while stack:  # the driver's descendants: GCS, raylet, agents, workers
+        parent = stack.pop()
+        for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+            started.append(int(child))
+            stack.append(int(child))
+    assert len(started) >= 5
+    driver.kill()
+    driver.wait()
+    wait_for(lambda: not any(alive(pid) for pid in started), timeout_s=10.0, poll_s=0.1)
+    left = [pid for pid in started if alive(pid)]
+    for pid in left:  # nothing outlives the test
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} of the {len(started)} processes outlived the driver's SIGKILL by 10 s"

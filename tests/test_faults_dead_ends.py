@@ -56,6 +56,14 @@ def stopped_in_its_last_iteration(run_dir: Path, monkeypatch: pytest.MonkeyPatch
     assert summary["status"] == "interrupted" and summary["total_steps"] == 1024
 
 
+def space_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Path:
+    """A search-space file in ``tmp_path``, made the working directory (a study writes runs/tune/NAME there)."""
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "space.yaml"
+    space.write_text(text)
+    return space
+
+
 # ── 1. a stop in the last iteration ─────────────────────────────────────────────────────────────────
 
 
@@ -99,9 +107,7 @@ def test_a_tune_trial_whose_runs_stopped_past_their_budget_completes_on_rerun(
 ) -> None:
     import optuna
 
-    monkeypatch.chdir(tmp_path)
-    space = tmp_path / "space.yaml"
-    space.write_text("learning_rate: [1.0e-3]\n")
+    space = space_in(tmp_path, monkeypatch, "learning_rate: [1.0e-3]\n")
     plan = tune.plan_tune("ppo", "CartPole-v1", 1, 1000, 1, str(space), ["eval_episodes=2", "eval_interval=0"],
                           "stuck", startup_trials=0)  # fmt: skip
     # The driver was killed after its trial's run had stopped in its last iteration, before it told the study.
@@ -172,9 +178,7 @@ def test_a_study_whose_journal_was_deleted_trains_its_trials_afresh_where_their_
 ) -> None:
     import optuna
 
-    monkeypatch.chdir(tmp_path)
-    space = tmp_path / "space.yaml"
-    space.write_text("learning_rate: [2.0e-3, 3.0e-3, 4.0e-3, 5.0e-3, 6.0e-3, 7.0e-3]\n")
+    space = space_in(tmp_path, monkeypatch, "learning_rate: [2.0e-3, 3.0e-3, 4.0e-3, 5.0e-3, 6.0e-3, 7.0e-3]\n")
 
     def study(sampler_seed: int) -> Any:
         plan = tune.plan_tune("ppo", "CartPole-v1", 1, 512, 1, str(space), ["eval_episodes=2"], "deleted",
@@ -202,9 +206,7 @@ def full_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[tune.Tu
     """A study of one completed trial, made without training: its journal and tune.yaml."""
     import optuna
 
-    monkeypatch.chdir(tmp_path)
-    space = tmp_path / "space.yaml"
-    space.write_text("learning_rate: [1.0e-3, 2.0e-3]\n")
+    space = space_in(tmp_path, monkeypatch, "learning_rate: [1.0e-3, 2.0e-3]\n")
     plan = tune.plan_tune("ppo", "CartPole-v1", 1, 512, 1, str(space), [], "journal", startup_trials=0)
     tune_dir = tmp_path / "runs" / "tune" / "journal"
     tune.write_tune_yaml(tune_dir, plan)
