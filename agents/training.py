@@ -488,8 +488,10 @@ def train_lanes(
                 runlog.check_finite({k: v for k, v in lane_metrics.items() if k in LOSS_TAGS and v is not None},
                                     lane_run.lane.model)  # fmt: skip
                 assert lane_run.tracker is not None
-                lane_run.tracker.record(lane_run.global_step, lane_metrics, lane_run.lane, batch.episode_returns,
-                                        batch.episode_lengths)  # fmt: skip
+                # The last iteration's row carries the final evaluation, unless the run is being stopped.
+                final = lane_run.global_step >= lane_run.cfg.total_steps and not stopping
+                stopping |= not lane_run.tracker.record(lane_run.global_step, lane_metrics, lane_run.lane,
+                                                        batch.episode_returns, batch.episode_lengths, final)  # fmt: skip
                 if lane_run.tracker.checkpoint_due(lane_run.global_step, stopping):
                     lane_run.checkpoint(name)
                 if stopping:
@@ -541,14 +543,25 @@ class RunTracker:
         agent: Lane,
         episode_returns: Sequence[float],
         episode_lengths: Sequence[float],
-    ) -> None:
+        final: bool = False,
+    ) -> bool:
         """One iteration: every finished episode and the metrics to TensorBoard, a CSV row with the
-        episodes' means, an evaluation when one is due, and the progress line."""
+        episodes' means, an evaluation when one is due or when this is the ``final`` iteration (its row
+        then holds the run's final evaluation), and the progress line.
+
+        Returns False when a second stop signal cut the final evaluation short: the row is written without
+        it, and the run is to stop there (a resume evaluates it, :meth:`finish`)."""
         for ret, length in zip(episode_returns, episode_lengths, strict=True):
             self.log.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
         self.recent_returns.extend(episode_returns)
         sps = self.sps(step)
-        metrics = {**metrics, "charts/SPS": sps, **self.evals.maybe_run(agent, step)}
+        evaluation, evaluated = self.evals.maybe_run(agent, step), True
+        if final:
+            try:
+                evaluation = self.evals.run(agent, step)
+            except KeyboardInterrupt:
+                evaluated = False
+        metrics = {**metrics, "charts/SPS": sps, **evaluation}
         self.log.scalars(step, metrics)
         self.log.row(step, self.wall_time(), {
             **metrics,
@@ -556,6 +569,7 @@ class RunTracker:
             "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
         })  # fmt: skip
         self.progress.update(step, sps, float(np.mean(self.recent_returns)) if self.recent_returns else None)
+        return evaluated
 
     def checkpoint_due(self, step: int, stopping: bool) -> bool:
         """Every ``checkpoint_interval`` env steps, and when the run is being stopped."""
@@ -576,11 +590,13 @@ class RunTracker:
         final: dict[str, float] = {}
         if status == "completed":
             try:
-                # A kill between the last checkpoint and the summary leaves that step's evaluation logged.
+                # Usually the last iteration's row holds it already, as does a run killed between its last
+                # checkpoint and its summary. A run stopped before it could evaluate gets a row of its own.
                 logged = self.evals.logged_at(step)
                 final = self.evals.run(agent, step)
-                if not logged:  # an evaluation due at this very step is already in TensorBoard
+                if not logged:
                     self.log.scalars(step, final)
+                    self.log.row(step, wall_time_s, final)
             except KeyboardInterrupt:
                 status, final = "interrupted", {}
         if step > self.cfg.total_steps:

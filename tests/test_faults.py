@@ -326,6 +326,46 @@ def test_a_stop_signal_during_the_final_evaluation(
     assert runlog.load_checkpoint(run_dir, {"algo": "ppo"})["global_step"] == 512
 
 
+def eval_rows(run_dir: Path) -> list[tuple[int, float]]:
+    """(global_step, eval/return_mean) of the progress.csv rows that hold an evaluation."""
+    return [(int(r["global_step"]), float(r["eval/return_mean"])) for r in read_progress(run_dir) if r["eval/return_mean"]]
+
+
+@pytest.mark.parametrize("eval_interval", [0, 384])
+def test_the_final_evaluation_is_the_last_row_of_progress_csv_once(tmp_path: Path, eval_interval: int) -> None:
+    run_dir = tmp_path / "run"
+    assert main(train_argv(run_dir, 1000, "--set", f"eval_interval={eval_interval}")) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = eval_rows(run_dir)
+    assert rows[-1] == (1024, summary["final_eval_return_mean"])
+    assert [step for step, _ in rows] == ([512, 768, 1024] if eval_interval else [1024])
+    assert [int(r["global_step"]) for r in read_progress(run_dir)] == [256, 512, 768, 1024]
+    assert scalar_steps(run_dir, "eval/return_mean") == [step for step, _ in rows]
+
+
+def test_a_final_evaluation_cut_short_is_a_row_of_its_own_once_the_run_is_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = training.evaluate_policy
+
+    def stopped_twice(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # the handler runs between bytecodes
+        return original(*args, **kwargs)
+
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "evaluate_policy", stopped_twice)
+        assert main(train_argv(run_dir, 512, "--set", "eval_interval=0")) == 130
+    assert eval_rows(run_dir) == []
+    assert main(train_argv(run_dir, 512, "--set", "eval_interval=0", "--resume")) == 0
+    final = json.loads((run_dir / "summary.json").read_text())["final_eval_return_mean"]
+    assert eval_rows(run_dir) == [(512, final)]
+    assert [int(r["global_step"]) for r in read_progress(run_dir)] == [256, 512, 512]
+    assert scalar_steps(run_dir, "eval/return_mean") == [512]
+
+
 def test_a_stop_signal_right_after_the_checkpoint_decision_still_checkpoints_where_the_run_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
