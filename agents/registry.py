@@ -3,22 +3,48 @@
 Each entry names the config class, the presets file, the training function and how to rebuild a
 checkpoint's policy. A variant (``ppo-lambda0``, ``grpo-vine``, …) is another algo with some config values
 fixed; its name is carried into the run's files.
+
+The names are known without importing any algorithm (:data:`NAMES`), so that the command line checks and
+lists them before torch is imported; :func:`get` imports the algorithms the first time it is asked.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gymnasium.vector import VectorEnv
-
-from agents import grpo, grpo_stack, ppo, ppo_stack, sb3
-from agents.config import RunConfig
-from agents.networks import Actor, ActorCritic, load_weights
-from agents.training import check_env, check_stack, network_spec
 from envs.errors import BadInput
+
+if TYPE_CHECKING:
+    from gymnasium.vector import VectorEnv
+
+    from agents.config import RunConfig
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ppo": ("ppo", {}),
+    "grpo": ("grpo", {}),
+    "sb3-ppo": ("sb3-ppo", {}),
+    # The credit-assignment study's methods: GAE's λ at its ends (one-step TD, Monte Carlo), GRPO's
+    # per-step reward-to-go, its per-step group baselines, and Monte-Carlo values from branches
+    # (agents/vine.py).
+    "ppo-lambda0": ("ppo", {"gae_lambda": 0.0}),
+    "ppo-lambda1": ("ppo", {"gae_lambda": 1.0}),
+    "grpo-process": ("grpo", {"advantage": "process"}),
+    "grpo-step": ("grpo", {"advantage": "step_baseline"}),
+    "grpo-vine": ("grpo", {"advantage": "vine"}),
+}
+"""Each algo's name → (the algo it varies, the config values it fixes)."""
+NAMES = tuple(VARIANTS)
+PRESETS = {"ppo": "ppo", "grpo": "grpo", "sb3-ppo": "ppo"}
+"""Each base algo's presets file, ``agents/presets/<name>.yaml``: SB3's PPO takes ours."""
+
+
+def preset_of(name: str) -> str:
+    """The presets file of the algo ``name`` (a variant's is its base algo's)."""
+    return PRESETS[VARIANTS[name][0]]
 
 
 @dataclass(frozen=True)
@@ -40,49 +66,53 @@ class Algo:
 
     def check_stack(self, cfgs: list[RunConfig]) -> None:
         """The configs can train as one stack (they differ in the seed only)."""
+        from agents.training import check_stack
+
         check_stack(cfgs)
 
     def validate(self, cfg: RunConfig) -> None:
         """Every check that needs the env, run before anything is written: the env builds with the
         config's keyword arguments, and the algo's own checks pass."""
+        from agents.training import check_env
+
         check_env(cfg)
         self.checks(cfg)
 
 
-def _load_actor_critic(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]) -> ActorCritic:
-    return load_weights(ActorCritic(network_spec(env, cfg, cfg.shared_trunk)), weights, "the checkpoint")
+@functools.cache
+def algos() -> dict[str, Algo]:
+    """Every algo by name. Imported here, on first use: the algorithms import torch, which takes seconds."""
+    from agents import grpo, grpo_stack, ppo, ppo_stack, sb3
+    from agents.networks import Actor, ActorCritic, load_weights
+    from agents.training import network_spec
+
+    def load_actor_critic(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]) -> ActorCritic:
+        return load_weights(ActorCritic(network_spec(env, cfg, cfg.shared_trunk)), weights, "the checkpoint")
+
+    def load_actor(cfg: grpo.GRPOConfig, env: VectorEnv, weights: dict[str, Any]) -> Actor:
+        return load_weights(Actor(network_spec(env, cfg)), weights, "the checkpoint")
+
+    def load_sb3_policy(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]) -> sb3.SB3Policy:
+        return sb3.load_policy(cfg, weights)
+
+    bases = {
+        "ppo": {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": load_actor_critic,
+                "train_stack": ppo_stack.train},
+        "grpo": {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": load_actor, "checks": grpo.validate,
+                 "train_stack": grpo_stack.train},
+        "sb3-ppo": {"config": ppo.PPOConfig, "train": sb3.train, "load_policy": load_sb3_policy,
+                    "checks": sb3.validate},
+    }  # fmt: skip
+    return {name: Algo(**bases[base], preset=PRESETS[base], fixed=fixed) for name, (base, fixed) in VARIANTS.items()}
 
 
-def _load_actor(cfg: grpo.GRPOConfig, env: VectorEnv, weights: dict[str, Any]) -> Actor:
-    return load_weights(Actor(network_spec(env, cfg)), weights, "the checkpoint")
-
-
-def _load_sb3_policy(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]) -> sb3.SB3Policy:
-    return sb3.load_policy(cfg, weights)
-
-
-_PPO = {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": _load_actor_critic, "preset": "ppo",
-        "train_stack": ppo_stack.train}  # fmt: skip
-_GRPO = {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": _load_actor, "checks": grpo.validate,
-         "preset": "grpo", "train_stack": grpo_stack.train}  # fmt: skip
-ALGOS: dict[str, Algo] = {
-    "ppo": Algo(**_PPO),
-    "grpo": Algo(**_GRPO),
-    "sb3-ppo": Algo(config=ppo.PPOConfig, train=sb3.train, load_policy=_load_sb3_policy, checks=sb3.validate,
-                    preset="ppo"),
-    # The credit-assignment study's methods: GAE's λ at its ends (one-step TD, Monte Carlo), GRPO's
-    # per-step reward-to-go, its per-step group baselines, and Monte-Carlo values from branches
-    # (agents/vine.py).
-    "ppo-lambda0": Algo(**_PPO, fixed={"gae_lambda": 0.0}),
-    "ppo-lambda1": Algo(**_PPO, fixed={"gae_lambda": 1.0}),
-    "grpo-process": Algo(**_GRPO, fixed={"advantage": "process"}),
-    "grpo-step": Algo(**_GRPO, fixed={"advantage": "step_baseline"}),
-    "grpo-vine": Algo(**_GRPO, fixed={"advantage": "vine"}),
-}
+def check_name(name: str) -> None:
+    """BadInput listing the known algos, unless ``name`` is one; imports no algorithm."""
+    if name not in NAMES:
+        raise BadInput(f"unknown algo {name!r}; choose one of {', '.join(NAMES)}")
 
 
 def get(name: str) -> Algo:
     """The algo called ``name``, or BadInput listing the known ones."""
-    if name not in ALGOS:
-        raise BadInput(f"unknown algo {name!r}; choose one of {', '.join(ALGOS)}")
-    return ALGOS[name]
+    check_name(name)
+    return algos()[name]

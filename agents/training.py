@@ -28,7 +28,7 @@ import torch
 from gymnasium.vector import VectorEnv
 
 import envs as envs_pkg
-from agents import runlog
+from agents import rundir, runlog
 from agents.config import RunConfig
 from agents.networks import NetworkSpec, load_weights
 from agents.rollout import RolloutState, evaluate_policy
@@ -312,7 +312,7 @@ def in_turn(build: Callable[[Any], Agent]) -> Callable[[list[RunConfig]], Stack]
 def check_stack(cfgs: Sequence[RunConfig]) -> None:
     """Seeds train as one stack when their configs differ in the seed alone (and the budget, which a resume
     may raise); BadInput otherwise."""
-    shared = [{k: v for k, v in runlog.config_to_dict(cfg).items() if k not in ("seed", "total_steps")} for cfg in cfgs]
+    shared = [{k: v for k, v in rundir.config_to_dict(cfg).items() if k not in ("seed", "total_steps")} for cfg in cfgs]
     differing = sorted(k for k in shared[0] if any(s[k] != shared[0][k] for s in shared[1:]))
     if differing:
         raise BadInput(f"seeds in one stack must share every setting but the seed; they differ in {', '.join(differing)}")
@@ -355,7 +355,7 @@ class LaneRun:
         """Weights, optimizer, the lane's own state and its random number generators from the checkpoint;
         returns what the tracker continues from: (wall time so far, progress.csv's size, last evaluation step)."""
         ckpt = runlog.load_checkpoint(self.run_dir, {"algo": name, "env_id": self.cfg.env_id})
-        load_weights(self.lane.model, ckpt["model"], str(self.run_dir / runlog.CHECKPOINT))
+        load_weights(self.lane.model, ckpt["model"], str(self.run_dir / rundir.CHECKPOINT))
         self.lane.optimizer.load_state_dict(ckpt["optimizer"])
         self.lane.load(ckpt)
         self.global_step, self.iteration = ckpt["global_step"], ckpt["iteration"]
@@ -591,12 +591,12 @@ class RunTracker:
         if status == "completed":
             try:
                 # Usually the last iteration's row holds it already, as does a run killed between its last
-                # checkpoint and its summary. A run stopped before it could evaluate gets a row of its own.
+                # checkpoint and its summary. A run stopped before it could evaluate gets it now, in that row.
                 logged = self.evals.logged_at(step)
                 final = self.evals.run(agent, step)
                 if not logged:
                     self.log.scalars(step, final)
-                    self.log.row(step, wall_time_s, final)
+                    self.log.fill_last_row(step, final)
             except KeyboardInterrupt:
                 status, final = "interrupted", {}
         if step > self.cfg.total_steps:
@@ -620,9 +620,9 @@ class RunTracker:
             **memory_report(agent.optimizer, **agent.networks),
         }
         if final:
-            self.log.hparams(runlog.config_to_dict(self.cfg), {"final_eval_return_mean": final["eval/return_mean"]})
+            self.log.hparams(rundir.config_to_dict(self.cfg), {"final_eval_return_mean": final["eval/return_mean"]})
         self.log.close()
-        runlog.write_summary(self.run_dir, summary)
+        rundir.write_summary(self.run_dir, summary)
         return summary
 
 

@@ -308,7 +308,7 @@ def differences(reference: Path, run_dir: Path) -> list[str]:
 def leftovers(folder: Path, grace_s: float) -> list[str]:
     """Checks 4 and 5: processes still alive after ``grace_s`` (then killed, so that the next kill point starts
     clean), held locks and stray stack logs."""
-    from agents.runlog import LOCK, lock_holder
+    from agents.rundir import LOCK, lock_holder
 
     deadline = time.monotonic() + grace_s
     while (alive := started_in(folder)) and time.monotonic() < deadline:

@@ -226,7 +226,7 @@ def run_ours(case: Case, repeat: int) -> Timed:
 
 
 def run_sb3(case: Case, cfg: Any, continuous: bool, repeat: int) -> Timed:
-    from agents.runlog import config_to_dict
+    from agents.rundir import config_to_dict
 
     config_json = json.dumps(config_to_dict(cfg))
     wall, proc = time_process([sys.executable, "-c", SB3_SCRIPT, config_json, "1" if continuous else "0"])
@@ -302,6 +302,7 @@ def profile_child(report: str, argv: list[str]) -> int:
     """Inside the profiled process: wrap the phases with timers, run ``lab train``, write the totals."""
     import agents.ppo as ppo_module
     import agents.training as training
+    from agents import registry
     from lab import cli
 
     totals = {"rollout": 0.0, "update": 0.0, "evaluation": 0.0, "train": 0.0}
@@ -321,8 +322,8 @@ def profile_child(report: str, argv: list[str]) -> int:
     ppo_module.collect_segment = timed("rollout", ppo_module.collect_segment)
     ppo_module.update = timed("update", ppo_module.update)
     training.evaluate = timed("evaluation", training.evaluate)
-    algo = cli.ALGOS["ppo"]  # holds ppo.train itself, bound at import
-    cli.ALGOS["ppo"] = replace(algo, train=timed("train", algo.train))
+    algo = registry.get("ppo")  # holds ppo.train itself, bound when the registry is first built
+    registry.algos()["ppo"] = replace(algo, train=timed("train", algo.train))
     code = cli.main(argv)
     Path(report).write_text(json.dumps(totals))
     return code

@@ -47,7 +47,7 @@ CASES = {
 PROFILE_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from agents import grpo, grpo_stack, ppo, ppo_stack, runlog
+from agents import grpo, grpo_stack, ppo, ppo_stack, rundir
 from agents.config import build_config
 
 algo, turns = sys.argv[3], sys.argv[4] == "turns"
@@ -68,7 +68,7 @@ if not turns:
 cfgs = [build_config(config, c) for c in json.loads(sys.argv[1])]
 dirs = [Path(sys.argv[2]) / f"seed{c.seed}" for c in cfgs]
 for d in dirs:
-    runlog.prepare_run_dir(d, False)
+    rundir.prepare_run_dir(d, False)
 start = time.perf_counter()
 module.train(cfgs, dirs)
 print(json.dumps({**timers, "train_s": time.perf_counter() - start}))
@@ -116,7 +116,7 @@ def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int], alg
 
 def profile_argv(cfg: Any, seeds: list[int], run_dir: Path, algo: str, how: str) -> list[str]:
     """A stacked process of PROFILE_SCRIPT: batched with timers, or (GRPO) the seeds taking turns."""
-    from agents.runlog import config_to_dict
+    from agents.rundir import config_to_dict
 
     cfgs = [config_to_dict(dataclasses.replace(cfg, seed=seed, eval_interval=0, checkpoint_interval=0)) for seed in seeds]
     return [sys.executable, "-c", PROFILE_SCRIPT, json.dumps(cfgs), str(run_dir), algo, how]
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 wall, proc = timed(profile_argv(cfg, seeds, Path(tmp) / "turns", "grpo", "turns"), args.core)
                 record(Row(name, "turns", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode))
             elif not args.no_sb3:
-                from agents.runlog import config_to_dict
+                from agents.rundir import config_to_dict
 
                 for seed in seeds:
                     config_json = json.dumps(config_to_dict(dataclasses.replace(cfg, seed=seed)))

@@ -47,7 +47,8 @@ from lab.report import (
     render_markdown,
     reward_threshold,
 )
-from lab.results import Run, base_env_id, bootstrap_ci, find_runs
+from lab.results import Run, base_env_id, find_runs
+from lab.stats import bootstrap_ci
 
 STUDY_FILE = "credit.yaml"
 TASKS = {"chain": "testbed/Chain-v0", "keydoor": "testbed/KeyDoor-v0"}

@@ -23,10 +23,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from agents import runlog
+from agents import registry, rundir, runlog
 from agents.config import build_config
 from agents.networks import ActorCritic
-from agents.registry import ALGOS
 from agents.training import make_eval_env
 from envs.errors import BadInput
 from lab import bench
@@ -101,13 +100,13 @@ def grids(b: Budgets) -> dict[str, bench.Grid]:
 
 def partial_policy(run_dir: Path) -> ActorCritic:
     """The partly trained PPO actor-critic of the ``partial`` run."""
-    values = runlog.read_config(run_dir)
+    values = rundir.read_config(run_dir)
     values.pop("algo")
-    cfg = build_config(ALGOS["ppo"].config, values)
+    cfg = build_config(registry.get("ppo").config, values)
     ckpt = runlog.load_checkpoint(run_dir, {"algo": "ppo", "env_id": cfg.env_id})
     env = make_eval_env(cfg, 1)
     try:
-        return ALGOS["ppo"].load_policy(cfg, env, ckpt["model"])
+        return registry.get("ppo").load_policy(cfg, env, ckpt["model"])
     finally:
         env.close()
 

@@ -26,7 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from envs.errors import BadInput
-from lab.results import Run, bootstrap_ci, find_runs, natural_key
+from lab.results import Run, find_runs, natural_key
+from lab.stats import bootstrap_ci
 
 XAxis = Literal["steps", "time"]
 X_LABELS: dict[str, str] = {"steps": "env steps", "time": "wall-clock (s)"}

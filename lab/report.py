@@ -32,7 +32,8 @@ import yaml
 
 from envs.errors import BadInput
 from lab.plot import X_LABELS, algo_colors, plot_aggregates, plot_bands, plot_env_runs
-from lab.results import Run, base_env_id, bootstrap_ci, find_runs, iqm, natural_key
+from lab.results import Run, base_env_id, find_runs, natural_key
+from lab.stats import bootstrap_ci, iqm
 
 REFERENCE_SCORES = Path(__file__).with_name("reference_scores.yaml")
 SUMMARY_COLUMNS = (

@@ -1,4 +1,4 @@
-"""Reading runs back from disk, and the statistics that reports put on them.
+"""Reading runs back from disk (their statistics are ``lab.stats``'s).
 
 A run directory is recognised by its ``config.yaml`` holding ``algo`` and ``env_id`` (see
 ``runs/README.md``). Everything else is optional, because a run may still be running or may have
@@ -12,19 +12,18 @@ The env id always comes from ``config.yaml``, never from the path: a bench write
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from agents.config import load_yaml
+from agents.rundir import read_summary
 from envs.errors import BadInput
 
 RUN_DIR_CONTENTS = (
@@ -173,29 +172,6 @@ def base_env_id(label: str) -> str:
     return label.partition("[")[0]
 
 
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """summary.json as written, or None when the run has not written one (yet).
-
-    A file that is not a JSON object (cut short by a full disk, edited by hand, not UTF-8) is BadInput
-    naming it, never a traceback: every reader of run directories goes through here.
-    """
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    try:
-        summary = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as error:
-        problem = f"cannot be read ({error.strerror})"
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        problem = f"is not valid JSON ({error})"
-    else:
-        if isinstance(summary, dict):
-            return summary
-        problem = "holds JSON that is not an object ({...})"
-    raise BadInput(f"{path} {problem}. Delete it: rerunning the bench then resumes that run from its checkpoint, "
-                   "or starts it again if it has none.")  # fmt: skip
-
-
 def read_run(run_dir: Path, config: dict[str, Any] | None = None) -> Run:
     """Read one run directory; BadInput if it is not one or its summary.json is unreadable."""
     config = config if config is not None else _run_config(run_dir)
@@ -254,56 +230,3 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
         if not found:
             raise BadInput(f"no run found under {path}: {RUN_DIR_CONTENTS}.")
     return sorted(seen.values(), key=lambda r: (natural_key(r.env_id), r.algo, r.seed, str(r.run_dir)))
-
-
-# ── statistics ───────────────────────────────────────────────────────────────────────────────────
-
-
-def iqm(values: np.ndarray) -> float:
-    """Interquartile mean: the mean of the middle 50% of the values (25% trimmed from each end).
-
-    IQM = mean{ x_(i) : ⌊0.25·n⌋ ≤ i < n − ⌊0.25·n⌋ } over the sorted values x_(0) ≤ … ≤ x_(n−1).
-    Robust to an outlier seed, yet uses more of the data than the median (Agarwal et al. 2021,
-    "Deep RL at the Edge of the Statistical Precipice").
-    """
-    return float(stats.trim_mean(np.asarray(values, dtype=np.float64), 0.25))
-
-
-def _iqm_along(values: np.ndarray, axis: int) -> np.ndarray:
-    return stats.trim_mean(values, 0.25, axis=axis)
-
-
-# Vectorized forms of statistics that take no ``axis``: scipy then resamples in one array operation
-# instead of calling the statistic 2000 times.
-_VECTORIZED: dict[Callable[..., Any], Callable[..., Any]] = {iqm: _iqm_along}
-
-
-def bootstrap_ci(
-    values: np.ndarray,
-    statistic: Callable[..., Any] = np.mean,
-    confidence: float = 0.95,
-    n_resamples: int = 2000,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of ``statistic`` over ``values`` (e.g. one value per seed).
-
-    Resample the n values with replacement ``n_resamples`` times; the interval is the
-    ((1−c)/2, (1+c)/2) quantiles of the statistic over the resamples. Deterministic: the resampling
-    uses its own generator seeded with ``seed``. One value gives ``(v, v)``: there is no spread to
-    resample.
-    """
-    values = np.asarray(values, dtype=np.float64).reshape(-1)
-    if values.size == 0:
-        raise BadInput("bootstrap_ci needs at least one value")
-    if values.size == 1 or np.all(values == values[0]):
-        value = float(statistic(values))
-        return value, value
-    result = stats.bootstrap(
-        (values,),
-        _VECTORIZED.get(statistic, statistic),
-        n_resamples=n_resamples,
-        confidence_level=confidence,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)

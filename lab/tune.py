@@ -20,149 +20,33 @@ default: the seeds ``bench`` reports on (0 …) stay unseen by the search.
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import socket
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-import numpy as np
 import yaml
 
-from agents import runlog
-from agents.config import load_yaml, read_yaml
+from agents import registry, rundir
+from agents.config import read_yaml
 from envs import action_space_of
-from envs.errors import BadInput, brief
-from lab.bench import (
-    BENCH_NAME,
-    Cell,
-    Outcome,
-    Stop,
-    connect_ray,
-    import_ray,
-    pack_run,
-    pack_stacks,
-    receive_cell,
-    reused_elsewhere,
-    run_cells,
-    stop_signals,
-    unpack_run,
-)
-from lab.results import read_progress, read_summary
+from envs.errors import BadInput
+from lab.bench import BENCH_NAME
+from lab.cells import Cell, Outcome, Stop, pack_stacks
+from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
+from lab.space import Param, as_list, default_space_file, parse_space
+from lab.study import STUDY_FILE, TUNE_FILE, TUNE_ROOT, check_journal, set_aside_stale, storage_for, trial_dir
+from lab.trials import Reporter, reporter_for, run_trial, run_trial_remote, settle
+from lab.tune_report import build_tune_report
 
 if TYPE_CHECKING:
     import optuna
 
-TUNE_ROOT = Path("runs") / "tune"
-SPACES = Path(__file__).with_name("spaces")
-STUDY_FILE = "study.log"
-TUNE_FILE = "tune.yaml"
-POLL_S = 1.0
-"""How often a running trial's evaluations are read and reported to the pruner."""
 FIRST_TUNING_SEED = 100
 RESERVED = {"seed": "--first-seed and --seeds", "total_steps": "--total-steps", "env_id": "--env"}
 """Config keys a study sets itself, which neither its space nor --set may."""
-
-
-# ── the search space ───────────────────────────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True)
-class Param:
-    """One config key's range: ``choices`` (categorical), or ``low``..``high`` (float, or int), maybe log."""
-
-    name: str
-    choices: tuple[Any, ...] | None = None
-    low: float = 0.0
-    high: float = 0.0
-    log: bool = False
-    integer: bool = False
-
-    def suggest(self, trial: optuna.Trial) -> Any:
-        if self.choices is not None:
-            # Optuna's choices are scalars: a list (hidden_sizes) travels as its YAML text.
-            encoded = [_encode(c) for c in self.choices]
-            return _decode(trial.suggest_categorical(self.name, encoded))
-        if self.integer:
-            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_float(self.name, self.low, self.high, log=self.log)
-
-    def contains(self, value: Any) -> bool:
-        if self.choices is not None:
-            return _encode(value) in [_encode(c) for c in self.choices]
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high
-
-    def ends(self) -> list[Any]:
-        """The values a config must accept for the whole range to be valid: every choice, or both ends."""
-        if self.choices is not None:
-            return list(self.choices)
-        return [int(self.low), int(self.high)] if self.integer else [self.low, self.high]
-
-    def expressing(self, value: Any) -> tuple[bool, Any]:
-        """(whether the space can express ``value``, the value it takes): a choice that holds it, or a range,
-        into which it is moved (a preset's ent_coef of 0 becomes the range's low end)."""
-        if self.choices is not None:
-            return self.contains(value), _encode(value)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return False, None
-        low, high = (int(self.low), int(self.high)) if self.integer else (self.low, self.high)
-        return True, min(max(value, low), high)
-
-
-def _encode(value: Any) -> Any:
-    return yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, (list, tuple, dict)) else value
-
-
-def _decode(value: Any) -> Any:
-    return yaml.safe_load(value) if isinstance(value, str) and value[:1] in "[{" else value
-
-
-def _as_list(value: Any) -> Any:
-    """A config's tuple (hidden_sizes) as the list a space file writes."""
-    return list(value) if isinstance(value, tuple) else value
-
-
-def parse_space(text: str, source: str) -> dict[str, Param]:
-    """A space file's text as params. Each key: a list of choices, or ``{low, high, log?, int?}``."""
-    raw = load_yaml(text, source) or {}
-    if not isinstance(raw, dict) or not raw:
-        raise BadInput(f"{source} must map config keys to a list of choices or {{low, high, log}}; it is empty or not a mapping")
-    space: dict[str, Param] = {}
-    for name, entry in raw.items():
-        where = f"{source}: {name}"
-        if isinstance(entry, list):
-            if not entry:
-                raise BadInput(f"{where} has no choices; list at least one value")
-            space[name] = Param(str(name), choices=tuple(entry))
-            continue
-        if not isinstance(entry, dict) or not {"low", "high"} <= set(entry) or set(entry) - {"low", "high", "log", "int"}:
-            raise BadInput(f"{where} must be a list of choices or a mapping with low and high (and optionally log, int); "
-                           f"got {entry!r}")  # fmt: skip
-        low, high, log, integer = entry["low"], entry["high"], bool(entry.get("log", False)), bool(entry.get("int", False))
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
-            raise BadInput(f"{where}: low and high must be finite numbers; got {low!r} and {high!r}")
-        if not low < high:
-            raise BadInput(f"{where}: the range is empty, low ({low}) must be below high ({high}); for one value, "
-                           f"fix it with --set {name}={low} instead")  # fmt: skip
-        if log and low <= 0:
-            raise BadInput(f"{where}: a log range needs low > 0; got {low}")
-        if integer and not (float(low).is_integer() and float(high).is_integer()):
-            raise BadInput(f"{where}: an int range needs whole low and high; got {low} and {high}")
-        space[name] = Param(str(name), low=float(low), high=float(high), log=log, integer=integer)
-    return space
-
-
-def default_space_file(algo: str) -> Path:
-    """``lab/spaces/<algo>.yaml``, else the space of the algo's presets file (``grpo-step`` → grpo)."""
-    from agents.registry import ALGOS
-
-    own = SPACES / f"{algo}.yaml"
-    return own if own.exists() else SPACES / f"{ALGOS[algo].preset or algo}.yaml"
 
 
 # ── a study's plan: everything is checked before the first trial starts ─────────────────────────────
@@ -198,9 +82,7 @@ class TunePlan:
     def config(self, values: dict[str, Any]) -> Any:
         """The validated config a trial with these sampled values trains; BadInput if the algo refuses it."""
         from agents.config import parse_overrides, resolve_config
-        from agents.registry import ALGOS
-
-        spec = ALGOS[self.algo]
+        spec = registry.get(self.algo)
         fixed: dict[str, Any] = {**parse_overrides(list(self.sets)), **values, "seed": self.seeds[0]}
         if self.total_steps is not None:
             fixed["total_steps"] = self.total_steps
@@ -228,10 +110,7 @@ def plan_tune(
     import dataclasses
 
     from agents.config import SEED_LIMIT
-    from agents.registry import ALGOS
-
-    if algo not in ALGOS:
-        raise BadInput(f"unknown algo {algo!r}; choose one of {', '.join(ALGOS)}")
+    spec = registry.get(algo)
     name = name or f"{algo}-{env_id.replace('/', '_')}"
     if not BENCH_NAME.fullmatch(name):
         raise BadInput(f"--name {name!r} is not a study name: give one folder name (it becomes runs/tune/NAME) made "
@@ -257,12 +136,12 @@ def plan_tune(
     except UnicodeDecodeError:
         raise BadInput(f"--space {path} is not UTF-8 text; give a YAML search space (see lab/spaces/{algo}.yaml)") from None
     space = parse_space(text, path.name)
-    fields = [f.name for f in dataclasses.fields(ALGOS[algo].config)]
+    fields = [f.name for f in dataclasses.fields(spec.config)]
     unknown = sorted(set(space) - set(fields))
     if unknown:
         raise BadInput(f"{path.name}: {', '.join(unknown)} {'is not a config key' if len(unknown) == 1 else 'are not config keys'} "
                        f"of {algo}; valid keys: {', '.join(fields)}")  # fmt: skip
-    fixed = sorted(set(space) & set(ALGOS[algo].fixed))
+    fixed = sorted(set(space) & set(spec.fixed))
     if fixed and space_file is None:  # a variant's default space: its parent's, less what the variant fixes
         text = yaml.safe_dump({k: v for k, v in yaml.safe_load(text).items() if k not in fixed}, sort_keys=False)
         space = parse_space(text, path.name)
@@ -274,8 +153,8 @@ def plan_tune(
         if key in space or key in set_keys:
             where = f"{path.name} tunes" if key in space else "--set fixes"
             raise BadInput(f"{where} {key}, which a study sets itself from {option}; remove it from there")
-    if set_keys & set(ALGOS[algo].fixed):
-        keys = ", ".join(sorted(set_keys & set(ALGOS[algo].fixed)))
+    if set_keys & set(spec.fixed):
+        keys = ", ".join(sorted(set_keys & set(spec.fixed)))
         raise BadInput(f"{algo} fixes {keys}; use --algo {algo.split('-')[0]} to set {keys}")
     swept = sorted(set(space) & set_keys)
     if swept:
@@ -283,7 +162,7 @@ def plan_tune(
     plan = TunePlan(name, algo, env_id, continuous, trials, total_steps, tuple(range(first_seed, first_seed + seeds)), space, text,
                     tuple(sets), storage, pruner, startup_trials, sampler_seed)  # fmt: skip
     base = plan.config({})  # the preset with --set: BadInput for a bad key or value
-    ALGOS[algo].validate(base)
+    spec.validate(base)
     for param in space.values():
         for value in param.ends():
             try:
@@ -295,65 +174,6 @@ def plan_tune(
 
 
 # ── the study ──────────────────────────────────────────────────────────────────────────────────────
-
-
-def storage_for(url: str | None, tune_dir: Path) -> Any:
-    """The study's storage: the journal file in ``tune_dir``, or the database at ``url``; BadInput if unreachable."""
-    import optuna
-
-    if url is None:
-        tune_dir.mkdir(parents=True, exist_ok=True)
-        check_journal(tune_dir / STUDY_FILE)
-        backend = optuna.storages.journal.JournalFileBackend(str((tune_dir / STUDY_FILE).resolve()))
-        return optuna.storages.JournalStorage(backend)
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
-    except Exception as error:  # noqa: BLE001  SQLAlchemy and drivers raise many kinds; all mean "unreachable"
-        raise BadInput(f"cannot open the study storage {brief(url, 120)} ({type(error).__name__}: "
-                       f"{brief(str(error).splitlines()[0], 160) if str(error) else 'no detail'}). Give a database URL Optuna "
-                       "accepts, e.g. sqlite:///tune.db or postgresql://user@host/db, or leave --storage out for a "
-                       "local file.") from None  # fmt: skip
-
-
-def check_journal(path: Path, repair: bool = False) -> None:
-    """Refuse a study journal that holds anything but whole records (one JSON object a line), with one line
-    naming the file. A last record cut short, by a driver killed mid-write or a full disk, is not damage:
-    Optuna skips it when reading, and ``repair`` (the driver, holding the study's lock, before it writes)
-    drops it, so that the next record does not land on the end of its partial line."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    whole = data.rfind(b"\n") + 1
-    for number, line in enumerate(data[:whole].splitlines(), start=1):
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            record = None
-        if not isinstance(record, dict):
-            raise BadInput(f"{path} is damaged at line {number} ({brief(line[:60])}), which is not a journal record. "
-                           "Restore the file from a backup, or start the study again under another --name.")  # fmt: skip
-    if repair and whole < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(whole)
-            os.fsync(f.fileno())
-        print(f"{path}: dropped its last record, cut short by a stop mid-write ({len(data) - whole} bytes); the "
-              "trial it concerned resumes from its runs", flush=True)  # fmt: skip
-
-
-def set_aside_stale(bench_dir: Path, cells: list[Cell]) -> None:
-    """Move a trial's folder aside (``.trialNNNN.staleK``) when it holds runs trained with other settings than
-    the trial's, as a study whose journal was deleted finds them when it numbers its trials from 0 again:
-    the trial then trains afresh, and nothing is lost. A folder that a process still writes is left to
-    :func:`run_cells`, which waits for it."""
-    stale = [why for cell in cells if (why := reused_elsewhere(cell, bench_dir))]
-    if not stale or any(runlog.lock_holder(cell.run_dir(bench_dir)) for cell in cells):
-        return
-    attempt = 1
-    while (aside := bench_dir.with_name(f".{bench_dir.name}.stale{attempt}")).exists():
-        attempt += 1
-    bench_dir.rename(aside)
-    print(f"{bench_dir} held runs trained with other settings than its trial's ({stale[0]}): moved to {aside.name}; "
-          "the trial trains afresh", flush=True)  # fmt: skip
 
 
 def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
@@ -401,16 +221,14 @@ def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
     if the space can express all of them and they differ, the values of the algo's default for the env's
     action space (``default``, what an env without a preset entry gets)."""
     from agents.config import build_config, load_preset, parse_overrides
-    from agents.registry import ALGOS
-
-    spec = ALGOS[plan.algo]
+    spec = registry.get(plan.algo)
     default, _ = load_preset(spec.preset or plan.algo, "", plan.continuous)  # "": no env entry
     configs = {"env": plan.config({}), "default": build_config(spec.config, {
         **default, "env_id": plan.env_id, **spec.fixed, **parse_overrides(list(plan.sets))})}  # fmt: skip
     points: dict[str, dict[str, Any]] = {}
     for label, cfg in configs.items():
-        resolved = runlog.config_to_dict(cfg)
-        expressed = {name: p.expressing(_as_list(resolved[name])) for name, p in plan.space.items()}
+        resolved = rundir.config_to_dict(cfg)
+        expressed = {name: p.expressing(as_list(resolved[name])) for name, p in plan.space.items()}
         params = {name: value for name, (held, value) in expressed.items() if held}
         if params not in points.values() and (label == "env" or len(params) == len(plan.space)):
             points[label] = params
@@ -424,10 +242,6 @@ def enqueue_presets(study: optuna.Study, plan: TunePlan) -> None:
     for label, params in starting_points(plan).items():
         if label not in tried and not (label == "env" and True in tried):  # True: an env preset of an older study
             study.enqueue_trial(params, user_attrs={"preset": label})
-
-
-def trial_dir(tune_dir: Path, number: int) -> Path:
-    return tune_dir / f"trial{number:04d}"
 
 
 def overrides_of(values: dict[str, Any]) -> list[str]:
@@ -453,71 +267,6 @@ def new_trial(study: optuna.Study, plan: TunePlan, driver: str) -> optuna.Trial 
     return trial
 
 
-# ── one trial: its seeds side by side, their evaluations reported as they come ─────────────────────
-
-
-Reporter = Callable[[int, float], bool]
-"""``report(step, value) → prune?``: hands the pruner the mean evaluation over seeds at ``step``."""
-
-
-def mean_curve(run_dirs: list[Path]) -> dict[int, float]:
-    """The mean over runs of each evaluation that every run has reached so far (step → mean return)."""
-    curves = []
-    for run_dir in run_dirs:
-        steps, _, returns, _, _ = read_progress(run_dir / "progress.csv")
-        curves.append(dict(zip(steps.tolist(), returns.tolist())))
-    common = set.intersection(*(set(c) for c in curves)) if curves else set()
-    return {int(s): float(np.mean([c[s] for c in curves])) for s in sorted(common)}
-
-
-def run_trial(
-    cells: list[Cell], bench_dir: Path, report: Reporter, retries: int = 1, stack: int = 1
-) -> tuple[list[Outcome], bool]:
-    """Train the trial's seeds side by side, in stacks of at most ``stack`` seeds per process (for the algos
-    that support it); stop them all when the pruner says so. (outcomes, pruned)."""
-    run_dirs = [cell.run_dir(bench_dir) for cell in cells]
-    reported: set[int] = set()
-    pruned = False
-
-    def report_new() -> bool:
-        for step, value in mean_curve(run_dirs).items():
-            if step not in reported:
-                reported.add(step)
-                if report(step, value):
-                    return True
-        return False
-
-    stacks = pack_stacks(cells, stack)
-    with ThreadPoolExecutor(max_workers=len(stacks)) as pool:
-        futures = [pool.submit(run_cells, stacked, bench_dir, retries) for stacked in stacks]
-        while not all(f.done() for f in futures):
-            wait(futures, timeout=POLL_S)
-            if not pruned and report_new():
-                pruned = True
-                Stop.stop_runs(set(run_dirs))
-        by_seed = {o.cell.seed: o for f in futures for o in f.result()}
-        outcomes = [by_seed[cell.seed] for cell in cells]
-    if not pruned and all(o.status == "completed" for o in outcomes):
-        report_new()  # the last evaluations, written as the runs ended: later trials are pruned against them
-    return outcomes, pruned
-
-
-def reporter_for(study: optuna.Study, trial_id: int) -> Reporter:
-    import optuna
-
-    trial = optuna.trial.Trial(study, trial_id)
-    # A resumed trial reported some steps before its driver was killed; Optuna takes each step once.
-    done = set(study._storage.get_trial(trial_id).intermediate_values)
-
-    def report(step: int, value: float) -> bool:
-        if step not in done:
-            trial.report(value, step)
-            done.add(step)
-        return trial.should_prune()
-
-    return report
-
-
 class RayReporter:
     """A Ray actor on the driver's node: the trials' tasks report through it to the study's storage."""
 
@@ -529,47 +278,6 @@ class RayReporter:
         if trial_id not in self.reporters:
             self.reporters[trial_id] = reporter_for(self.study, trial_id)
         return self.reporters[trial_id](step, value)
-
-
-def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any, trial_id: int, stack: int) -> Any:
-    """A Ray task: the trial's seeds in a scratch folder; returns (outcomes, pruned, each run's files)."""
-    import tempfile
-
-    ray = import_ray()
-    with tempfile.TemporaryDirectory(prefix="testbed-trial-") as scratch:  # named: a cancelled task leaves it
-        for cell, packed in zip(cells, files):
-            cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
-            if packed is not None:
-                unpack_run(packed, cell.run_dir(Path(scratch)).parent)
-        outcomes, pruned = run_trial(cells, Path(scratch), lambda s, v: ray.get(reporter.report.remote(trial_id, s, v)),
-                                     stack=stack)  # fmt: skip
-        return outcomes, pruned, [pack_run(cell.run_dir(Path(scratch))) for cell in cells]
-
-
-def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool,
-           bench_dir: Path) -> tuple[str, float | None]:  # fmt: skip
-    """Tell the study how the trial ended: (state, score). An interrupted trial stays running, to resume."""
-    import optuna
-
-    states = optuna.trial.TrialState
-    failed = [o for o in outcomes if o.status == "failed"]
-    if pruned:
-        study.tell(trial.number, state=states.PRUNED)
-        return "pruned", None
-    if failed:
-        error = f"seed {failed[0].cell.seed}: {failed[0].error}"
-    elif any(o.status != "completed" for o in outcomes):
-        return "interrupted", None
-    else:
-        finals = [(read_summary(o.cell.run_dir(bench_dir)) or {}).get("final_eval_return_mean") for o in outcomes]
-        if all(v is not None and math.isfinite(float(v)) for v in finals):
-            score = float(np.mean([float(v) for v in finals]))
-            study.tell(trial.number, score)
-            return "completed", score
-        error = "a seed completed without a finite final evaluation"
-    optuna.trial.Trial(study, trial._trial_id).set_user_attr("error", error)
-    study.tell(trial.number, state=states.FAIL)
-    return "failed", None
 
 
 # ── the driver ─────────────────────────────────────────────────────────────────────────────────────
@@ -594,8 +302,6 @@ def run_study(
 ) -> tuple[Path, dict[str, int]]:
     """Run the study until it holds ``plan.trials`` trials; write its report. (tune dir, counts by state).
     ``stack``: a trial's seeds train in processes of at most this many seeds (``train --seeds``)."""
-    from lab.tune_report import build_tune_report
-
     tune_dir = root / plan.name
     if workers < 1:
         raise BadInput(f"--workers must be at least 1, got {workers}")  # before anything is written
@@ -605,7 +311,7 @@ def run_study(
         raise BadInput(f"unknown --backend {backend!r}; choose local or ray")
     driver = f"{socket.gethostname()}:{tune_dir.resolve()}"
     counts: dict[str, int] = {}
-    with runlog.DirLock(tune_dir):
+    with rundir.DirLock(tune_dir):
         check_tune_dir(tune_dir, plan)
         if plan.storage is None:
             check_journal(tune_dir / STUDY_FILE, repair=True)
@@ -624,6 +330,7 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
            counts: dict[str, int], stack: int = 1) -> bool:  # fmt: skip
     """Start trials until the study is full, ``workers`` at a time; True if stopped by Ctrl-C or SIGTERM."""
     resumable = _resumable(study, driver)
+    stop = Stop()
     ray_reporter = None
     remote_refs: set[Any] = set()
     if backend == "ray":
@@ -639,7 +346,7 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
         cells = plan.cells(list(trial.user_attrs["overrides"]))
         set_aside_stale(bench_dir, cells)
         if backend == "local":
-            return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id), stack=stack)
+            return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id), stack=stack, stop=stop)
         for cell in cells:
             cell.run_dir(bench_dir).parent.mkdir(parents=True, exist_ok=True)
         ref = remote.remote(cells, [pack_run(c.run_dir(bench_dir)) for c in cells], ray_reporter, trial._trial_id,
@@ -672,7 +379,7 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
         except KeyboardInterrupt:
             # Local trials' seeds checkpoint and exit; Ray trials are cancelled, and restart next time. Either
             # way their trials stay running, for the next run of the command to continue.
-            Stop.request()
+            stop.request()
             for ref in remote_refs:
                 ray.cancel(ref)
             wait(pending)

@@ -14,11 +14,12 @@ from typing import Any
 
 import yaml
 
+from agents import rundir
 from agents.config import PRESET_DIR, read_yaml
 from envs.errors import BadInput
 from lab.report import Block, Bullets, Code, Heading, Image, Para, Table, fmt_steps, render_html, render_markdown
-from lab.results import read_progress, read_summary
-from lab.tune import TUNE_FILE, storage_for, trial_dir
+from lab.results import read_progress
+from lab.study import TUNE_FILE, storage_for, trial_dir
 
 
 def load_study(tune_dir: Path) -> tuple[Any, dict[str, Any]]:
@@ -42,7 +43,7 @@ def trial_cost(tune_dir: Path, number: int) -> tuple[int, float]:
         if any(part.startswith(".") for part in progress.relative_to(folder).parts):
             steps += last_step  # a failed attempt, set aside: its steps count, its time is not the trial's
             continue
-        summary = read_summary(progress.parent) or {}
+        summary = rundir.read_summary(progress.parent) or {}
         steps += int(summary.get("total_steps") or last_step)
         seconds = max(seconds, float(summary.get("wall_time_s") or last_time))
     return steps, seconds
@@ -55,10 +56,10 @@ def _params_text(trial: Any) -> str:
 def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int) -> str:
     """The env's preset entry with the best trial's values: YAML for ``agents/presets/<algo>.yaml``."""
     from agents.config import parse_overrides
-    from agents.registry import ALGOS
+    from agents import registry
 
     algo, env_id = saved["algo"], saved["env_id"]
-    preset_name = ALGOS[algo].preset or algo
+    preset_name = registry.preset_of(algo)
     packaged = (yaml.safe_load((PRESET_DIR / f"{preset_name}.yaml").read_text()).get("envs") or {}).get(env_id) or {}
     fixed = {k: yaml.safe_load(v) for k, v in parse_overrides(saved.get("sets") or []).items()}
     tuned = {k: yaml.safe_load(v) for k, v in parse_overrides(best.user_attrs.get("overrides", [])).items()}

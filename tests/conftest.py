@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from agents import runlog
+from agents import rundir
 from agents.config import resolve_config
 from agents.grpo import GRPOConfig
 from agents.ppo import PPOConfig
@@ -52,7 +52,7 @@ def grpo_config(env_id: str = "CartPole-v1", continuous: bool = False, **overrid
 
 def run_training(algo: ModuleType, cfg: Any, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """Prepare ``run_dir`` as the CLI does (without config.yaml and meta.json), then ``algo.train`` into it."""
-    runlog.prepare_run_dir(run_dir, resume)
+    rundir.prepare_run_dir(run_dir, resume)
     return algo.train(cfg, run_dir, resume=resume)
 
 
@@ -77,10 +77,10 @@ def interrupt_after(monkeypatch: pytest.MonkeyPatch, target: object, name: str, 
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from agents import runlog
+from agents import rundir
 
 directory, seconds, then_write = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-lock = runlog.DirLock(directory).acquire()
+lock = rundir.DirLock(directory).acquire()
 print("held", flush=True)
 time.sleep(seconds)
 if then_write:  # as a trainer stopping leaves its run directory
@@ -125,7 +125,7 @@ def stack_dirs(tmp: Path, seeds: list[int]) -> dict[int, Path]:
     """Run directories tmp/seed<k> for a stack of these seeds, prepared as the CLI prepares them."""
     run_dirs = {seed: tmp / f"seed{seed}" for seed in seeds}
     for run_dir in run_dirs.values():
-        runlog.prepare_run_dir(run_dir, False)
+        rundir.prepare_run_dir(run_dir, False)
     return run_dirs
 
 

@@ -208,3 +208,25 @@ def test_help_lists_every_option_with_its_default() -> None:
         assert option in done.stdout
     assert "default" in done.stdout
     assert "--episodes" in run_testbed("eval", "--help").stdout
+
+
+STARTUP_PROBE = """
+import sys
+from lab.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(sorted(m for m in ("torch", "scipy", "matplotlib", "optuna") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["bench", "--help"],
+                                  ["train", "--algo", "ppo2", "--env", "CartPole-v1"],
+                                  ["train", "--algo", "ppo", "--env", "CartPol-v1"],
+                                  ["bench", "--algos", "ppo2", "--envs", "CartPole-v1"],
+                                  ["tune", "--algo", "ppo2", "--env", "CartPole-v1"]])  # fmt: skip
+def test_help_and_misspelled_names_are_answered_without_importing_torch(argv: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, *argv], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr

@@ -23,7 +23,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from agents import runlog, training
+from agents import rundir, runlog, training
 from lab.cli import main
 from tests.conftest import REPO, hold_lock, read_progress, wait_for
 
@@ -80,7 +80,7 @@ def test_fifteen_sigkills_and_resumes_end_bit_identical_with_every_row_once(tmp_
     assert start_trainer(straight, total, every, "--set=eval_interval=10240").wait(120) == 0
 
     run_dir, rng, kills = tmp_path / "killed", random.Random(0), 0
-    checkpoint = run_dir / runlog.CHECKPOINT
+    checkpoint = run_dir / rundir.CHECKPOINT
     while kills < 15:
         resume = ["--resume"] if checkpoint.exists() else []
         last = checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0
@@ -173,7 +173,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_the_same_co
         time.sleep(0.01)
     process.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
     process.wait(30)
-    assert not (run_dir / runlog.CHECKPOINT).exists()
+    assert not (run_dir / rundir.CHECKPOINT).exists()
     assert b"Traceback" not in (process.stderr.read() if process.stderr else b"")
     again = start_trainer(run_dir, 4096)
     assert again.wait(60) == 0, again.stderr.read().decode() if again.stderr else ""
@@ -189,7 +189,7 @@ def test_a_second_writer_is_refused_with_the_holder_named(tmp_path: Path, capsys
     holder = hold_lock(run_dir)
     try:
         fails_cleanly(train_argv(run_dir), capsys, f"is being written by pid {holder.pid}")
-        assert sorted(p.name for p in run_dir.iterdir()) == [runlog.LOCK]
+        assert sorted(p.name for p in run_dir.iterdir()) == [rundir.LOCK]
     finally:
         holder.kill()
         holder.wait()
@@ -238,15 +238,15 @@ def test_a_corrupt_checkpoint_is_refused_without_touching_the_run(
     finished_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = {p.name: p.read_bytes() for p in finished_run.iterdir() if p.is_file()}
-    (finished_run / runlog.CHECKPOINT).write_bytes(b"not a checkpoint")
-    before[runlog.CHECKPOINT] = b"not a checkpoint"
+    (finished_run / rundir.CHECKPOINT).write_bytes(b"not a checkpoint")
+    before[rundir.CHECKPOINT] = b"not a checkpoint"
     fails_cleanly(train_argv(finished_run, 1024, "--resume"), capsys, "is corrupted or not a checkpoint")
-    after = {p.name: p.read_bytes() for p in finished_run.iterdir() if p.is_file() and p.name != runlog.LOCK}
-    assert after == {k: v for k, v in before.items() if k != runlog.LOCK}  # config.yaml not rewritten
+    after = {p.name: p.read_bytes() for p in finished_run.iterdir() if p.is_file() and p.name != rundir.LOCK}
+    assert after == {k: v for k, v in before.items() if k != rundir.LOCK}  # config.yaml not rewritten
 
 
 def test_a_refused_checkpoint_does_not_repeat_torchs_advice_to_unpickle_it(tmp_path: Path) -> None:
-    torch.save({"format": runlog.CHECKPOINT_FORMAT, "payload": Path("arbitrary object")}, tmp_path / runlog.CHECKPOINT)
+    torch.save({"format": runlog.CHECKPOINT_FORMAT, "payload": Path("arbitrary object")}, tmp_path / rundir.CHECKPOINT)
     with pytest.raises(runlog.BadInput) as refused:
         runlog.load_checkpoint(tmp_path, {})
     assert "weights_only" not in str(refused.value) and "never unpickles" in str(refused.value)
@@ -256,7 +256,7 @@ def test_resume_refuses_a_budget_below_the_steps_already_trained(
     finished_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fails_cleanly(train_argv(finished_run, 256, "--resume"), capsys, "has already trained 512 steps")
-    assert runlog.read_config(finished_run)["total_steps"] == 512
+    assert rundir.read_config(finished_run)["total_steps"] == 512
 
 
 def test_a_full_disk_at_a_checkpoint_keeps_the_last_one_and_leaves_no_temporary_file(
@@ -343,7 +343,7 @@ def test_the_final_evaluation_is_the_last_row_of_progress_csv_once(tmp_path: Pat
     assert scalar_steps(run_dir, "eval/return_mean") == [step for step, _ in rows]
 
 
-def test_a_final_evaluation_cut_short_is_a_row_of_its_own_once_the_run_is_resumed(
+def test_a_final_evaluation_cut_short_fills_the_last_row_once_the_run_is_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     original = training.evaluate_policy
@@ -362,7 +362,7 @@ def test_a_final_evaluation_cut_short_is_a_row_of_its_own_once_the_run_is_resume
     assert main(train_argv(run_dir, 512, "--set", "eval_interval=0", "--resume")) == 0
     final = json.loads((run_dir / "summary.json").read_text())["final_eval_return_mean"]
     assert eval_rows(run_dir) == [(512, final)]
-    assert [int(r["global_step"]) for r in read_progress(run_dir)] == [256, 512, 512]
+    assert [int(r["global_step"]) for r in read_progress(run_dir)] == [256, 512]
     assert scalar_steps(run_dir, "eval/return_mean") == [512]
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents import runlog
+from agents import rundir
 from envs.errors import BadInput
-from lab import bench, credit
+from lab import bench, cells, credit, executor
 from lab.results import find_runs
 from tests.conftest import REPO, hold_lock, read_csv, read_progress, wait_for
 
@@ -81,7 +81,7 @@ def test_a_ray_rerun_returns_each_cell_alone_and_keeps_every_seed(tmp_path: Path
         assert (run_dir / "checkpoint.pt").exists()
         assert status_of(run_dir.with_name(f".{run_dir.name}.failed1")) == "failed"  # set aside, as locally
         assert "--total-steps 2048" in run_dir.with_name(f"{run_dir.name}.log").read_text()
-        assert not (run_dir / runlog.LOCK).exists()  # the worker's lock stayed on the worker
+        assert not (run_dir / rundir.LOCK).exists()  # the worker's lock stayed on the worker
     assert sorted(p.name for p in run_dirs[0].parent.iterdir() if not p.name.startswith(".")) == [
         "seed0", "seed0.log", "seed1", "seed1.log"]  # fmt: skip
 
@@ -99,7 +99,7 @@ def archive(files: dict[str, str]) -> bytes:
 
 
 def test_a_ray_result_replaces_only_its_own_run_and_never_a_completed_one(tmp_path: Path) -> None:
-    done, failed, resumed = (bench.Cell("ppo", "CartPole-v1", seed, 2048, ()) for seed in (0, 1, 2))
+    done, failed, resumed = (cells.Cell("ppo", "CartPole-v1", seed, 2048, ()) for seed in (0, 1, 2))
     for cell, status in ((done, "completed"), (failed, "failed"), (resumed, "interrupted")):
         cell.run_dir(tmp_path).mkdir(parents=True)
         (cell.run_dir(tmp_path) / "summary.json").write_text(json.dumps({"status": status}))
@@ -107,14 +107,14 @@ def test_a_ray_result_replaces_only_its_own_run_and_never_a_completed_one(tmp_pa
 
     # A run that completed here meanwhile is kept, whatever the task says.
     files = archive({"seed0/summary.json": from_worker})
-    outcome = bench.receive_cell(bench.Outcome(done, "failed", "boom"), files, tmp_path)
+    outcome = executor.receive_cell(cells.Outcome(done, "failed", "boom"), files, tmp_path)
     assert outcome.status == "completed"
     assert json.loads((done.run_dir(tmp_path) / "summary.json").read_text()) == {"status": "completed"}
 
     # A task that started over replaces the failed run, which is set aside; other cells' files are ignored.
     files = archive({"seed1/summary.json": from_worker, "seed1.log": "worker log\n",
                      "seed0/summary.json": json.dumps({"status": "interrupted"})})  # fmt: skip
-    assert bench.receive_cell(bench.Outcome(failed, "completed"), files, tmp_path).status == "completed"
+    assert executor.receive_cell(cells.Outcome(failed, "completed"), files, tmp_path).status == "completed"
     assert json.loads((failed.run_dir(tmp_path) / "summary.json").read_text())["from"] == "worker"
     assert status_of(failed.run_dir(tmp_path).with_name(".seed1.failed1")) == "failed"
     assert failed.run_dir(tmp_path).with_name("seed1.log").read_text() == "worker log\n"
@@ -123,7 +123,7 @@ def test_a_ray_result_replaces_only_its_own_run_and_never_a_completed_one(tmp_pa
     # A task that resumed the run it was sent returns its continuation, which replaces it.
     (resumed.run_dir(tmp_path) / "stale.txt").write_text("")
     files = archive({"seed2/summary.json": from_worker})
-    assert bench.receive_cell(bench.Outcome(resumed, "completed", resumed=True), files, tmp_path).resumed
+    assert executor.receive_cell(cells.Outcome(resumed, "completed", resumed=True), files, tmp_path).resumed
     assert sorted(p.name for p in resumed.run_dir(tmp_path).iterdir()) == ["summary.json"]
     assert sorted(p.name for p in tmp_path.glob("CartPole-v1/ppo/*")) == [".seed1.failed1", "seed0", "seed1",
                                                                           "seed1.log", "seed2"]  # fmt: skip
@@ -139,7 +139,7 @@ def test_a_second_driver_of_a_bench_is_refused_naming_the_holder_then_runs_once_
     prepared: list[tuple[Path, str | None, bool]] = []
 
     def prepare(directory: Path) -> None:
-        prepared.append((directory, runlog.lock_holder(directory), (directory / "bench.yaml").exists()))
+        prepared.append((directory, rundir.lock_holder(directory), (directory / "bench.yaml").exists()))
 
     try:
         with pytest.raises(BadInput, match=rf"being written by pid {holder.pid} on "):
@@ -147,7 +147,7 @@ def test_a_second_driver_of_a_bench_is_refused_naming_the_holder_then_runs_once_
     finally:
         holder.kill()
         holder.wait()
-    assert prepared == [] and sorted(p.name for p in bench_dir.iterdir()) == [runlog.LOCK]  # nothing written
+    assert prepared == [] and sorted(p.name for p in bench_dir.iterdir()) == [rundir.LOCK]  # nothing written
 
     _, outcomes = bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path, prepare=prepare)
     assert [o.status for o in outcomes] == ["completed"]
@@ -155,7 +155,7 @@ def test_a_second_driver_of_a_bench_is_refused_naming_the_holder_then_runs_once_
     [(directory, lock_text, had_bench_yaml)] = prepared
     assert directory == bench_dir and lock_text is not None and lock_text.startswith(f"pid {os.getpid()} on ")
     assert not had_bench_yaml and (bench_dir / "bench.yaml").exists()
-    assert runlog.lock_holder(bench_dir) is None  # released at the end
+    assert rundir.lock_holder(bench_dir) is None  # released at the end
 
 
 # ── 3. trainers stop when their driver dies; a rerun waits for them ──────────────────────────────
@@ -169,7 +169,7 @@ def test_a_trainer_stops_when_its_driver_is_killed_and_a_rerun_continues_it(tmp_
     driver = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (run_dir / "progress.csv").exists() and len(steps_of(run_dir)) > 0, timeout_s=60, poll_s=0.05)
     assert steps_of(run_dir), driver.stderr.read() if driver.poll() is not None else "no progress after 60 s"
-    trainer = int((run_dir / runlog.LOCK).read_text().split()[1])  # "pid N on HOST (command, since …)"
+    trainer = int((run_dir / rundir.LOCK).read_text().split()[1])  # "pid N on HOST (command, since …)"
     driver.kill()
     driver.communicate()
 
@@ -186,21 +186,21 @@ def test_a_trainer_stops_when_its_driver_is_killed_and_a_rerun_continues_it(tmp_
 
 
 def test_a_cell_waits_for_the_last_writer_of_its_run_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cell = bench.Cell("ppo", "CartPole-v1", 0, 2048, tuple(SETS))
+    cell = cells.Cell("ppo", "CartPole-v1", 0, 2048, tuple(SETS))
     run_dir = cell.run_dir(tmp_path)
     log = run_dir.with_name("seed0.log")
 
     # A writer that finishes within the wait: the cell decides on what it left (here: completed, skip).
     holder = hold_lock(run_dir, seconds=1.5, then_write=json.dumps({"status": "completed"}))
-    outcome = bench.run_cell(cell, tmp_path)
+    outcome = cells.run_cells([cell], tmp_path)[0]
     holder.wait()
     assert (outcome.status, outcome.attempts) == ("completed", 0) and not log.exists()
 
     # A writer that outlasts the wait: the cell fails, naming it, and its directory is left as it is.
-    monkeypatch.setattr(bench, "WRITER_WAIT_S", 1.0)
+    monkeypatch.setattr(cells, "WRITER_WAIT_S", 1.0)
     holder = hold_lock(run_dir)
     try:
-        outcome = bench.run_cell(cell, tmp_path)
+        outcome = cells.run_cells([cell], tmp_path)[0]
     finally:
         holder.kill()
         holder.wait()
@@ -228,7 +228,7 @@ def test_an_unreadable_summary_is_refused_before_any_cell_starts(tmp_path: Path,
     assert not (bench_dir / "bench.yaml").exists() and not list(bench_dir.rglob("*.log"))  # no cell started
     # Every other reader says the same, without a traceback.
     with pytest.raises(BadInput, match=fix):
-        bench.read_status(run_dir)
+        cells.read_status(run_dir)
     with pytest.raises(BadInput, match=fix):
         find_runs([bench_dir])
 
@@ -319,7 +319,7 @@ def test_report_refuses_a_bench_that_a_driver_is_running(tmp_path: Path, capsys:
 def test_a_local_ray_instance_ends_with_its_driver_even_by_sigkill(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     # A driver that starts a local instance, runs one task, then waits; its task leaves a child behind, as a trainer.
-    code = ("import subprocess, sys, time\nimport ray\nfrom lab import bench\nbench.connect_ray(None, 1)\n"
+    code = ("import subprocess, sys, time\nimport ray\nfrom lab import executor\nexecutor.connect_ray(None, 1)\n"
             "child = ray.remote(lambda: subprocess.Popen(['sleep', '600'], start_new_session=True).pid)\n"
             "print(ray.get(child.remote()), flush=True)\ntime.sleep(600)\n")  # fmt: skip
     driver = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, text=True,

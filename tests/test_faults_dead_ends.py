@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from agents import ppo, runlog
-from lab import bench, tune
+from agents import ppo, rundir, runlog
+from envs.errors import BadInput
+from lab import bench, cells, tune
 from lab.cli import main
 from tests.conftest import interrupt_after, read_progress
 from tests.test_faults import SMALL, fails_cleanly, train_argv
@@ -83,11 +84,11 @@ def test_a_run_stopped_past_its_budget_is_finished_by_resume_without_training(
     assert summary["final_eval_return_mean"] == json.loads((straight / "summary.json").read_text())["final_eval_return_mean"]
 
     # A finished run resumed again has nothing left to do, and changes nothing.
-    files = {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file() and p.name != runlog.LOCK}
+    files = {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file() and p.name != rundir.LOCK}
     capsys.readouterr()
     assert main(train_argv(stopped, 1000, "--set", "eval_interval=0", "--resume")) == 0
     assert "nothing to do" in capsys.readouterr().out
-    assert {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file() and p.name != runlog.LOCK} == files
+    assert {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file() and p.name != rundir.LOCK} == files
 
 
 def test_a_bench_cell_stopped_past_its_budget_is_finished_by_the_rerun(
@@ -142,7 +143,7 @@ def test_a_stack_resumes_any_mix_of_finished_partial_and_unstarted_seeds(tmp_pat
     # seed 0 finished alone; seed 1 was killed during its final evaluation, at its budget, before its summary;
     # seed 2 was killed after it had started, before its first checkpoint.
     (mixed / "seed1" / "summary.json").unlink()
-    for name in ("summary.json", runlog.CHECKPOINT):
+    for name in ("summary.json", rundir.CHECKPOINT):
         (mixed / "seed2" / name).unlink()
     finished = (mixed / "seed0" / "summary.json").read_bytes()
     assert main(stack_argv(mixed, algo, total, "--resume")) == 0
@@ -168,7 +169,7 @@ def test_a_bench_refuses_finished_runs_trained_with_other_settings(
     run_dir = grid.cells()[0].run_dir(tmp_path / "changed")
     assert main(["train", *SMALL, "--seed", "0", "--total-steps", "512", "--set", "learning_rate=0.01",
                  "--run-dir", str(run_dir)]) == 0  # fmt: skip
-    with pytest.raises(bench.BadInput, match=r"other settings .*seed0 \(learning_rate\)"):
+    with pytest.raises(BadInput, match=r"other settings .*seed0 \(learning_rate\)"):
         bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path)
     assert status_of(run_dir) == "completed"
 
@@ -192,10 +193,10 @@ def test_a_study_whose_journal_was_deleted_trains_its_trials_afresh_where_their_
     second, _ = study(3)
     assert second.trials[0].params["learning_rate"] != first_value  # another sampler drew another value
     run_dir = tune.trial_dir(tune_dir, 0) / "CartPole-v1" / "ppo" / "seed100"
-    assert runlog.read_config(run_dir)["learning_rate"] == second.trials[0].params["learning_rate"]
+    assert rundir.read_config(run_dir)["learning_rate"] == second.trials[0].params["learning_rate"]
     assert second.trials[0].value == json.loads((run_dir / "summary.json").read_text())["final_eval_return_mean"]
     aside = tune_dir / ".trial0000.stale1" / "CartPole-v1" / "ppo" / "seed100"
-    assert runlog.read_config(aside)["learning_rate"] == first_value
+    assert rundir.read_config(aside)["learning_rate"] == first_value
 
 
 # ── 5. a damaged journal ────────────────────────────────────────────────────────────────────────────
@@ -308,7 +309,7 @@ def test_a_refused_stack_leaves_no_folder_or_lock_behind(tmp_path: Path, capsys:
     runlog.save_checkpoint(parent / "seed3", {"algo": "ppo"})
     fails_cleanly(["train", *SMALL, "--seeds", "5,3", "--run-dir", str(parent)], capsys, "seed3", "--resume")
     assert sorted(p.name for p in parent.iterdir()) == ["seed3"]
-    assert sorted(p.name for p in (parent / "seed3").iterdir()) == [runlog.CHECKPOINT]
+    assert sorted(p.name for p in (parent / "seed3").iterdir()) == [rundir.CHECKPOINT]
 
 
 def test_binary_and_damaged_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -375,14 +376,14 @@ def test_plot_and_report_warn_about_a_damaged_progress_file(
 
 
 def test_the_log_of_a_stack_whose_driver_was_killed_reaches_its_seeds_logs(tmp_path: Path) -> None:
-    cells = [bench.Cell("ppo", "CartPole-v1", seed, 512, ()) for seed in (0, 1)]
-    folder = cells[0].run_dir(tmp_path).parent
-    for cell in cells:  # both finished; their shared log was never handed out
+    stack = [cells.Cell("ppo", "CartPole-v1", seed, 512, ()) for seed in (0, 1)]
+    folder = stack[0].run_dir(tmp_path).parent
+    for cell in stack:  # both finished; their shared log was never handed out
         cell.run_dir(tmp_path).mkdir(parents=True)
         (cell.run_dir(tmp_path) / "summary.json").write_text(json.dumps({"status": "completed"}))
     (folder / "seed0.log").write_text("an earlier attempt\n")
     (folder / ".stack-4194304-seed0.log").write_text("# seed0.log seed1.log\n$ -m lab train …\ntrained\n")
-    outcomes = bench.run_cells(cells, tmp_path)
+    outcomes = cells.run_cells(stack, tmp_path)
     assert [o.status for o in outcomes] == ["completed", "completed"]
     assert (folder / "seed0.log").read_text() == "an earlier attempt\n$ -m lab train …\ntrained\n"
     assert (folder / "seed1.log").read_text() == "$ -m lab train …\ntrained\n"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from agents import grpo, grpo_stack, runlog
+from agents import grpo, grpo_stack, rundir, runlog
 from agents.grpo import GRPOConfig
 from lab.cli import main
 from tests.conftest import (
@@ -100,7 +100,7 @@ def test_variants_that_act_outside_the_members_steps_take_turns_exactly_as_singl
     assert not grpo_stack.batched(cfgs[0]) and grpo_stack.batched(small(0))
     run_dirs = [tmp_path / "stack" / f"seed{cfg.seed}" for cfg in cfgs]
     for run_dir in run_dirs:
-        runlog.prepare_run_dir(run_dir, False)
+        rundir.prepare_run_dir(run_dir, False)
     grpo_stack.train(cfgs, run_dirs)
     single = tmp_path / "single"
     run_training(grpo, cfgs[0], single)

@@ -19,7 +19,8 @@ import yaml
 from envs.errors import BadInput
 from lab.plot import mean_curve, plot_runs
 from lab.report import build_report, load_reference_scores
-from lab.results import bootstrap_ci, find_runs, iqm
+from lab.results import find_runs
+from lab.stats import bootstrap_ci, iqm
 
 COLUMNS = ["global_step", "wall_time_s", "charts/episodic_return", "eval/return_mean", "eval/return_std"]
 CONVENTION = "deterministic policy, one episode per fixed seed 1000000+i, raw env return"

@@ -15,18 +15,16 @@ import torch
 
 from agents import runlog
 from agents.runlog import (
-    CHECKPOINT,
     MetricLog,
     NonFiniteError,
     StopFlag,
     check_finite,
     load_checkpoint,
     load_rng_state,
-    prepare_run_dir,
     rng_state,
     save_checkpoint,
-    write_summary,
 )
+from agents.rundir import CHECKPOINT, prepare_run_dir, write_summary
 from envs.errors import BadInput
 from tests.conftest import wait_for
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from agents import advantages as adv
-from agents import grpo_stack, ppo, ppo_stack, runlog
+from agents import grpo_stack, ppo, ppo_stack, rundir, runlog
 from agents.stacked import LaneAdam, SeedAdam, clip_grad_norms_, fixed_minibatch_slots, masked_mean
 from agents.training import check_stack
-from lab import bench
+from lab import bench, cells
 from lab.cli import main
 from tests import test_grpo_stack as grpo_tests
 from tests.conftest import (
@@ -234,7 +234,7 @@ def test_train_seeds_writes_ordinary_run_directories_that_eval_and_resume_read(t
         run_dir = parent / f"seed{seed}"
         assert {"config.yaml", "meta.json", "progress.csv", "checkpoint.pt", "summary.json"} <= {
             p.name for p in run_dir.iterdir()}  # fmt: skip
-        assert runlog.read_config(run_dir)["seed"] == seed
+        assert rundir.read_config(run_dir)["seed"] == seed
     assert main(["eval", str(parent / "seed6"), "--episodes", "2"]) == 0
     assert main(["plot", str(parent), "--out", str(tmp_path / "curves.png")]) == 0  # both seeds' curves
     assert main([*base, "--seeds", "5,6", "--total-steps", "512", "--resume"]) == 0  # the stack, resumed
@@ -261,11 +261,11 @@ def test_bad_seeds_are_refused_before_anything_is_written(
 
 def test_pack_stacks_groups_the_seeds_of_a_cell() -> None:
     grid = bench.Grid("g", ["ppo", "grpo", "sb3-ppo"], ["CartPole-v1"], list(range(5)), 512)
-    stacks = bench.pack_stacks(grid.cells(), 3)
+    stacks = cells.pack_stacks(grid.cells(), 3)
     for algo in ("ppo", "grpo"):
         assert [[c.seed for c in s] for s in stacks if s[0].algo == algo] == [[0, 2, 4], [1, 3]]  # at most 3, near-equal
     assert all(len(s) == 1 for s in stacks if s[0].algo == "sb3-ppo")  # the reference: one seed per process
-    assert [[c.seed for c in s] for s in bench.pack_stacks(grid.cells(), 1) if s[0].algo == "ppo"] == [[k] for k in range(5)]
+    assert [[c.seed for c in s] for s in cells.pack_stacks(grid.cells(), 1) if s[0].algo == "ppo"] == [[k] for k in range(5)]
 
 
 def test_a_bench_trains_a_cells_seeds_in_one_process_and_reports_them(tmp_path: Path) -> None:

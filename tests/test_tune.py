@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents import runlog
+from agents import rundir
 from envs.errors import BadInput
-from lab import tune
+from lab import trials, tune
 from lab.cli import main
 
 # The preset's learning rate, and one at which nothing is learned: trial 2 draws it and is pruned.
@@ -81,7 +81,7 @@ def test_a_tiny_study_prunes_reports_adds_nothing_when_rerun_and_exports_a_prese
     run_dir = in_tmp / "from-preset"
     assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--preset", str(tune_dir / "preset.yaml"),
                  "--total-steps", "512", "--run-dir", str(run_dir)]) == 0  # fmt: skip
-    assert runlog.read_config(run_dir)["n_steps"] == preset["envs"]["CartPole-v1"]["n_steps"]
+    assert rundir.read_config(run_dir)["n_steps"] == preset["envs"]["CartPole-v1"]["n_steps"]
 
 
 @pytest.mark.slow
@@ -164,7 +164,7 @@ def test_a_study_keeps_its_settings_and_has_one_driver(in_tmp: Path) -> None:
     with pytest.raises(BadInput, match="other total_steps; use another --name"):
         tune.check_tune_dir(in_tmp / "kept", other)
     tune.check_tune_dir(in_tmp / "kept", tune.plan_tune("ppo", "CartPole-v1", 9, 5000, 1, None, [], "kept"))
-    with runlog.DirLock(in_tmp / "kept"), pytest.raises(BadInput, match="is being written by pid"):
+    with rundir.DirLock(in_tmp / "kept"), pytest.raises(BadInput, match="is being written by pid"):
         tune.run_study(plan, 1, "local", None, root=in_tmp)
 
 
@@ -266,7 +266,7 @@ def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None
     trial = optuna.load_study(study_name="two", storage=tune.storage_for(None, tune_dir)).trials[0]
     assert trial.value == pytest.approx(sum(finals) / 2)
     # What the pruner was told: at each evaluation step, the mean of both seeds' evaluations there.
-    curve = tune.mean_curve([tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" for seed in (100, 101)])
+    curve = trials.mean_curve([tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" for seed in (100, 101)])
     assert trial.intermediate_values == pytest.approx(curve) and len(curve) >= 2
     # The trial's two seeds trained side by side in one process (`--stack`, default 16).
     assert "--seeds 100,101" in (tune_dir / "trial0000" / "CartPole-v1" / "ppo" / "seed100.log").read_text()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import agents.grpo as grpo
-from agents import runlog, vine
+from agents import rundir, vine
 from agents.networks import Actor, NetworkSpec
 from agents.rollout import SegmentBuffers, collect_episodes
 from envs import EnvOptions, make_vector
@@ -90,7 +90,7 @@ def config(env_id: str = "testbed/Chain-v0", **overrides: Any) -> grpo.GRPOConfi
 def test_grpo_vine_solves_a_short_chain_and_reports_its_branch_steps(tmp_path: Path) -> None:
     cfg = config(env_kwargs={"horizon": 10}, total_steps=15_000, eval_interval=5_000, eval_episodes=10)
     run_dir = tmp_path / "run"
-    runlog.prepare_run_dir(run_dir, False)
+    rundir.prepare_run_dir(run_dir, False)
     summary = grpo.train(cfg, run_dir, name="grpo-vine")
     assert summary["status"] == "completed" and summary["algo"] == "grpo-vine"
     assert summary["final_eval_return_mean"] == 1.0  # every evaluation episode's first action is right

@@ -1,0 +1,307 @@
+"""Cells: the runs a bench, a credit study or a tuning study asks for, and how one machine trains them.
+
+A cell is one run (:class:`Cell`). Cells that differ in the seed only train side by side, up to ``--stack``
+of them in one ``testbed train --seeds`` process with one torch thread (:func:`pack_stacks`); other cells,
+one per process. :func:`run_cells` trains one such stack; ``lab.executor`` runs many, on a pool of processes
+or as Ray tasks.
+
+Cells are idempotent: a finished one is recognised from its summary.json without starting a process, an
+interrupted one resumes from its checkpoint, and a failed one is recorded with its error, set aside and
+retried once from scratch, without stopping the others. A :class:`Stop` carries a driver's stop request
+(Ctrl-C, SIGTERM, a pruned trial) to the trainers it started: each stops at its next iteration, with a
+checkpoint, so rerunning the same command continues. Trainers run in their own process sessions (so that
+a Ctrl-C reaches them once, through the driver) and stop with a checkpoint when the driver that started
+them dies, even by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents import registry, rundir
+from agents.config import RunConfig
+from envs.errors import BadInput
+from lab.plan import resolve_run
+
+WRITER_WAIT_S = 30.0
+"""How long a cell waits for another process still writing its run directory (the trainer of a driver
+that was just killed, finishing its last iteration) before it gives up on the cell."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    algo: str
+    env_id: str
+    seed: int
+    total_steps: int | None
+    overrides: tuple[str, ...]  # key=value for this algo (and this variant)
+    variant: str = ""  # a study's setting of the env, e.g. horizon300; "" in a plain grid
+
+    @property
+    def label(self) -> str:
+        return f"{self.env_id}[{self.variant}]" if self.variant else self.env_id
+
+    def run_dir(self, bench_dir: Path) -> Path:
+        env_dir = bench_dir / self.env_id.replace("/", "_")
+        return (env_dir / self.variant if self.variant else env_dir) / self.algo / f"seed{self.seed}"
+
+    def command(self, run_dir: Path, resume: bool) -> list[str]:
+        argv = [sys.executable, "-m", "lab", "train", "--algo", self.algo, "--env", self.env_id, "--seed",
+                str(self.seed), "--run-dir", str(run_dir)]  # fmt: skip
+        if self.total_steps is not None:
+            argv += ["--total-steps", str(self.total_steps)]
+        for pair in self.overrides:
+            argv += ["--set", pair]
+        return argv + (["--resume"] if resume else [])
+
+    @property
+    def stack_key(self) -> tuple[Any, ...]:
+        """Cells with the same key differ in the seed only, so they can train side by side in one process."""
+        return self.algo, self.env_id, self.variant, self.total_steps, self.overrides
+
+    def config(self) -> RunConfig:
+        """The resolved config this cell asks for, as its ``testbed train`` resolves it."""
+        steps = {"total_steps": self.total_steps} if self.total_steps is not None else {}
+        return resolve_run(self.algo, self.env_id, [*self.overrides, f"seed={self.seed}",
+                                                    *(f"{k}={v}" for k, v in steps.items())])[0]  # fmt: skip
+
+
+def reused_elsewhere(cell: Cell, bench_dir: Path) -> str | None:
+    """Why the cell's run directory, if it holds a run to reuse (completed, or with a checkpoint to resume),
+    is not the run the cell asks for: the settings in which its config.yaml differs; None if it is, or holds
+    nothing to reuse."""
+    run_dir = cell.run_dir(bench_dir)
+    if not (run_dir / "config.yaml").exists() or not (
+        (run_dir / rundir.CHECKPOINT).exists() or read_status(run_dir) == "completed"
+    ):
+        return None
+    differing = rundir.config_differences(run_dir, cell.algo, cell.config())
+    return f"{run_dir} ({', '.join(differing)})" if differing else None
+
+
+def stack_command(cells: list[Cell], bench_dir: Path, resume: bool) -> list[str]:
+    """One ``testbed train --seeds`` process for cells that differ in the seed only (one cell: its own command)."""
+    first = cells[0]
+    if len(cells) == 1:
+        return first.command(first.run_dir(bench_dir), resume)
+    argv = first.command(first.run_dir(bench_dir).parent, resume)
+    at = argv.index("--seed")
+    argv[at : at + 2] = ["--seeds", ",".join(str(cell.seed) for cell in cells)]
+    return argv
+
+
+def pack_stacks(cells: list[Cell], stack: int) -> list[list[Cell]]:
+    """Group the cells into stacks of at most ``stack`` seeds of one (algo, env, variant), for the algos that
+    train seeds side by side; every other cell is a stack of one. Stacks of a group are near-equal in size."""
+    groups: dict[tuple[Any, ...], list[Cell]] = {}
+    for cell in cells:
+        stackable = registry.get(cell.algo).train_stack is not None
+        groups.setdefault(cell.stack_key if stackable else (id(cell),), []).append(cell)
+    stacks = []
+    for group in groups.values():
+        count = math.ceil(len(group) / max(stack, 1))
+        stacks += [part for part in (group[i::count] for i in range(count)) if part]
+    return [sorted(part, key=lambda c: c.seed) for part in stacks]
+
+
+@dataclass
+class Outcome:
+    cell: Cell
+    status: str  # completed, failed, interrupted
+    error: str | None = None
+    attempts: int = 1
+    resumed: bool = False
+
+
+# ── one cell ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def read_status(run_dir: Path) -> str | None:
+    """The run's status from its summary.json; None before it has one. BadInput if the file is unreadable."""
+    summary = rundir.read_summary(run_dir)
+    return None if summary is None else summary.get("status")
+
+
+def log_path(run_dir: Path) -> Path:
+    """A cell's console output, beside its run directory (``seed<k>.log``), so a set-aside attempt keeps it."""
+    return run_dir.with_name(f"{run_dir.name}.log")
+
+
+def wait_for_writer(run_dir: Path, timeout_s: float | None = None) -> str | None:
+    """Wait until no process holds ``run_dir``'s lock; returns the holder if one still does after ``timeout_s``.
+
+    A trainer whose driver was killed finishes its iteration, checkpoints and exits on its own; the next
+    driver waits for that rather than racing it. ``timeout_s`` defaults to :data:`WRITER_WAIT_S` (read at
+    call time, so tests may shorten it).
+    """
+    deadline = time.monotonic() + (WRITER_WAIT_S if timeout_s is None else timeout_s)
+    while (holder := rundir.lock_holder(run_dir)) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return holder
+
+
+def still_written(cell: Cell, run_dir: Path, holder: str) -> Outcome:
+    """The outcome of a cell whose run directory another process still writes: failed, and left as it is."""
+    return Outcome(cell, "failed", f"{run_dir} is still being written by {holder}; stop that process (it saves a "
+                                   "checkpoint), then rerun the bench to continue the cell", attempts=0)  # fmt: skip
+
+
+def set_aside(run_dir: Path) -> None:
+    """Keep a failed attempt's directory, renamed, so the retry starts clean and nothing is lost.
+
+    The name is hidden (``.seed0.failed1``), so reports and plots read only the current attempt."""
+    if not run_dir.exists():  # the attempt failed before creating its directory (its input was refused)
+        return
+    attempt = 1
+    while run_dir.with_name(f".{run_dir.name}.failed{attempt}").exists():
+        attempt += 1
+    run_dir.rename(run_dir.with_name(f".{run_dir.name}.failed{attempt}"))
+
+
+class Stop:
+    """A driver's stop request, passed on to every trainer it started, exactly once.
+
+    Trainers run in their own process sessions, so a Ctrl-C on the terminal reaches only the driver; the
+    driver then sends each trainer one SIGINT, on which it checkpoints and exits (a second signal would stop
+    it without a checkpoint). One object per grid or study, shared by the threads that run its stacks.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.children: dict[subprocess.Popen[bytes], tuple[Path, ...]] = {}  # each running trainer → its run dirs
+        self.stopped: set[Path] = set()  # run directories stopped on their own (a pruned tuning trial's seeds)
+
+    def request(self) -> None:
+        """Stop every trainer; none starts again."""
+        self.requested = True
+        for process in list(self.children):
+            process.send_signal(signal.SIGINT)
+
+    def stop_runs(self, run_dirs: set[Path]) -> None:
+        """Stop the trainers of these run directories only, with a checkpoint; none of them starts again."""
+        self.stopped |= run_dirs
+        for process, trained in list(self.children.items()):
+            if run_dirs & set(trained):
+                process.send_signal(signal.SIGINT)
+
+    def halted(self, run_dir: Path) -> bool:
+        return self.requested or run_dir in self.stopped
+
+
+def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list[tuple[str, str | None]]:
+    """One ``testbed train`` process for the cells (seeds side by side when there are several); returns each
+    cell's status and error. The process's output goes to every cell's log."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           rundir.PARENT_PID: str(os.getpid())}  # fmt: skip
+    run_dirs = [cell.run_dir(bench_dir) for cell in cells]
+    command = stack_command(cells, bench_dir, resume)
+    # One stack log per driver and first seed: two stacks of one cell may run at once, in one folder.
+    first = run_dirs[0]
+    shared_log = log_path(first) if len(cells) == 1 else first.with_name(f".stack-{os.getpid()}-{first.name}.log")
+    with open(shared_log, "a") as log:
+        if len(cells) > 1:  # whose log it is, for share_stack_log even after this driver is killed
+            log.write(f"# {' '.join(log_path(run_dir).name for run_dir in run_dirs)}\n")
+        log.write(f"$ {' '.join(command[1:])}\n")
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)  # fmt: skip
+        stop.children[process] = tuple(run_dirs)
+        if stop.stopped & set(run_dirs):  # stopped while this process was starting
+            process.send_signal(signal.SIGINT)
+        try:
+            returncode = process.wait()
+        except KeyboardInterrupt:  # a cancelled Ray task: let the cells checkpoint before leaving
+            process.send_signal(signal.SIGINT)
+            returncode = process.wait()
+        finally:
+            stop.children.pop(process, None)
+    if len(cells) > 1:
+        share_stack_log(shared_log)
+    return [_result(run_dir, returncode) for run_dir in run_dirs]
+
+
+def share_stack_log(path: Path) -> None:
+    """Append a stack's console output (``.stack-<driver pid>-seed<k>.log``, written while it ran) to the log
+    of each of its seeds, which its first line names, and remove it."""
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
+    for name in lines[0].removeprefix("# ").split() if lines else []:
+        with open(path.with_name(name), "a") as log:
+            log.writelines(lines[1:])
+    path.unlink()
+
+
+def share_orphaned_stack_logs(folder: Path) -> None:
+    """The logs of stacks whose driver was killed before it shared them: shared now, unless a trainer still
+    writes one of their seeds (it then still writes the log too). This driver's own stacks are running."""
+    for path in folder.glob(".stack-*.log"):
+        if path.name.startswith(f".stack-{os.getpid()}-"):
+            continue
+        with open(path, errors="replace") as f:
+            names = f.readline().removeprefix("# ").split()
+        if not any(rundir.lock_holder(path.with_name(name.removesuffix(".log"))) for name in names):
+            share_stack_log(path)
+
+
+def _result(run_dir: Path, returncode: int) -> tuple[str, str | None]:
+    """A trained cell's status and error, from its summary.json (or its log's last lines, without one)."""
+    try:
+        summary = rundir.read_summary(run_dir)
+    except BadInput as error:  # a summary cut short: the attempt failed, and is set aside like any other
+        return "failed", str(error)
+    if summary is None:  # the process died before writing a summary, or its input was refused
+        tail = log_path(run_dir).read_text().strip().splitlines()[-3:]
+        return "failed", f"exit code {returncode}: {' | '.join(tail)}"
+    return str(summary.get("status")), summary.get("error")
+
+
+def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop | None = None) -> list[Outcome]:
+    """Train cells that differ in the seed only, side by side in one process (``train --seeds``): skip those
+    done; in one process, resume those with a checkpoint and start the others (a stack resumes any mix);
+    retry the failed ones once, from scratch and together.
+
+    A run that failed, or stopped before its first checkpoint, is set aside and starts again. A run
+    directory that another process still writes is waited for (:func:`wait_for_writer`), then left alone:
+    the cell fails without a retry, and nothing is set aside. ``stop``: the driver's (a new one by default).
+    """
+    stop = stop or Stop()
+    outcomes: dict[int, Outcome] = {}
+    todo: list[int] = []
+    run_dirs = [cell.run_dir(bench_dir) for cell in cells]
+    for i, (cell, run_dir) in enumerate(zip(cells, run_dirs, strict=True)):
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        holder = wait_for_writer(run_dir)
+        if holder is not None:
+            outcomes[i] = still_written(cell, run_dir, holder)
+            continue
+        share_orphaned_stack_logs(run_dir.parent)  # before the cell's log is set aside or written again
+        status = read_status(run_dir)
+        if status == "completed":
+            outcomes[i] = Outcome(cell, "completed", attempts=0)
+            continue
+        if run_dir.exists() and (status == "failed" or not (run_dir / rundir.CHECKPOINT).exists()):
+            set_aside(run_dir)
+        todo.append(i)
+    resumed = {i: (run_dirs[i] / rundir.CHECKPOINT).exists() for i in todo}
+    if todo:
+        results = _train([cells[i] for i in todo], bench_dir, any(resumed.values()), stop)
+        outcomes.update({i: Outcome(cells[i], *result, resumed=resumed[i]) for i, result in zip(todo, results)})
+
+    def to_retry() -> list[int]:
+        return [i for i in todo if outcomes[i].status == "failed" and outcomes[i].attempts <= retries
+                and not stop.halted(run_dirs[i])]  # fmt: skip
+
+    while retry := to_retry():
+        for i in retry:
+            set_aside(run_dirs[i])
+        results = _train([cells[i] for i in retry], bench_dir, False, stop)
+        outcomes.update({i: Outcome(cells[i], *result, attempts=outcomes[i].attempts + 1)
+                         for i, result in zip(retry, results)})  # fmt: skip
+    return [outcomes[i] for i in range(len(cells))]

@@ -1,0 +1,291 @@
+"""Where cells run: a pool of ``--workers`` processes on this machine, or Ray tasks on a cluster, with a progress
+board and the driver's stop signals.
+
+Both backends train the same stacks of cells with the same :func:`lab.cells.run_cells`. On ``ray`` every
+stack is a Ray task asking for one CPU. The task trains in a scratch folder on whichever node runs it and
+sends its own run directories and logs back to the driver as tar archives, so no shared filesystem is
+needed; a cell to resume travels to the worker the same way. Nothing else travels: a task can never replace
+another cell's files, and a run that completed on the driver is never replaced. A local Ray instance ends
+with its driver (``lab/raywatch.py``); its workers kill their trainers without a checkpoint, whose scratch
+folder never returns, so those cells start again.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from agents import rundir
+from envs.errors import BadInput, brief
+from lab.cells import (
+    Cell,
+    Outcome,
+    Stop,
+    log_path,
+    pack_stacks,
+    read_status,
+    run_cells,
+    set_aside,
+    still_written,
+    wait_for_writer,
+)
+
+class Board:
+    """Overall progress: a bar and a short live table on a terminal, plain lines elsewhere."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.failed, self.running = total, 0, 0, 0
+        self.interactive = sys.stderr.isatty()
+        self.start = time.monotonic()
+        self.recent: list[str] = []
+        if self.interactive:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="run", dynamic_ncols=True, desc="bench")
+
+    def started(self, cell: Cell) -> None:
+        self.running += 1
+        self._show(f"started  {cell.label} {cell.algo} seed {cell.seed}")
+
+    def finished(self, outcome: Outcome) -> None:
+        self.running -= 1
+        self.done += 1
+        self.failed += outcome.status == "failed"
+        skipped = outcome.attempts == 0 and outcome.status == "completed"
+        how = "skipped (done)" if skipped else outcome.status + (" (resumed)" if outcome.resumed else "")
+        self._show(f"{how:<21} {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}"
+                   + (f": {outcome.error}" if outcome.error and outcome.status == "failed" else ""))  # fmt: skip
+        if self.interactive:
+            self.bar.update(1)
+
+    def _show(self, line: str) -> None:
+        counts = f"[{self.done}/{self.total} done, {self.running} running, {self.failed} failed]"
+        if self.interactive:
+            self.bar.set_postfix_str(f"running={self.running} failed={self.failed}", refresh=False)
+            self.recent = [*self.recent[-4:], line]
+            self.bar.write(f"{counts} {line}")
+        else:
+            print(f"{counts} {line}", flush=True)
+
+    def close(self) -> None:
+        if self.interactive:
+            self.bar.close()
+
+
+def run_local(
+    cells: list[Cell], bench_dir: Path, workers: int, retries: int, board: Board, stack: int, stop: Stop
+) -> list[Outcome]:
+    """The cells on ``workers`` processes at a time, seeds packed into stacks of at most ``stack``; on Ctrl-C,
+    ``stop`` stops the running ones with a checkpoint, and KeyboardInterrupt is raised once they have."""
+    outcomes: list[Outcome] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: dict[Future[list[Outcome]], list[Cell]] = {}
+        queue = pack_stacks(cells, stack)
+        try:
+            while queue or pending:
+                while queue and len(pending) < workers:
+                    stacked = queue.pop(0)
+                    for cell in stacked:
+                        board.started(cell)
+                    pending[pool.submit(run_cells, stacked, bench_dir, retries, stop)] = stacked
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    pending.pop(future)
+                    for outcome in future.result():
+                        outcomes.append(outcome)
+                        board.finished(outcome)
+        except KeyboardInterrupt:
+            stop.request()  # every running cell checkpoints and exits; wait for them
+            queue.clear()
+            for future in pending:
+                for outcome in future.result():
+                    outcomes.append(outcome)
+                    board.finished(outcome)
+            raise
+    return outcomes
+
+
+@contextmanager
+def stop_signals() -> Iterator[None]:
+    """While a driver runs: SIGTERM and SIGINT both raise KeyboardInterrupt, on which it stops its runs cleanly.
+
+    A shell starts background jobs (`testbed bench … &`, nohup) with SIGINT ignored, and Python keeps it
+    ignored; an explicit SIGINT must still stop the driver. Leaving restores the handlers.
+    """
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def pack_run(run_dir: Path) -> bytes | None:
+    """``run_dir`` and its log as a tar.gz, or None when neither exists. Lock files stay behind: they name
+    this machine's writer, and the receiving side takes its own."""
+    parts = [path for path in (run_dir, log_path(run_dir)) if path.exists()]
+    if not parts:
+        return None
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in parts:
+            tar.add(path, arcname=path.name,
+                    filter=lambda info: None if Path(info.name).name == rundir.LOCK else info)  # fmt: skip
+    return buffer.getvalue()
+
+
+def unpack_run(data: bytes, folder: Path) -> None:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(folder, filter="data")
+
+
+def run_cells_remote(
+    cells: list[Cell], files: list[bytes | None], retries: int
+) -> list[tuple[Outcome, bytes | None]]:
+    """A Ray task: run the cells (one stack) in a scratch bench folder, each from the run directory and log in
+    its ``files`` if any; send back those run directories and logs only."""
+    with tempfile.TemporaryDirectory(prefix="testbed-cells-") as scratch:  # named: a cancelled task leaves it
+        for cell, packed in zip(cells, files, strict=True):
+            cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
+            if packed is not None:
+                unpack_run(packed, cell.run_dir(Path(scratch)).parent)
+        outcomes = run_cells(cells, Path(scratch), retries)
+        return [(outcome, pack_run(cell.run_dir(Path(scratch)))) for cell, outcome in zip(cells, outcomes)]
+
+
+def receive_cell(outcome: Outcome, files: bytes | None, bench_dir: Path) -> Outcome:
+    """Put a Ray task's run directory and log in place of the cell's own on this machine.
+
+    The task made the same choice :func:`~lab.cells.run_cells` makes here: it continued the directory it was sent
+    (``outcome.resumed``), which the returned one then replaces, or it started over, in which case the
+    local directory is set aside as it would have been locally. A run that completed here meanwhile is
+    kept, and the task's files are dropped.
+    """
+    run_dir = outcome.cell.run_dir(bench_dir)
+    if read_status(run_dir) == "completed":
+        return Outcome(outcome.cell, "completed", attempts=0)
+    if files is None:  # the task failed before its run directory or log existed
+        return outcome
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Unpacked beside the run directory (same filesystem, so the moves below are renames), hidden from reports.
+    with tempfile.TemporaryDirectory(dir=run_dir.parent, prefix=f".{run_dir.name}.incoming") as incoming:
+        unpack_run(files, Path(incoming))
+        received = Path(incoming) / run_dir.name
+        if run_dir.exists():
+            if outcome.resumed:
+                run_dir.rename(Path(incoming) / "superseded")  # removed with the temporary folder
+            else:
+                set_aside(run_dir)
+        if received.is_dir():
+            received.rename(run_dir)
+        if (Path(incoming) / log_path(run_dir).name).is_file():
+            os.replace(Path(incoming) / log_path(run_dir).name, log_path(run_dir))
+    return outcome
+
+
+def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board, stack: int = 1) -> list[Outcome]:
+    """Each stack of cells (seeds packed as on the local backend) is one Ray task asking for one CPU."""
+    ray = import_ray()
+    remote = ray.remote(num_cpus=1)(run_cells_remote)
+    outcomes: list[Outcome] = []
+    pending: dict[Any, list[Cell]] = {}
+    for stacked in pack_stacks(cells, stack):
+        to_send = []
+        for cell in stacked:
+            run_dir = cell.run_dir(bench_dir)
+            board.started(cell)
+            holder = wait_for_writer(run_dir)  # a trainer on this machine may still be finishing the cell
+            if holder is not None:
+                outcomes.append(still_written(cell, run_dir, holder))
+            elif read_status(run_dir) == "completed":
+                outcomes.append(Outcome(cell, "completed", attempts=0))
+            else:
+                to_send.append(cell)
+                continue
+            board.finished(outcomes[-1])
+        if to_send:
+            files = [pack_run(cell.run_dir(bench_dir)) for cell in to_send]
+            pending[remote.remote(to_send, files, retries)] = to_send
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            pending.pop(ready[0])
+            for outcome, files in ray.get(ready[0]):
+                outcomes.append(receive_cell(outcome, files, bench_dir))
+                board.finished(outcomes[-1])
+    except KeyboardInterrupt:
+        # Cancelled cells stop at once on their workers; their partial runs stay there, so they restart
+        # from scratch next time. Finished cells are already on this machine.
+        for ref in pending:
+            ray.cancel(ref)
+        raise
+    return outcomes
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise BadInput("the ray backend needs Ray: pip install -e '.[ray]'") from None
+    return ray
+
+
+def connect_ray(address: str | None, workers: int) -> None:
+    """Join a cluster (``auto`` or host:port), or start a local instance; a bad address fails here."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return
+    if address and address != "auto":
+        # Ray waits minutes on an address where nothing listens; a plain TCP connect answers at once.
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError) as error:
+            raise BadInput(f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "
+                           "or leave --ray-address out for a local instance.") from None  # fmt: skip
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        else:
+            from lab.raywatch import init_local
+
+            init_local(ray, num_cpus=workers, log_to_driver=False, logging_level="ERROR", include_dashboard=False)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise BadInput(f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "
+                       "or leave --ray-address out for a local instance.") from None  # fmt: skip
+
+
+def execute(
+    cells: list[Cell], bench_dir: Path, workers: int, backend: str, retries: int = 1, stack: int = 1
+) -> tuple[list[Outcome], bool]:
+    """Run the cells on the backend, ``local`` (``workers`` processes at a time) or ``ray``, seeds packed into
+    stacks of at most ``stack``, with SIGTERM and SIGINT stopping them cleanly; (outcomes, interrupted)."""
+    board = Board(len(cells))
+    outcomes: list[Outcome] = []
+    try:
+        with stop_signals():
+            if backend == "local":
+                outcomes = run_local(cells, bench_dir, workers, retries, board, stack, Stop())
+            else:
+                outcomes = run_ray(cells, bench_dir, retries, board, stack)
+    except KeyboardInterrupt:
+        return outcomes, True
+    finally:
+        board.close()
+    return outcomes, False

@@ -1,0 +1,136 @@
+"""The ``testbed`` command's arguments: every option of every command, with its default.
+
+Options that several commands share are declared once, in parent parsers: where a grid runs (``--workers``,
+``--stack``, ``--backend``, ``--ray-address``) and what it trains (``--seeds``, ``--first-seed``,
+``--total-steps``, ``--set``). Nothing here imports torch: ``--help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from agents import registry
+from lab.suites import SUITES
+
+DEFAULT_STACK = 16
+"""Seeds per process in bench, credit and tune: the fastest stack size measured for PPO on CartPole
+(benchmarks/stacking.py; the README's table)."""
+FORMAT = argparse.ArgumentDefaultsHelpFormatter
+
+
+def execution_options(what: str, workers_default: int | None, workers_help: str) -> argparse.ArgumentParser:
+    """Where ``what`` (runs, trials) execute: the shared ``--workers``, ``--stack``, ``--backend`` and
+    ``--ray-address``."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--workers", type=int, default=workers_default, help=workers_help)
+    options.add_argument("--stack", type=int, default=DEFAULT_STACK, metavar="N",
+                         help="the most seeds of one (algo, env) trained side by side in one process (default: "
+                              "%(default)s, the fastest measured; 1: one process per seed)")  # fmt: skip
+    options.add_argument("--backend", choices=["local", "ray"], default="local", help=f"where the {what} execute")
+    options.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port); default: "
+                         "start a local instance")  # fmt: skip
+    return options
+
+
+def grid_options(seeds_default: int | None, seeds_help: str) -> argparse.ArgumentParser:
+    """What a grid of runs trains: the shared ``--seeds``, ``--first-seed``, ``--total-steps`` and ``--set``."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--seeds", type=int, default=seeds_default, help=seeds_help)
+    options.add_argument("--first-seed", type=int, default=0, help="seeds run FIRST … FIRST+N−1; sweeps use seeds "
+                         "that final results never do")  # fmt: skip
+    options.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
+    options.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
+                         help="override a config key of one algo (ALGO.KEY=VALUE) or of all (KEY=VALUE); repeatable")
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="testbed", description="Compare PPO and GRPO-style agents on control tasks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    algos = ", ".join(registry.NAMES)
+    cores = "runs at a time (default: the number of cores)"
+
+    train = sub.add_parser("train", help="train one agent on one env", formatter_class=FORMAT)
+    train.add_argument("--algo", required=True, help=f"one of: {algos}")
+    train.add_argument("--env", required=True, help="any registered gymnasium id, e.g. CartPole-v1")
+    train.add_argument("--seed", type=int, default=None, help="run seed (default: the preset's, 0)")
+    train.add_argument("--total-steps", type=int, default=None, help="env steps (default: the preset's)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key; repeatable. Keys: the fields of the algo's config")  # fmt: skip
+    train.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE",
+                       help="keyword arguments of the env, e.g. horizon:300 (config key env_kwargs)")  # fmt: skip
+    train.add_argument("--reward-delay", default=None, metavar="K|end",
+                       help="release rewards every K steps or at the episode's end (config key reward_delay)")  # fmt: skip
+    train.add_argument("--preset", default=None, metavar="FILE",
+                       help="a presets file whose entry for --env replaces the packaged one (e.g. a tune's preset.yaml)")  # fmt: skip
+    train.add_argument("--seeds", default=None, metavar="N|S1,S2,…",
+                       help="train several seeds side by side in one process: a count, from --seed on, or a list; "
+                            "each seed writes an ordinary run directory, RUN_DIR/seed<k>")  # fmt: skip
+    train.add_argument("--run-dir", default=None, help="output directory (default: runs/ALGO/ENV/seedN-TIME); "
+                       "with --seeds, the folder holding seed<k>/ (default: runs/ALGO/ENV/seedsN-M-TIME)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
+    train.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="network device (default cpu)")
+
+    evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint", formatter_class=FORMAT)
+    evaluate.add_argument("run_dir", help="a run directory holding config.yaml and checkpoint.pt")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes, one per fixed seed")
+    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of the policy's mode")
+    evaluate.add_argument("--video", default=None, metavar="DIR", help="also record the first episode as a GIF in DIR")
+
+    grid = sub.add_parser("bench", help="run a grid of algos × envs × seeds and report it", formatter_class=FORMAT,
+                          parents=[grid_options(None, "number of seeds (default: the suite's, 3)"),
+                                   execution_options("runs", None, cores)])  # fmt: skip
+    grid.add_argument("--suite", default=None, help=f"a named grid: {', '.join(SUITES)}")
+    grid.add_argument("--algos", nargs="+", default=None, help="algos (default: the suite's, else ppo grpo sb3-ppo)")
+    grid.add_argument("--envs", nargs="+", default=None, help="gymnasium ids (default: the suite's)")
+    grid.add_argument("--name", default=None, help="bench name: runs/bench/NAME (default: the suite's name)")
+
+    study = sub.add_parser("credit", help="a credit-assignment study: sweep the horizon or reward delay",
+                           formatter_class=FORMAT, parents=[grid_options(3, "number of seeds"),
+                                                            execution_options("runs", None, cores)])  # fmt: skip
+    study.add_argument("--task", required=True, metavar="chain|keydoor|delayed:ENV_ID",
+                       help="the testbed's chain or key-to-door task, or any env with delayed rewards")  # fmt: skip
+    study.add_argument("--horizons", nargs="+", default=None, metavar="H",
+                       help="episode lengths of chain/keydoor (default 10 30 100 300 1000); reward delays k of "
+                       "delayed:ENV_ID, integers or end (default 1 20 100 end)")  # fmt: skip
+    study.add_argument("--algos", nargs="+", default=["ppo", "grpo", "grpo-vine"], help=f"of: {algos}")
+    study.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE", help="more env keyword arguments")
+    study.add_argument("--name", default=None, help="runs/bench/NAME (default: credit-TASK)")
+
+    tuner = sub.add_parser("tune", help="tune an algo's hyperparameters on one env (Optuna: TPE + median pruner)",
+                           formatter_class=FORMAT, parents=[execution_options(
+                               "trials", 1, "trials at a time, each running its seeds side by side")])  # fmt: skip
+    tuner.add_argument("--algo", required=True, help=f"one of: {algos}")
+    tuner.add_argument("--env", required=True, help="any registered gymnasium id")
+    tuner.add_argument("--trials", type=int, default=50, help="trials in the study, all runs of it together")
+    tuner.add_argument("--total-steps", type=int, default=None, help="env steps per seed of a trial (default: the preset's)")
+    tuner.add_argument("--seeds", type=int, default=1, help="seeds per trial; its score is their mean final return")
+    tuner.add_argument("--first-seed", type=int, default=100, help="seeds FIRST … FIRST+K−1; bench's 0 … stay unseen")
+    tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: lab/spaces/ALGO.yaml)")
+    tuner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a config key in every trial")
+    tuner.add_argument("--name", default=None, help="runs/tune/NAME and the study's name (default: ALGO-ENV)")
+    tuner.add_argument("--storage", default=None, metavar="URL",
+                       help="an Optuna database URL shared by several drivers (default: runs/tune/NAME/study.log)")  # fmt: skip
+    tuner.add_argument("--pruner", choices=["median", "none"], default="median",
+                       help="stop trials below the median of earlier ones; none where merely surviving scores well "
+                       "early (Hopper)")  # fmt: skip
+    tuner.add_argument("--startup-trials", type=int, default=5, help="trials before the pruner and TPE start")
+    tuner.add_argument("--sampler-seed", type=int, default=0, help="the TPE sampler's seed")
+
+    docs = sub.add_parser("docs", help="make every figure and table of docs/ppo_and_grpo.md from the testbed's own runs",
+                          formatter_class=FORMAT)  # fmt: skip
+    docs.add_argument("--quick", action="store_true", help="tiny budgets and one seed: every file in seconds, not the results")
+    docs.add_argument("--out", default=None, help="folder for the figures (default: docs/figures; quick: "
+                      "runs/docs-quick/figures)")  # fmt: skip
+    docs.add_argument("--runs", default=None, help="folder for the training runs, resumable (default: runs/docs; quick: "
+                      "runs/docs-quick)")  # fmt: skip
+    docs.add_argument("--workers", type=int, default=2, help="training runs at a time")
+
+    plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=FORMAT)
+    plot.add_argument("paths", nargs="+", help="run directories or folders holding them (benches)")
+    plot.add_argument("--x", choices=["steps", "time"], default="steps", help="x-axis: env steps or wall-clock")
+    plot.add_argument("--out", default=None, help="image file (PNG; an SVG is written beside it)")
+
+    report = sub.add_parser("report", help="rebuild a bench's or a study's report from disk", formatter_class=FORMAT)
+    report.add_argument("bench_dir", help="runs/bench/NAME or runs/tune/NAME")
+    return parser

@@ -1,0 +1,252 @@
+"""A run's config, resolved once for every command: the algo's preset for the env (or a ``--preset`` file's
+entry), the values its variant fixes, then the overrides, checked; and ``testbed train``'s plan: which
+runs, and whether each starts, resumes or has nothing left to do.
+
+``testbed train``, a bench's and a credit study's cells and a tuning study's trials all resolve their runs
+here, so that a run's settings mean the same whichever command asked for them, and a finished run can be
+recognised as the one asked for (:func:`agents.rundir.config_differences`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+
+from agents import registry, rundir
+from agents.config import RunConfig, build_config, parse_overrides, resolve_config
+from envs import action_space_of, check_env_id
+from envs.errors import BadInput, brief
+
+if TYPE_CHECKING:
+    import torch
+    from gymnasium.vector import VectorEnv
+
+
+@functools.cache
+def continuous(env_id: str) -> bool:
+    """Whether ``env_id`` has continuous (Box) actions, which picks the presets' default; BadInput for an id
+    gymnasium does not know, or whose extra is not installed."""
+    return isinstance(action_space_of(env_id), gym.spaces.Box)
+
+
+def check_fixed(algo: str, keys: Sequence[str]) -> None:
+    """BadInput if ``keys`` set a value that the variant ``algo`` fixes (``ppo-lambda0``'s gae_lambda)."""
+    base, fixed = registry.VARIANTS[algo]
+    clash = sorted(set(keys) & set(fixed))
+    if clash:
+        raise BadInput(f"{algo} fixes {', '.join(f'{k}={fixed[k]}' for k in clash)}; use --algo {base} to set "
+                       f"{', '.join(clash)}")  # fmt: skip
+
+
+def resolve_run(
+    algo: str,
+    env_id: str,
+    overrides: dict[str, Any] | Sequence[str] = (),
+    preset_file: Path | None = None,
+    validate: bool = False,
+) -> tuple[RunConfig, str]:
+    """The config of a run of ``algo`` on ``env_id`` and the name of the preset it started from.
+
+    ``overrides``: config values by key, or ``key=value`` pairs (``--set``). ``validate`` also runs the
+    checks that build the env (its keyword arguments, the algo's own). BadInput for an unknown algo or env,
+    a key the variant fixes, an unknown key or a value out of range."""
+    spec = registry.get(algo)
+    values = dict(overrides) if isinstance(overrides, dict) else parse_overrides(list(overrides))
+    check_fixed(algo, list(values))
+    cfg, preset = resolve_config(spec.config, registry.preset_of(algo), env_id, continuous(env_id),
+                                 {**spec.fixed, **values}, preset_file)  # fmt: skip
+    if validate:
+        spec.validate(cfg)
+    return cfg, preset
+
+
+# ── testbed train: its runs, and what to do with each ───────────────────────────────────────────────
+
+
+MAX_STACK = 256
+"""The most seeds one process trains side by side (``train --seeds``); a bench spreads more over processes."""
+
+
+@dataclass
+class PlannedRun:
+    """One run of ``train``, resolved and checked before anything is written."""
+
+    cfg: RunConfig
+    run_dir: Path
+    preset: str
+    mode: str
+    """``new`` (start, or start again: nothing to continue), ``resume`` (from its checkpoint) or ``done``
+    (completed at its budget: nothing left to do)."""
+    saved: dict[str, Any] = field(default_factory=dict)
+    """config.yaml as the run wrote it, for a run that had started."""
+
+
+def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | None]:
+    """``testbed train``'s runs, every check done before a run directory is created or changed: one run, or
+    with ``--seeds`` one per seed (and the seeds)."""
+    registry.check_name(args.algo)  # a misspelled algo or env is refused before torch is imported
+    check_env_id(args.env)
+    overrides: dict[str, Any] = parse_overrides(args.set)
+    if args.env_kwargs:
+        overrides["env_kwargs"] = ",".join(args.env_kwargs)
+    if args.reward_delay is not None:
+        overrides["reward_delay"] = args.reward_delay
+    check_fixed(args.algo, list(overrides))
+    algo = registry.get(args.algo)
+    if args.total_steps is not None:
+        overrides["total_steps"] = args.total_steps
+    if args.device is not None:
+        overrides["device"] = device_of(args.device)
+    if args.resume and args.run_dir is None:
+        raise BadInput("--resume needs --run-dir DIR: the run to continue")
+    if args.resume and args.preset is not None:
+        raise BadInput("a resumed run keeps the settings in its config.yaml; drop --preset")
+    if args.run_dir is not None:
+        check_path(args.run_dir, "--run-dir")
+    seeds = parse_seeds(args.seeds, args.seed) if args.seeds is not None else None
+    if seeds is not None and algo.train_stack is None:
+        stackable = ", ".join(name for name, a in registry.algos().items() if a.train_stack is not None)
+        raise BadInput(f"--seeds trains seeds side by side, which {args.algo} does not support yet (only {stackable}). "
+                       f"Train one seed per process with --seed, or use `testbed bench`.")  # fmt: skip
+
+    if seeds is None:
+        if args.seed is not None:
+            overrides["seed"] = args.seed
+        run_dir = Path(args.run_dir) if args.run_dir else None
+        runs = [plan_run(args, algo, overrides, run_dir)]
+    else:
+        parent = Path(args.run_dir) if args.run_dir else default_run_dir(args.algo, args.env, seeds[0], len(seeds))
+        template = stack_template(parent, seeds) if args.resume else None
+        runs = [plan_run(args, algo, {**overrides, "seed": seed}, parent / f"seed{seed}", template) for seed in seeds]
+        algo.check_stack([r.cfg for r in runs])
+    return runs, seeds
+
+
+def check_path(value: str, option: str) -> None:
+    """BadInput for a path option that is empty or holds control characters (a newline, say)."""
+    if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise BadInput(f"{option} {brief(value, 80)} is not a usable path: give a non-empty path without control "
+                       "characters (newlines, tabs)")  # fmt: skip
+
+
+def stack_template(parent: Path, seeds: list[int]) -> dict[str, Any]:
+    """The settings of a resumed stack, for its seeds that never started: the config.yaml of one that did
+    (the seeds of a stack share every setting but the seed). BadInput when none did."""
+    for seed in seeds:
+        if (parent / f"seed{seed}" / "config.yaml").exists():
+            return rundir.read_config(parent / f"seed{seed}")
+    raise BadInput(f"--resume: no seed under {parent} has started (none holds a config.yaml), so there is nothing "
+                   "to continue. Run the same command without --resume.")  # fmt: skip
+
+
+def parse_seeds(spec: str, first: int | None) -> list[int]:
+    """``--seeds``: a count (seeds FIRST … FIRST+N−1, FIRST from --seed or 0) or a comma-separated list."""
+    if "," in spec and first is not None:
+        raise BadInput("--seed sets the first seed of a --seeds count; with a --seeds list, drop --seed")
+    try:
+        if "," not in spec:
+            count = int(spec)
+            if not 1 <= count <= MAX_STACK:
+                raise ValueError
+            seeds = list(range(first or 0, (first or 0) + count))
+        else:
+            seeds = [int(part) for part in spec.split(",")]
+    except ValueError:
+        raise BadInput(f"--seeds takes a count from 1 to {MAX_STACK} (5) or a list (0,1,2), got {brief(spec, 80)}; "
+                       "one seed is --seed K") from None  # fmt: skip
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
+        raise BadInput(f"--seeds must be distinct seeds in [0, 2**32 - 1], got {brief(spec, 80)}")
+    if len(seeds) > MAX_STACK:
+        raise BadInput(f"--seeds lists {len(seeds)} seeds; one process trains at most {MAX_STACK}. Spread more over "
+                       "processes with `testbed bench --seeds N --stack K`.")  # fmt: skip
+    return seeds
+
+
+def plan_run(
+    args: argparse.Namespace,
+    algo: registry.Algo,
+    overrides: dict[str, Any],
+    run_dir: Path | None,
+    template: dict[str, Any] | None = None,
+) -> PlannedRun:
+    """One run's resolved and checked config, run directory, preset name and what to do with it.
+
+    With ``--resume``: a run with a checkpoint continues from it, or is ``done`` when it completed its
+    budget (a stop in its last iteration leaves it past the budget: the resume then only evaluates it);
+    a run stopped before its first checkpoint starts again from its own config.yaml; a seed of a stack
+    that never started, from ``template`` (another seed's settings).
+    """
+    if not args.resume:
+        preset_file = Path(args.preset) if args.preset else None
+        cfg, preset_name = resolve_run(args.algo, args.env, overrides, preset_file, validate=True)
+        return PlannedRun(cfg, run_dir or default_run_dir(args.algo, args.env, cfg.seed), preset_name, "new")
+    assert run_dir is not None
+    started = (run_dir / "config.yaml").exists() or template is None
+    saved = rundir.read_config(run_dir) if started else {**template, "seed": overrides["seed"]}
+    if saved.get("algo") != args.algo or saved.get("env_id") != args.env:
+        raise BadInput(f"{run_dir} is a {saved.get('env_id')} run of another algo or env; check --algo and --env")
+    saved = {k: v for k, v in saved.items() if k != "algo"}
+    cfg = build_config(algo.config, {**saved, **overrides})
+    # Compared as typed values: a bench's rerun repeats `--set learning_rate=3e-4 --set env_kwargs=horizon:10`,
+    # which config.yaml holds as 0.0003 and {horizon: 10}.
+    resolved = rundir.config_to_dict(cfg)
+    changed = sorted(k for k in overrides if k != "total_steps" and resolved[k] != saved.get(k))
+    if changed:
+        raise BadInput(f"a resumed run keeps its settings; only --total-steps may change, not {', '.join(changed)}")
+    algo.validate(cfg)
+    if not (run_dir / rundir.CHECKPOINT).exists():
+        return PlannedRun(cfg, run_dir, "its config.yaml", "new", saved if started else {})
+    # Refuses a checkpoint that config.yaml's network or normalization no longer fits, before anything is written.
+    ckpt, env, _ = checkpoint_policy(args.algo, cfg, run_dir, episodes=1)
+    env.close()
+    trained = ckpt["global_step"]
+    if cfg.total_steps < trained and cfg.total_steps != saved.get("total_steps"):
+        raise BadInput(f"{run_dir} has already trained {trained} steps; --total-steps must be at least that")
+    status = (rundir.read_summary(run_dir) or {}).get("status")
+    done = status == "completed" and trained >= cfg.total_steps
+    return PlannedRun(cfg, run_dir, "resumed", "done" if done else "resume", saved)
+
+
+def default_run_dir(algo: str, env_id: str, seed: int, seeds: int = 1) -> Path:
+    """runs/ALGO/ENV/seedN-TIME for one run; runs/ALGO/ENV/seedsN-M-TIME for a stack (seed<k>/ inside)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"seed{seed}" if seeds == 1 else f"seeds{seed}-{seed + seeds - 1}"
+    return Path("runs") / algo / env_id.replace("/", "_") / f"{name}-{stamp}"
+
+
+def device_of(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda: torch sees no CUDA device. Use --device cpu (the default) or auto.")
+    return requested
+
+
+def checkpoint_policy(
+    algo_name: str, cfg: RunConfig, run_dir: Path, episodes: int
+) -> tuple[dict[str, Any], VectorEnv, torch.nn.Module]:
+    """The run's checkpoint, an evaluation env holding its observation statistics, and its policy; a
+    checkpoint that does not match config.yaml (network, normalization) is bad input."""
+    from agents import runlog
+    from agents.training import make_eval_env, observation_statistics
+    from envs import load_normalizer_state
+
+    ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
+    env = make_eval_env(cfg, episodes)
+    try:
+        load_normalizer_state(env, observation_statistics(ckpt["normalizers"]))
+        return ckpt, env, registry.get(algo_name).load_policy(cfg, env, ckpt["model"])
+    except BaseException:
+        env.close()
+        raise
+
+

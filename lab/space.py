@@ -1,0 +1,114 @@
+"""A tuning study's search space: a YAML file mapping config keys to a list of choices or a range.
+
+``lab/spaces/<algo>.yaml`` holds the default space of each algo; ``testbed tune --space FILE`` gives
+another. Each key: a list of choices, or ``{low, high, log?, int?}``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from agents import registry
+from agents.config import load_yaml
+from envs.errors import BadInput
+
+if TYPE_CHECKING:
+    import optuna
+
+SPACES = Path(__file__).with_name("spaces")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One config key's range: ``choices`` (categorical), or ``low``..``high`` (float, or int), maybe log."""
+
+    name: str
+    choices: tuple[Any, ...] | None = None
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    integer: bool = False
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.choices is not None:
+            # Optuna's choices are scalars: a list (hidden_sizes) travels as its YAML text.
+            encoded = [_encode(c) for c in self.choices]
+            return _decode(trial.suggest_categorical(self.name, encoded))
+        if self.integer:
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+
+    def contains(self, value: Any) -> bool:
+        if self.choices is not None:
+            return _encode(value) in [_encode(c) for c in self.choices]
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high
+
+    def ends(self) -> list[Any]:
+        """The values a config must accept for the whole range to be valid: every choice, or both ends."""
+        if self.choices is not None:
+            return list(self.choices)
+        return [int(self.low), int(self.high)] if self.integer else [self.low, self.high]
+
+    def expressing(self, value: Any) -> tuple[bool, Any]:
+        """(whether the space can express ``value``, the value it takes): a choice that holds it, or a range,
+        into which it is moved (a preset's ent_coef of 0 becomes the range's low end)."""
+        if self.choices is not None:
+            return self.contains(value), _encode(value)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False, None
+        low, high = (int(self.low), int(self.high)) if self.integer else (self.low, self.high)
+        return True, min(max(value, low), high)
+
+
+def _encode(value: Any) -> Any:
+    return yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, (list, tuple, dict)) else value
+
+
+def _decode(value: Any) -> Any:
+    return yaml.safe_load(value) if isinstance(value, str) and value[:1] in "[{" else value
+
+
+def as_list(value: Any) -> Any:
+    """A config's tuple (hidden_sizes) as the list a space file writes."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def parse_space(text: str, source: str) -> dict[str, Param]:
+    """A space file's text as params. Each key: a list of choices, or ``{low, high, log?, int?}``."""
+    raw = load_yaml(text, source) or {}
+    if not isinstance(raw, dict) or not raw:
+        raise BadInput(f"{source} must map config keys to a list of choices or {{low, high, log}}; it is empty or not a mapping")
+    space: dict[str, Param] = {}
+    for name, entry in raw.items():
+        where = f"{source}: {name}"
+        if isinstance(entry, list):
+            if not entry:
+                raise BadInput(f"{where} has no choices; list at least one value")
+            space[name] = Param(str(name), choices=tuple(entry))
+            continue
+        if not isinstance(entry, dict) or not {"low", "high"} <= set(entry) or set(entry) - {"low", "high", "log", "int"}:
+            raise BadInput(f"{where} must be a list of choices or a mapping with low and high (and optionally log, int); "
+                           f"got {entry!r}")  # fmt: skip
+        low, high, log, integer = entry["low"], entry["high"], bool(entry.get("log", False)), bool(entry.get("int", False))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+            raise BadInput(f"{where}: low and high must be finite numbers; got {low!r} and {high!r}")
+        if not low < high:
+            raise BadInput(f"{where}: the range is empty, low ({low}) must be below high ({high}); for one value, "
+                           f"fix it with --set {name}={low} instead")  # fmt: skip
+        if log and low <= 0:
+            raise BadInput(f"{where}: a log range needs low > 0; got {low}")
+        if integer and not (float(low).is_integer() and float(high).is_integer()):
+            raise BadInput(f"{where}: an int range needs whole low and high; got {low} and {high}")
+        space[name] = Param(str(name), low=float(low), high=float(high), log=log, integer=integer)
+    return space
+
+
+def default_space_file(algo: str) -> Path:
+    """``lab/spaces/<algo>.yaml``, else the space of the algo's presets file (``grpo-step`` → grpo)."""
+    own = SPACES / f"{algo}.yaml"
+    return own if own.exists() else SPACES / f"{registry.preset_of(algo)}.yaml"

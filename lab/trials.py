@@ -1,0 +1,128 @@
+"""One trial of a tuning study: its seeds trained side by side, their evaluations reported to the pruner as
+they come, and its end told to the study."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agents import rundir
+from lab.cells import Cell, Outcome, Stop, pack_stacks, run_cells
+from lab.executor import import_ray, pack_run, unpack_run
+from lab.results import read_progress
+
+if TYPE_CHECKING:
+    import optuna
+
+POLL_S = 1.0
+"""How often a running trial's evaluations are read and reported to the pruner."""
+
+
+Reporter = Callable[[int, float], bool]
+"""``report(step, value) → prune?``: hands the pruner the mean evaluation over seeds at ``step``."""
+
+
+def mean_curve(run_dirs: list[Path]) -> dict[int, float]:
+    """The mean over runs of each evaluation that every run has reached so far (step → mean return)."""
+    curves = []
+    for run_dir in run_dirs:
+        steps, _, returns, _, _ = read_progress(run_dir / "progress.csv")
+        curves.append(dict(zip(steps.tolist(), returns.tolist())))
+    common = set.intersection(*(set(c) for c in curves)) if curves else set()
+    return {int(s): float(np.mean([c[s] for c in curves])) for s in sorted(common)}
+
+
+def run_trial(
+    cells: list[Cell], bench_dir: Path, report: Reporter, retries: int = 1, stack: int = 1, stop: Stop | None = None
+) -> tuple[list[Outcome], bool]:
+    """Train the trial's seeds side by side, in stacks of at most ``stack`` seeds per process (for the algos
+    that support it); stop them all when the pruner says so. ``stop``: the driver's, which also stops the
+    trial's trainers on Ctrl-C (a new one by default). (outcomes, pruned)."""
+    stop = stop or Stop()
+    run_dirs = [cell.run_dir(bench_dir) for cell in cells]
+    reported: set[int] = set()
+    pruned = False
+
+    def report_new() -> bool:
+        for step, value in mean_curve(run_dirs).items():
+            if step not in reported:
+                reported.add(step)
+                if report(step, value):
+                    return True
+        return False
+
+    stacks = pack_stacks(cells, stack)
+    with ThreadPoolExecutor(max_workers=len(stacks)) as pool:
+        futures = [pool.submit(run_cells, stacked, bench_dir, retries, stop) for stacked in stacks]
+        while not all(f.done() for f in futures):
+            wait(futures, timeout=POLL_S)
+            if not pruned and report_new():
+                pruned = True
+                stop.stop_runs(set(run_dirs))
+        by_seed = {o.cell.seed: o for f in futures for o in f.result()}
+        outcomes = [by_seed[cell.seed] for cell in cells]
+    if not pruned and all(o.status == "completed" for o in outcomes):
+        report_new()  # the last evaluations, written as the runs ended: later trials are pruned against them
+    return outcomes, pruned
+
+
+def reporter_for(study: optuna.Study, trial_id: int) -> Reporter:
+    import optuna
+
+    trial = optuna.trial.Trial(study, trial_id)
+    # A resumed trial reported some steps before its driver was killed; Optuna takes each step once.
+    done = set(study._storage.get_trial(trial_id).intermediate_values)
+
+    def report(step: int, value: float) -> bool:
+        if step not in done:
+            trial.report(value, step)
+            done.add(step)
+        return trial.should_prune()
+
+    return report
+
+
+def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any, trial_id: int, stack: int) -> Any:
+    """A Ray task: the trial's seeds in a scratch folder; returns (outcomes, pruned, each run's files)."""
+    import tempfile
+
+    ray = import_ray()
+    with tempfile.TemporaryDirectory(prefix="testbed-trial-") as scratch:  # named: a cancelled task leaves it
+        for cell, packed in zip(cells, files):
+            cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
+            if packed is not None:
+                unpack_run(packed, cell.run_dir(Path(scratch)).parent)
+        outcomes, pruned = run_trial(cells, Path(scratch), lambda s, v: ray.get(reporter.report.remote(trial_id, s, v)),
+                                     stack=stack)  # fmt: skip
+        return outcomes, pruned, [pack_run(cell.run_dir(Path(scratch))) for cell in cells]
+
+
+def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool,
+           bench_dir: Path) -> tuple[str, float | None]:  # fmt: skip
+    """Tell the study how the trial ended: (state, score). An interrupted trial stays running, to resume."""
+    import optuna
+
+    states = optuna.trial.TrialState
+    failed = [o for o in outcomes if o.status == "failed"]
+    if pruned:
+        study.tell(trial.number, state=states.PRUNED)
+        return "pruned", None
+    if failed:
+        error = f"seed {failed[0].cell.seed}: {failed[0].error}"
+    elif any(o.status != "completed" for o in outcomes):
+        return "interrupted", None
+    else:
+        finals = [(rundir.read_summary(o.cell.run_dir(bench_dir)) or {}).get("final_eval_return_mean") for o in outcomes]
+        if all(v is not None and math.isfinite(float(v)) for v in finals):
+            score = float(np.mean([float(v) for v in finals]))
+            study.tell(trial.number, score)
+            return "completed", score
+        error = "a seed completed without a finite final evaluation"
+    optuna.trial.Trial(study, trial._trial_id).set_user_attr("error", error)
+    study.tell(trial.number, state=states.FAIL)
+    return "failed", None
