@@ -33,14 +33,13 @@ from torch import Tensor
 from agents import losses
 from agents.groups import Groups, group_steps, horizon, validate
 from agents.grpo import TAGS, GRPOConfig, Learner, after_update, build, collected, load, member_envs, save, targets
-from agents.networks import Actor
+from agents.networks import Actor, StackedNetworks
 from agents.rollout import SegmentBuffers
 from agents.seeding import seed_everything
-from agents.stacked import (
+from agents.seeds import (
     LaneAdam,
     SeedAdam,
     SeedGenerators,
-    StackedNetworks,
     clip_grad_norms_,
     fixed_minibatch_slots,
     masked_mean,

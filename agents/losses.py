@@ -6,6 +6,8 @@ over the minibatch, GRPO's aggregation modes weight steps differently).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -94,9 +96,12 @@ def k3_kl(log_ratio: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
-def clip_fraction(ratio: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
-    """Fractions of samples whose ratio lies below 1 − ε_low and above 1 + ε_high (diagnostics)."""
-    return (ratio < 1.0 - clip_low).float().mean(), (ratio > 1.0 + clip_high).float().mean()
+def clip_fraction(
+    ratio: Tensor, clip_low: float | Tensor, clip_high: float | Tensor, mean: Callable[[Tensor], Tensor] = torch.mean
+) -> tuple[Tensor, Tensor]:
+    """Fractions of samples whose ratio lies below 1 − ε_low and above 1 + ε_high (diagnostics). ``mean``
+    averages them: over every sample by default, or each seed's own (a stack's masked mean)."""
+    return mean((ratio < 1.0 - clip_low).float()), mean((ratio > 1.0 + clip_high).float())
 
 
 def explained_variance(predictions: Tensor, targets: Tensor) -> float:

@@ -1,8 +1,15 @@
 """Proximal Policy Optimization (Schulman et al. 2017, arXiv 1707.06347) with GAE, read top to bottom.
 
-One iteration: collect T steps in N envs (``rollout.collect_segment``) → GAE advantages
-(``advantages.gae``) → K epochs of shuffled minibatches of the clipped surrogate, value loss and entropy
-bonus (``losses``). ``training.run`` logs, evaluates and checkpoints around it.
+One iteration: collect T steps in N envs (``rollout.segment_steps``) → GAE advantages (``advantages.gae``)
+→ K epochs of shuffled minibatches of the clipped surrogate, value loss and entropy bonus (``losses``).
+``training.run`` logs, evaluates and checkpoints around it.
+
+Written once, for S seeds side by side: every tensor has the seed axis first, and a single run is a stack
+of one. What stays each seed's own, so that seed k's numbers are bit-identical whatever seeds share its
+process (``testbed train --seed k``, ``--seeds``, a bench at any ``--stack``, a tuning trial): its envs and
+normalizers, its random number generators, its minibatches (padded to a width the config fixes), its
+advantage normalization, gradient-norm clip, target-KL stop and Adam state (``seeds``); the network
+computes every seed in one batched pass (``networks.StackedNetworks``).
 
 Implementation details followed ("The 37 implementation details of PPO", Huang et al. 2022):
  1. vectorized envs;  2. orthogonal init (√2 hidden, 0.01 policy, 1 value), switchable;
@@ -36,21 +43,25 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from agents import advantages as adv
 from agents import losses
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
-from agents.networks import ActorCritic, adam, gradient_step
-from agents.rollout import RolloutState, Segment, SegmentBuffers, collect_segment
+from agents.networks import Act, ActorCritic, StackedNetworks
+from agents.rollout import RolloutState, Segment, SegmentBuffers, join_segments, segment_steps
+from agents.seeding import seed_everything
+from agents.seeds import Minibatches, SeedAdam, SeedGenerators, by_seed, masked_mean
 from agents.training import (
-    Agent,
     Collected,
     Envs,
+    Lane,
+    Stack,
     network_spec,
     obs_statistics,
     open_envs,
     restore_envs,
-    run,
+    run_stack,
     save_envs,
 )
 from envs import EnvOptions
@@ -124,104 +135,51 @@ class PPOConfig(RunConfig):
         return math.ceil(self.total_steps / self.batch_size)
 
 
-@dataclass
-class UpdateStats:
-    policy_loss: float
-    value_loss: float
-    entropy: float
-    approx_kl: float
-    clipfrac: float
-
-
-def update(
-    model: ActorCritic,
-    optimizer: torch.optim.Optimizer,
-    segment: Segment,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    cfg: PPOConfig,
-    clip: float,
-) -> UpdateStats:
-    """K epochs of shuffled minibatches over one segment; returns the means over all minibatches.
-
-    ``advantages`` and ``returns`` (the value targets) are (T, N); autoreset steps are skipped.
-    """
-    valid = segment.sample_mask.flatten().nonzero().squeeze(1)  # (≤T·N,)
-    obs = segment.obs.flatten(0, 1).to(cfg.device)  # (T·N, obs_dim)
-    actions = segment.actions.flatten(0, 1).to(cfg.device)
-    old_log_probs = segment.log_probs.flatten().to(cfg.device)
-    old_values = segment.values.flatten().to(cfg.device)
-    advantages, returns = advantages.flatten().to(cfg.device), returns.flatten().to(cfg.device)
-    totals = torch.zeros(5)  # policy, value, entropy, approx_kl, clipfrac; summed to avoid per-step syncs
-    count = 0
-    for _ in range(cfg.n_epochs):
-        for idx in valid[torch.randperm(len(valid))].tensor_split(cfg.num_minibatches):
-            new_log_probs, entropy, values = model.evaluate(obs[idx], actions[idx])
-            log_ratio = new_log_probs - old_log_probs[idx]
-            ratio = log_ratio.exp()
-            approx_kl = losses.k3_kl(log_ratio).mean().detach()
-            if cfg.target_kl is not None and approx_kl.item() > 1.5 * cfg.target_kl:
-                break
-            mb_advantages = adv.normalize(advantages[idx]) if cfg.normalize_advantage else advantages[idx]
-            policy_loss = losses.clipped_surrogate(ratio, mb_advantages, clip, clip).mean()
-            value_loss = losses.value_loss(values, old_values[idx], returns[idx], cfg.clip_range_vf).mean()
-            entropy_mean = entropy.mean()
-            loss = policy_loss + cfg.vf_coef * value_loss
-            if cfg.ent_coef:  # skipped at 0 to keep the backward graph small
-                loss = loss - cfg.ent_coef * entropy_mean
-
-            gradient_step(optimizer, loss, cfg.max_grad_norm)
-
-            clip_low, clip_high = losses.clip_fraction(ratio.detach(), clip, clip)
-            totals += torch.stack(
-                [policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl, clip_low + clip_high]
-            )
-            count += 1
-        else:
-            continue
-        break  # the target-KL stop leaves the epoch loop too
-    means = (totals / max(count, 1)).tolist()
-    return UpdateStats(*means)
-
-
-# ── the iteration: collect T steps in N envs → GAE → update ───────────────────────────────────────
+# ── what carries from one iteration to the next ─────────────────────────────────────────────────────
 
 
 @dataclass
 class Learner:
-    """What PPO carries from one iteration to the next."""
+    """S seeds' PPO: their envs, networks (one stacked pass), optimizer and random number generators."""
 
-    cfg: PPOConfig
-    envs: Envs
-    model: ActorCritic
-    optimizer: torch.optim.Optimizer
-    buffers: SegmentBuffers  # (T, N) storage, reused by every segment
-    rollout: RolloutState  # the envs' next observations, carried across segments
+    cfgs: list[PPOConfig]
+    envs: list[Envs]  # one vector env per seed: its own normalizers and random numbers
+    models: list[ActorCritic]  # each seed's network, whose parameters are views of its row of ``net``
+    net: StackedNetworks
+    adam: SeedAdam
+    random: SeedGenerators
+    rollouts: list[RolloutState]  # each seed's next observations, carried across segments
+    buffers: list[SegmentBuffers]  # each seed's (T, N) storage, reused by every segment
+
+    @property
+    def cfg(self) -> PPOConfig:
+        """The settings every seed shares (all but the seed)."""
+        return self.cfgs[0]
 
 
-def build(cfg: PPOConfig) -> Agent:
-    """PPO's envs, actor-critic and Adam, as the parts that ``training.run`` drives."""
-    envs = open_envs(cfg, cfg.n_envs, env_options(cfg))
-    model = ActorCritic(network_spec(envs.train, cfg, cfg.shared_trunk)).to(cfg.device)
-    optimizer = adam(model, cfg.learning_rate)
-    buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)
-    obs, _ = envs.train.reset(seed=cfg.seed)
-    rollout = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool))  # (N, obs_dim)
-    ppo = Learner(cfg, envs, model, optimizer, buffers, rollout)
-    return Agent(
-        model=model,
-        policy=model,
-        optimizer=optimizer,
-        eval_env=envs.eval,
-        obs_stats=partial(obs_statistics, envs.train),
-        collect=partial(collect, ppo),
-        update=partial(learn, ppo),
-        save=lambda: save_envs(envs.train, ppo.rollout),
-        load=partial(load, ppo),
-        tags=TAGS,
-        networks={"actor_critic": model},
-        close=envs.close,
-    )
+def build(cfgs: list[PPOConfig]) -> Stack:
+    """Each seed's envs and ActorCritic, seeded as a single run seeds them, then stacked."""
+    learner = Learner(list(cfgs), [], [], None, None, SeedGenerators(), [], [])  # type: ignore[arg-type]
+    try:
+        for cfg in cfgs:
+            seed_everything(cfg.seed)
+            envs = open_envs(cfg, cfg.n_envs, env_options(cfg))
+            learner.envs.append(envs)
+            learner.models.append(ActorCritic(network_spec(envs.train, cfg, cfg.shared_trunk)).to(cfg.device))
+            learner.random.capture(cfg.device)
+    except BaseException:
+        for envs in learner.envs:
+            envs.close()
+        raise
+    for cfg, envs in zip(cfgs, learner.envs, strict=True):
+        obs, _ = envs.train.reset(seed=cfg.seed)
+        learner.rollouts.append(RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool)))
+        learner.buffers.append(SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape,
+                                              not envs.continuous))  # fmt: skip
+    learner.net = StackedNetworks(learner.models)
+    learner.adam = SeedAdam(learner.net.flat, cfgs[0].learning_rate)
+    return Stack(lanes=[lane(learner, k) for k in range(len(cfgs))], collect=partial(collect, learner),
+                 update=partial(learn, learner), tags=TAGS, close=partial(close, learner))  # fmt: skip
 
 
 def env_options(cfg: PPOConfig) -> EnvOptions:
@@ -230,36 +188,155 @@ def env_options(cfg: PPOConfig) -> EnvOptions:
                       vectorization=cfg.vectorization, reward_delay=cfg.reward_delay)
 
 
-def collect(ppo: Learner, iteration: int) -> Collected:
-    """T steps in each of the N envs with the current policy."""
-    segment = collect_segment(ppo.envs.train, ppo.model, ppo.rollout, ppo.buffers, ppo.cfg.device)
-    returns, lengths = list(ppo.rollout.episode_returns), list(ppo.rollout.episode_lengths)
-    ppo.rollout.episode_returns.clear()
-    ppo.rollout.episode_lengths.clear()
-    return Collected(segment, ppo.cfg.batch_size, returns, lengths)
+def lane(learner: Learner, k: int) -> Lane:
+    """Seed k as the lifecycle sees it: its network, optimizer state, envs and generators."""
+    envs, model = learner.envs[k], learner.models[k]
+
+    def load(ckpt: dict[str, Any]) -> None:  # the envs exactly as the checkpoint left them, where possible
+        learner.rollouts[k] = restore_envs(envs.train, ckpt, learner.cfgs[k].seed)
+
+    return Lane(
+        model=model, policy=model, optimizer=learner.adam.lane(k), eval_env=envs.eval,
+        obs_stats=partial(obs_statistics, envs.train), save=lambda: save_envs(envs.train, learner.rollouts[k]),
+        load=load, networks={"actor_critic": model}, rng_state=partial(learner.random.state, k),
+        load_rng=partial(learner.random.load, k),
+    )  # fmt: skip
 
 
-def learn(ppo: Learner, collected: Collected, iteration: int, progress_remaining: float) -> dict[str, float | None]:
-    """GAE advantages, then K epochs of minibatch updates; returns the losses and explained variance."""
-    cfg, segment = ppo.cfg, collected.batch
-    clip = cfg.clip_range * (progress_remaining if cfg.anneal_clip_range else 1.0)
+def close(learner: Learner) -> None:
+    for envs in learner.envs:
+        envs.close()
+
+
+# ── the iteration: collect T steps in N envs → GAE → update ───────────────────────────────────────
+
+
+def collect(learner: Learner, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    """T steps in each running seed's N envs (``rollout.segment_steps``), every step's actions from one
+    batched forward pass, each seed's drawn from its own generator."""
+    cfg, S = learner.cfg, len(learner.cfgs)
+    lanes = [k for k in range(S) if running[k]]
+    steps = {k: segment_steps(learner.envs[k].train, learner.rollouts[k], learner.buffers[k]) for k in lanes}
+    obs = torch.zeros((S, cfg.n_envs, learner.envs[0].obs_dim))  # (S, N, obs_dim)  idle seeds act on zeros
+    generators = [g if on else None for g, on in zip(learner.random.torch, running, strict=True)]
+    with torch.inference_mode():
+        current = {k: next(steps[k]) for k in lanes}
+        for _ in range(cfg.n_steps):
+            for k in lanes:
+                obs[k] = torch.from_numpy(current[k])
+            out, values = learner.net.heads(obs.to(cfg.device))
+            actions, log_probs = learner.net.sample(out, generators)
+            current = {k: steps[k].send(Act(actions[k].cpu(), log_probs[k].cpu(), values[k].cpu())) for k in lanes}
+        for k in lanes:  # each seed's next observations: its segment's last bootstrap values
+            obs[k] = torch.from_numpy(current[k])
+        last_values = learner.net.heads(obs.to(cfg.device))[1].cpu()  # (S, N)
+    segments = {k: finish(steps[k], last_values[k]) for k in lanes}
+    return [Collected(segments[k], cfg.batch_size, *learner.rollouts[k].take_episodes()) if running[k] else None
+            for k in range(S)]  # fmt: skip
+
+
+def finish(steps: Any, last_values: Tensor) -> Segment:
+    try:
+        steps.send(last_values)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("segment_steps yielded past its segment")
+
+
+def learn(
+    learner: Learner, collected: list[Collected | None], iterations: list[int], remaining: list[float],
+    running: list[bool],
+) -> list[dict[str, float | None]]:  # fmt: skip
+    """GAE advantages, then K epochs of minibatch updates; returns each seed's losses and explained variance."""
+    cfg, S, N = learner.cfg, len(learner.cfgs), learner.cfg.n_envs
+    segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
+    clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
     advantages = adv.gae(segment.rewards, segment.values, segment.next_values, segment.terminated, segment.done,
-                         cfg.gamma, cfg.gae_lambda)  # (T, N)  # fmt: skip
-    returns = advantages + segment.values  # (T, N)
-    stats = update(ppo.model, ppo.optimizer, segment, advantages, returns, cfg, clip)
-    valid = segment.sample_mask
-    return {
-        "losses/policy_loss": stats.policy_loss, "losses/value_loss": stats.value_loss,
-        "losses/entropy": stats.entropy, "losses/approx_kl": stats.approx_kl, "losses/clipfrac": stats.clipfrac,
-        "losses/explained_variance": losses.explained_variance(segment.values[valid], returns[valid]),
-    }  # fmt: skip
+                         cfg.gamma, cfg.gae_lambda)  # (T, S·N)  # fmt: skip
+    returns = advantages + segment.values  # (T, S·N)
+    stats = update(learner, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running))  # (S, 5)
+    metrics: list[dict[str, float | None]] = []
+    for k in range(S):
+        cols = slice(k * N, (k + 1) * N)
+        valid = segment.sample_mask[:, cols]
+        policy_loss, value_loss, entropy, approx_kl, clipfrac = stats[k].tolist()
+        metrics.append({
+            "losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/entropy": entropy,
+            "losses/approx_kl": approx_kl, "losses/clipfrac": clipfrac,
+            "losses/explained_variance": losses.explained_variance(segment.values[:, cols][valid],
+                                                                   returns[:, cols][valid]),
+        } if running[k] else {})  # fmt: skip
+    return metrics
 
 
-def load(ppo: Learner, ckpt: dict[str, Any]) -> None:
-    """The envs exactly as the checkpoint left them, where their state can be captured."""
-    ppo.rollout = restore_envs(ppo.envs.train, ckpt, ppo.cfg.seed)
+# ── the update: K epochs of minibatches, every seed's in one batched gradient step ─────────────────
+
+
+def update(
+    learner: Learner, segment: Segment, advantages: Tensor, returns: Tensor, clip: Tensor, running: Tensor
+) -> Tensor:
+    """K epochs of shuffled minibatches for every running seed; returns each seed's means over its
+    minibatches of (policy loss, value loss, entropy, approx_kl, clipfrac), (S, 5).
+
+    ``advantages`` and ``returns`` (the value targets) are (T, S·N); ``clip`` (S, 1), each seed's ε. Seed k's
+    valid samples (autoreset steps excluded) are shuffled by its own generator and split into M near-equal
+    minibatches, each padded to the width W = ⌈T·N / M⌉ with ``mask`` False on the padding: shapes the
+    config alone fixes, so that a seed's numbers never depend on its neighbours'.
+    """
+    cfg, net, S = learner.cfg, learner.net, len(learner.cfgs)
+    M, device = cfg.num_minibatches, cfg.device
+    obs, actions, old_log_probs, old_values, advantages, returns, valid = (
+        by_seed(x, S).to(device) for x in (segment.obs, segment.actions, segment.log_probs, segment.values,
+                                           advantages, returns, segment.sample_mask))  # (S, T·N, …)  # fmt: skip
+    minibatches = Minibatches(valid, M, learner.random)
+    stepping = running.to(device)  # (S,)  seeds still updating; a target-KL stop ends a seed's epochs
+    totals = torch.zeros((S, 5), device=device)  # (S, 5)  summed to avoid per-step syncs
+    counts = torch.zeros(S, device=device)  # (S,)
+    for _ in range(cfg.n_epochs):
+        epoch = minibatches.shuffle(stepping, obs, actions, old_log_probs, old_values, advantages, returns)
+        for m in range(M):
+            columns = minibatches.columns(m)
+            mb_obs, mb_actions, mb_old_log_probs, mb_old_values, mb_advantages, mb_returns = (x[:, columns] for x in epoch)
+            mask = minibatches.mask[:, columns]  # (S, W)
+            mean = partial(masked_mean, mask=mask, count=minibatches.counts[:, m])  # each seed's mean, (S,)
+
+            new_log_probs, entropy, values = net.evaluate(mb_obs, mb_actions)  # (S, W) each
+            log_ratio = new_log_probs - mb_old_log_probs
+            ratio = log_ratio.exp()
+            approx_kl = mean(losses.k3_kl(log_ratio).detach())  # (S,)
+            if cfg.target_kl is not None:
+                stepping = stepping & ~(approx_kl > 1.5 * cfg.target_kl)
+                if not bool(stepping.any()):
+                    break
+            if cfg.normalize_advantage:
+                mb_advantages = adv.normalize_rows(mb_advantages, mask)
+            policy_loss = mean(losses.clipped_surrogate(ratio, mb_advantages, clip, clip))  # (S,)
+            value_loss = mean(losses.value_loss(values, mb_old_values, mb_returns, cfg.clip_range_vf))
+            entropy_mean = mean(entropy)
+            loss = policy_loss + cfg.vf_coef * value_loss  # (S,)
+            if cfg.ent_coef:  # skipped at 0 to keep the backward graph small
+                loss = loss - cfg.ent_coef * entropy_mean
+
+            learner.adam.gradient_step(torch.where(stepping, loss, 0.0).sum(), stepping, cfg.max_grad_norm)
+
+            clip_low, clip_high = losses.clip_fraction(ratio.detach(), clip, clip, mean)
+            step_stats = torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl,
+                                      clip_low + clip_high], dim=1)  # (S, 5)  # fmt: skip
+            totals += torch.where(stepping.unsqueeze(1), step_stats, 0.0)
+            counts += stepping
+        else:
+            continue
+        break  # no seed steps any more: the epoch loop ends too
+    return (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
 
 
 def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = "ppo") -> dict[str, Any]:
-    """Train PPO into ``run_dir``; returns the summary also written to ``summary.json``."""
-    return run(build, cfg, run_dir, resume, name)
+    """Train PPO into ``run_dir``: a stack of one. Returns the summary also written to ``summary.json``."""
+    return run_stack(build, [cfg], [run_dir], resume, name)[0]
+
+
+def train_stack(
+    cfgs: list[PPOConfig], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = "ppo"
+) -> list[dict[str, Any]]:
+    """Train one PPO run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
+    return run_stack(build, cfgs, run_dirs, resume, name)

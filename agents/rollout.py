@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -54,6 +54,13 @@ class RolloutState:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
 
+    def take_episodes(self) -> tuple[list[float], list[int]]:
+        """The returns and lengths of the episodes that ended since the last call, for the logs."""
+        taken = list(self.episode_returns), list(self.episode_lengths)
+        self.episode_returns.clear()
+        self.episode_lengths.clear()
+        return taken
+
 
 class SegmentBuffers:
     """Preallocated (T, N) storage, reused by every segment."""
@@ -69,47 +76,60 @@ class SegmentBuffers:
         self.values = torch.zeros((T, N))  # (T, N)
 
 
-def collect_segment(
-    env: VectorEnv, model: ActorCritic, state: RolloutState, buffers: SegmentBuffers, device: str = "cpu"
-) -> Segment:
-    """Run T steps in N envs with the current policy; update ``state`` in place.
+def segment_steps(env: VectorEnv, state: RolloutState, buffers: SegmentBuffers) -> Generator[np.ndarray, Any, Segment]:
+    """T steps in N envs with the current policy, from ``state``, which it updates. A generator: it yields
+    each step's observations (N, obs_dim) and is sent π_θ's :class:`~agents.networks.Act` for them; after
+    the T-th step it yields the next observations once more and is sent their values V(s_T) (N,), with which
+    the segment's last bootstrap values are filled. So one batched call can drive many seeds' segments
+    (``ppo.collect``).
 
     Finished episodes' raw returns and lengths (from ``info["episode"]``) are appended to
     ``state.episode_returns`` / ``state.episode_lengths`` for logging.
     """
     T = buffers.obs.shape[0]
     next_obs, next_is_autoreset = state.next_obs, state.next_is_autoreset
-    with torch.inference_mode():
-        for t in range(T):
-            buffers.obs[t] = next_obs
-            buffers.sample_mask[t] = ~next_is_autoreset
-            act = model.act(torch.from_numpy(buffers.obs[t]).to(device))
-            buffers.actions[t] = act.actions
-            buffers.log_probs[t] = act.log_probs
-            buffers.values[t] = act.values
-            next_obs, reward, terminated, truncated, info = env.step(act.actions.cpu().numpy())
-            buffers.rewards[t] = reward
-            buffers.terminated[t] = terminated
-            buffers.truncated[t] = truncated
-            next_is_autoreset = terminated | truncated
-            if "_episode" in info:
-                finished = info["_episode"]
-                state.episode_returns.extend(info["episode"]["r"][finished].tolist())
-                state.episode_lengths.extend(info["episode"]["l"][finished].tolist())
-        last_values = model.value(torch.from_numpy(np.asarray(next_obs, dtype=np.float32)).to(device)).cpu()  # (N,)
+    for t in range(T):
+        buffers.obs[t] = next_obs
+        buffers.sample_mask[t] = ~next_is_autoreset
+        act = yield buffers.obs[t]
+        buffers.actions[t] = act.actions
+        buffers.log_probs[t] = act.log_probs
+        buffers.values[t] = act.values
+        next_obs, reward, terminated, truncated, info = env.step(act.actions.numpy())
+        buffers.rewards[t] = reward
+        buffers.terminated[t] = terminated
+        buffers.truncated[t] = truncated
+        next_is_autoreset = terminated | truncated
+        if "_episode" in info:
+            finished = info["_episode"]
+            state.episode_returns.extend(info["episode"]["r"][finished].tolist())
+            state.episode_lengths.extend(info["episode"]["l"][finished].tolist())
     state.next_obs, state.next_is_autoreset = np.asarray(next_obs, dtype=np.float32), next_is_autoreset
+    last_values = yield state.next_obs
     values = buffers.values.clone()
     return Segment(
         obs=torch.from_numpy(buffers.obs.copy()),
         actions=buffers.actions.clone(),
         log_probs=buffers.log_probs.clone(),
         values=values,
-        next_values=torch.cat([values[1:], last_values.unsqueeze(0).clone()]),
+        next_values=torch.cat([values[1:], torch.as_tensor(last_values).reshape(1, -1).clone()]),
         rewards=torch.from_numpy(buffers.rewards.copy()),
         terminated=torch.from_numpy(buffers.terminated.copy()),
         truncated=torch.from_numpy(buffers.truncated.copy()),
         sample_mask=torch.from_numpy(buffers.sample_mask.copy()),
     )
+
+
+def join_segments(segments: list[Segment | None]) -> Segment:
+    """S seeds' (T, N) segments side by side as one (T, S·N) segment, seed k's envs in columns k·N … (k+1)·N;
+    a seed without one (not running) gets zeros there, and no sample."""
+    template = next(s for s in segments if s is not None)
+    fields = {}
+    for name in ("obs", "actions", "log_probs", "values", "next_values", "rewards", "terminated", "truncated",
+                 "sample_mask"):  # fmt: skip
+        zeros = torch.zeros_like(getattr(template, name))
+        fields[name] = torch.cat([getattr(s, name) if s is not None else zeros for s in segments], dim=1)
+    return Segment(**fields)
 
 
 @dataclass

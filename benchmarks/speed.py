@@ -319,7 +319,7 @@ def profile_child(report: str, argv: list[str]) -> int:
         return wrapper
 
     # ppo.train looks these names up in its module at each call, so wrapping the module attributes works.
-    ppo_module.collect_segment = timed("rollout", ppo_module.collect_segment)
+    ppo_module.collect = timed("rollout", ppo_module.collect)
     ppo_module.update = timed("update", ppo_module.update)
     training.evaluate = timed("evaluation", training.evaluate)
     algo = registry.get("ppo")  # holds ppo.train itself, bound when the registry is first built
@@ -433,7 +433,7 @@ def case_markdown(result: CaseResult) -> str:
         lines += ["Where our time goes (one extra process of ours, with timers around the phases):", "",
                   "| part | s | % of the process |", "|---|---|---|"]  # fmt: skip
         labels = {
-            "rollout": "rollout (`rollout.collect_segment`)",
+            "rollout": "rollout (`ppo.collect`)",
             "update": "update (`ppo.update`)",
             "evaluation": "final evaluation (`training.evaluate`)",
             "rest inside train()": "rest inside `train()`: env and model construction, GAE, logging, checkpoint",

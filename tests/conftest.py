@@ -23,6 +23,7 @@ from agents import rundir
 from agents.config import resolve_config
 from agents.grpo import GRPOConfig
 from agents.ppo import PPOConfig
+from agents.rollout import segment_steps
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 
@@ -54,6 +55,21 @@ def run_training(algo: ModuleType, cfg: Any, run_dir: Path, resume: bool = False
     """Prepare ``run_dir`` as the CLI does (without config.yaml and meta.json), then ``algo.train`` into it."""
     rundir.prepare_run_dir(run_dir, resume)
     return algo.train(cfg, run_dir, resume=resume)
+
+
+def collect_segment(env: Any, model: Any, state: Any, buffers: Any) -> Any:
+    """One PPO segment of ``model`` alone: ``rollout.segment_steps`` driven by the model's own ``act``."""
+    steps = segment_steps(env, state, buffers)
+    with torch.inference_mode():
+        obs = next(steps)
+        for _ in range(buffers.obs.shape[0]):
+            obs = steps.send(model.act(torch.from_numpy(obs)))
+        last_values = model.value(torch.from_numpy(obs)).clone()
+    try:
+        steps.send(last_values)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("segment_steps yielded past its segment")
 
 
 def interrupt_after(monkeypatch: pytest.MonkeyPatch, target: object, name: str, calls: int) -> None:

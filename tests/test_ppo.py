@@ -14,10 +14,10 @@ import agents.ppo as ppo
 from agents import runlog
 from agents.advantages import gae
 from agents.networks import ActorCritic, NetworkSpec
-from agents.rollout import RolloutState, SegmentBuffers, collect_segment
+from agents.rollout import RolloutState, SegmentBuffers
 from envs import EnvOptions, make_vector
 from tests import toy_envs
-from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
+from tests.conftest import collect_segment, interrupt_after, ppo_config, read_progress, run_training
 
 toy_envs.register()
 
@@ -137,7 +137,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(
     run_training(ppo, cfg, tmp_path / "straight")
 
     with monkeypatch.context() as patch:
-        interrupt_after(patch, ppo, "collect_segment", 3)
+        interrupt_after(patch, ppo, "segment_steps", 3)
         interrupted = run_training(ppo, cfg, tmp_path / "resumed")
     assert interrupted["status"] == "interrupted"
     stopped_at = interrupted["total_steps"]
@@ -166,7 +166,7 @@ def test_resume_of_an_env_without_state_restores_normalizers(tmp_path: Path, mon
     cfg = ppo_config("LunarLanderContinuous-v3", True, total_steps=1024, n_steps=256, n_epochs=1, eval_interval=0,
                      eval_episodes=1)  # fmt: skip
     with monkeypatch.context() as patch:
-        interrupt_after(patch, ppo, "collect_segment", 2)
+        interrupt_after(patch, ppo, "segment_steps", 2)
         assert run_training(ppo, cfg, tmp_path / "run")["status"] == "interrupted"
     saved = runlog.load_checkpoint(tmp_path / "run", {})
     assert saved["env_state"] is None and saved["normalizers"]["obs_rms"]["count"] > 256

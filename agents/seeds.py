@@ -1,0 +1,209 @@
+"""What each seed of a stack keeps its own, with a leading seed axis: the optimizer, the gradient clip, the
+minibatches and the random number generators. A single run is a stack of one.
+
+- parameters: one (S, P) tensor, row k seed k's (``networks.StackedNetworks``);
+- Adam (:class:`SeedAdam`): element-wise, with a step count per seed, and a mask for seeds that do not
+  step (a seed stopped by its target KL, or failed); each seed's state reads as ``torch.optim.Adam``'s
+  (:class:`LaneAdam`), so its checkpoint holds what a single run's holds;
+- gradient-norm clipping (:func:`clip_grad_norms_`): one norm per seed;
+- minibatches (:class:`Minibatches`): each seed's own samples, shuffled by its own generator and padded to
+  a width the config fixes;
+- random numbers: a ``torch.Generator`` per seed (:class:`SeedGenerators`).
+
+Every reduction runs within one seed's row, and every shape is fixed by the config alone, so seed k's
+numbers are bit-identical whoever its neighbours are, and however many.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+
+def clip_grad_norms_(grad: Tensor, max_norm: float) -> Tensor:
+    """Global gradient-norm clipping per seed, in place on the stacked gradient (S, P)::
+
+        g_k ← g_k · min(1, c / (‖g_k‖₂ + 10⁻⁶))
+
+    g_k is row k, seed k's whole gradient; c is ``max_norm``. Each seed is clipped by its own norm, as
+    ``torch.nn.utils.clip_grad_norm_`` clips a single model. Returns the norms before clipping, (S,).
+    """
+    norms = torch.linalg.vector_norm(grad, dim=1)  # (S,)
+    grad.mul_(torch.clamp(max_norm / (norms + 1e-6), max=1.0).unsqueeze(1))
+    return norms
+
+
+def masked_mean(x: Tensor, mask: Tensor, count: Tensor | None = None) -> Tensor:
+    """Mean of each row over its masked entries: Σ_j m_j x_j / max(Σ_j m_j, 1).  x, mask (S, B) → (S,).
+    Entries outside the mask never enter the sum, so a NaN there stays out of it. ``count``: the
+    denominators, (S,), when the caller already has them."""
+    return torch.where(mask, x, 0.0).sum(-1) / (mask.sum(-1).clamp(min=1) if count is None else count)
+
+
+class SeedAdam:
+    """Adam (Kingma & Ba 2015) on each row of an (S, P) stack, with its own step count t_k and learning
+    rate α_k, as ``torch.optim.Adam`` computes it for a single run::
+
+        t ← t + 1,   m ← β₁ m + (1 − β₁) g,   v ← β₂ v + (1 − β₂) g²
+        θ ← θ − α / (1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
+
+    A row outside ``stepping`` keeps θ, m, v and t as they are.
+    """
+
+    def __init__(self, flat: nn.Parameter, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-5) -> None:  # fmt: skip
+        self.flat, (self.beta1, self.beta2), self.eps = flat, betas, eps
+        self.exp_avg = torch.zeros_like(flat.data)  # (S, P)  m
+        self.exp_avg_sq = torch.zeros_like(flat.data)  # (S, P)  v
+        self.steps = torch.zeros(flat.shape[0], dtype=torch.float64)  # (S,)  t
+        self.lr = torch.full((flat.shape[0],), lr, dtype=torch.float64)  # (S,)  α
+
+    def gradient_step(self, loss: Tensor, stepping: Tensor, max_grad_norm: float) -> None:
+        """One gradient step of every seed in ``stepping`` (S,) bool: the gradient of ``loss`` (the sum of the
+        seeds' losses, so each seed's gradient lands in its own row), each seed's norm clipped to
+        ``max_grad_norm``, then Adam."""
+        self.flat.grad.zero_()
+        loss.backward()
+        clip_grad_norms_(self.flat.grad, max_grad_norm)
+        self.step(stepping)
+
+    def lane(self, k: int) -> LaneAdam:
+        """Seed k's share, as the lifecycle sees an optimizer (its learning rate, its checkpoint state)."""
+        return LaneAdam(self, k)
+
+    def step(self, stepping: Tensor) -> None:
+        """One step for the rows where ``stepping`` (S,) bool is True."""
+        grad, rows = self.flat.grad, stepping.cpu()
+        steps = self.steps + rows
+        step_size = (self.lr / (1 - self.beta1**steps)).to(grad).unsqueeze(1)  # (S, 1)
+        bias_correction2_sqrt = torch.sqrt(1 - self.beta2**steps).to(grad).unsqueeze(1)  # (S, 1)
+        # Every row takes the same in-place operations, and a row that does not step is put back afterwards:
+        # a stepping row's numbers never depend on which other rows step.
+        held = (~rows).nonzero().squeeze(1).to(grad.device)
+        kept = [t[held].clone() for t in (self.exp_avg, self.exp_avg_sq, self.flat.data)] if len(held) else []
+        self.exp_avg.lerp_(grad, 1 - self.beta1)
+        self.exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        denom = self.exp_avg_sq.sqrt().div_(bias_correction2_sqrt).add_(self.eps)
+        self.flat.data.sub_(self.exp_avg.mul(step_size).div_(denom))
+        for tensor, old in zip((self.exp_avg, self.exp_avg_sq, self.flat.data), kept):
+            tensor[held] = old
+        self.steps = steps
+
+
+class LaneAdam:
+    """Row k of a :class:`SeedAdam`, as the ``torch.optim.Adam`` of a single run looks: its learning rate
+    (``param_groups``), its ``state``, and the state dict that a single run's checkpoint holds, so that
+    seed k's run directory resumes as a single run too."""
+
+    def __init__(self, adam: SeedAdam, k: int) -> None:
+        self.adam, self.k = adam, k
+        template = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=float(adam.lr[k]), eps=adam.eps,
+                                    fused=True)  # fmt: skip
+        self.param_groups: list[dict[str, Any]] = template.state_dict()["param_groups"]
+
+    @property
+    def state(self) -> dict[int, dict[str, Tensor]]:
+        adam, k = self.adam, self.k
+        if adam.steps[k] == 0:
+            return {}
+        return {0: {"step": torch.tensor(float(adam.steps[k])), "exp_avg": adam.exp_avg[k],
+                    "exp_avg_sq": adam.exp_avg_sq[k]}}  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": {i: {name: t.clone() for name, t in s.items()} for i, s in self.state.items()},
+                "param_groups": [dict(group) for group in self.param_groups]}  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        adam, k = self.adam, self.k
+        self.param_groups[0].update({key: v for key, v in state_dict["param_groups"][0].items() if key != "params"})
+        state = state_dict["state"].get(0)
+        adam.exp_avg[k] = state["exp_avg"] if state else 0.0
+        adam.exp_avg_sq[k] = state["exp_avg_sq"] if state else 0.0
+        adam.steps[k] = float(state["step"]) if state else 0.0
+
+
+def fixed_minibatch_slots(count: int, minibatches: int, width: int) -> Tensor:
+    """Where each of ``count`` shuffled samples goes when split into ``minibatches`` near-equal parts, as
+    ``Tensor.tensor_split`` splits them (the first count mod M parts one longer), each part padded to
+    ``width``: position m · width + s for slot s of part m.  → (count,) int64."""
+    q, r = divmod(count, minibatches)
+    j = torch.arange(count)
+    long_parts = r * (q + 1)  # samples in the first r parts, of q + 1 each
+    part = torch.where(j < long_parts, j // (q + 1), r + (j - long_parts) // max(q, 1))
+    start = torch.where(part < r, part * (q + 1), long_parts + (part - r) * q)
+    return part * width + (j - start)
+
+
+def padded_width(samples: int, minibatches: int) -> int:
+    """The longest a minibatch can be, ⌈samples / M⌉: the padded width every seed shares."""
+    return math.ceil(samples / minibatches)
+
+
+def by_seed(x: Tensor, seeds: int) -> Tensor:
+    """An iteration's (T, S·N, …) columns, seed k's N envs side by side, as (S, T·N, …): seed k's samples in
+    the order one seed's (T, N) batch flattens."""
+    x = x.reshape(x.shape[0], seeds, -1, *x.shape[2:]).transpose(0, 1)  # (S, T, N, …)
+    return x.reshape(seeds, -1, *x.shape[3:])
+
+
+class Minibatches:
+    """Each seed's valid samples, shuffled by its own generator every epoch and split into M near-equal
+    minibatches as ``Tensor.tensor_split`` splits them, each padded to the width W = ⌈T·N / M⌉ that every
+    seed shares (``mask`` False on the padding). ``valid`` (S, T·N): the samples to train on."""
+
+    def __init__(self, valid: Tensor, minibatches: int, random: SeedGenerators) -> None:
+        S, samples = valid.shape
+        self.M, self.W, self.random = minibatches, padded_width(samples, minibatches), random
+        self.indices = [row.nonzero().squeeze(1).cpu() for row in valid]  # each (≤T·N,)
+        self.slots = [fixed_minibatch_slots(len(indices), self.M, self.W) for indices in self.indices]
+        self.index = torch.zeros((S, self.M * self.W), dtype=torch.int64)  # (S, M·W)  padding points at sample 0
+        mask = torch.zeros((S, self.M * self.W), dtype=torch.bool)  # (S, M·W)
+        for k, slots in enumerate(self.slots):
+            mask[k, slots] = True
+        self.mask = mask.to(valid.device)
+        self.counts = mask.view(S, self.M, self.W).sum(-1).clamp(min=1).to(valid.device)  # (S, M)
+        self.row_offsets = (torch.arange(S) * samples).unsqueeze(1)  # (S, 1)  row k starts at k·T·N when flattened
+
+    def columns(self, m: int) -> slice:
+        """Minibatch m's columns in an epoch's (S, M·W, …) tensors."""
+        return slice(m * self.W, (m + 1) * self.W)
+
+    def shuffle(self, stepping: Tensor, *tensors: Tensor) -> list[Tensor]:
+        """A new epoch for the seeds in ``stepping``: each of ``tensors`` (S, T·N, …) gathered into its
+        minibatches at once, (S, M·W, …)."""
+        S = len(self.indices)
+        for k in range(S):
+            if bool(stepping[k]):
+                generator = self.random.torch[k]
+                order = torch.randperm(len(self.indices[k]), generator=generator, device=generator.device).cpu()
+                self.index[k, self.slots[k]] = self.indices[k][order]
+        flat_index = (self.index + self.row_offsets).view(-1).to(tensors[0].device)
+        return [x.flatten(0, 1).index_select(0, flat_index).view(S, self.M * self.W, *x.shape[2:]) for x in tensors]
+
+
+class SeedGenerators:
+    """Each seed's random number generators in a stack: a ``torch.Generator``, which draws what a single run
+    draws from the global one, and what a single run's checkpoint records of NumPy's global generator."""
+
+    def __init__(self) -> None:
+        self.torch: list[torch.Generator] = []
+        self.numpy: list[dict[str, Any]] = []
+
+    def capture(self, device: str) -> None:
+        """Add a seed whose generators continue from the global state, right after its single run's build."""
+        generator = torch.Generator(device)
+        generator.set_state(torch.get_rng_state() if device == "cpu" else torch.cuda.get_rng_state())
+        self.torch.append(generator)
+        self.numpy.append(np.random.get_state(legacy=False))
+
+    def state(self, k: int) -> dict[str, Any]:
+        """Seed k's generators as a single run's checkpoint records them."""
+        return {"torch": self.torch[k].get_state(), "numpy": self.numpy[k]}
+
+    def load(self, k: int, state: dict[str, Any]) -> None:
+        self.torch[k].set_state(state["torch"])
+        self.numpy[k] = state["numpy"]
