@@ -2,8 +2,8 @@
 
 No critic. One iteration: reset B start states, each shared by a group of G members (same seed, or
 the same state in the middle of an episode) → run the B·G members as one vector env, each until its own
-episode ends (``groups.collect_groups``) → score each trajectory against its own group
-(``advantages.group_*``) → epochs × minibatches of trajectories of the clipped surrogate with separate
+episode ends (``groups.group_steps``) → score each trajectory against its own group (``groups.targets``,
+``advantages.group_*``) → epochs × minibatches of trajectories of the clipped surrogate with separate
 lower and upper clips, a k3 KL penalty to a reference policy and an optional entropy bonus, averaged by
 the chosen aggregation (``losses``). ``training.run`` logs, evaluates and checkpoints around it.
 
@@ -11,6 +11,11 @@ Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, 
 per-step group baselines, vine), the aggregation (trajectory = GRPO, step = DAPO, constant = Dr. GRPO),
 ε_low/ε_high (DAPO's clip-higher), β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of truncated
 trajectories, the reference refresh, and a per-iteration KL target that adapts the step size (``kl_target``).
+
+Written once, for S seeds side by side (the seed axis beside the group axis); a single run is a stack of
+one. Each seed keeps its own envs, start states, generators, minibatches, KL-target stop, step size,
+reference and Adam state, and every shape is fixed by the config alone (``seeds``), so seed k's numbers
+are bit-identical whatever seeds share its process.
 
 The budget counts every step that produced a sample, and the trunk steps before a branch point, the
 replayed steps of a restore and the vine's branch steps. A member whose episode has ended takes no more
@@ -20,6 +25,7 @@ steps; where the vector env cannot skip it (async), its idle steps are not count
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,15 +34,17 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from agents import advantages as adv
 from agents import losses
 from agents.config import MAX_ENVS, RunConfig, check
-from agents.groups import Groups, collect_groups, diagnostics, horizon, time_limit, validate, vine_interval
-from agents.networks import Actor, adam, adapt_step_size, gradient_step, refresh_reference
-from agents.rollout import Episodes, SegmentBuffers
-from agents.training import Agent, Collected, Envs, network_spec, obs_statistics, open_envs, run
-from envs import EnvOptions, load_normalizer_state, make_vector, normalizer_state
-from envs import start_states as starts
+from agents.groups import Groups, MemberEnvs, collected, diagnostics, group_steps, horizon, pad_groups, targets
+from agents.groups import close_member_envs, open_member_envs, validate
+from agents.networks import Actor, Sample, StackedNetworks, adapt_step_size, refresh_reference
+from agents.rollout import SegmentBuffers, drive_seeds
+from agents.seeding import seed_everything
+from agents.seeds import ROWS, Minibatches, SeedAdam, SeedGenerators, log_probs_at, masked_mean, pick_steps
+from agents.seeds import trajectories_at
+from agents.training import Collected, Envs, Lane, Stack, network_spec, obs_statistics, run_stack
+from envs import load_normalizer_state, normalizer_state
 
 TAGS = [
     "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
@@ -141,210 +149,229 @@ class GRPOConfig(RunConfig):
         return self.num_groups * self.group_size
 
 
-def group_advantages(cfg: GRPOConfig, batch: Episodes, returns: Tensor, vine_values: Tensor | None, H: int) -> Tensor:
-    """Per-step advantages (T, M) of the batch's B·G trajectories; returns (B, G), vine values (J, M)."""
-    T, M = batch.mask.shape
-    if cfg.advantage == "vine":
-        A = adv.vine(batch.rewards, batch.mask, vine_values, vine_interval(cfg, H), cfg.gamma)  # (T, M)
-        valid = batch.mask.nonzero(as_tuple=True)
-        # Standardized over the batch's steps, as PPO's: returns of control tasks run into the hundreds.
-        A[valid] = adv.normalize(A[valid])
-        return A
-    by_group = (T, -1, cfg.group_size)  # (T, B, G)
-    if cfg.advantage == "process":
-        return adv.group_process(batch.rewards.view(by_group), batch.mask.view(by_group)).view(T, M)
-    if cfg.advantage == "step_baseline":
-        A = adv.group_step_baseline(batch.rewards.view(by_group), batch.mask.view(by_group), cfg.gamma).view(T, M)
-        # One positive scale for the whole batch, which keeps tied groups at 0 and every sign as it is.
-        return A / (A[batch.mask].std() + 1e-8) if batch.mask.sum() > 1 else A
-    scores = {"outcome": adv.group_outcome, "no_std": adv.group_no_std, "batch_std": adv.group_batch_std,
-              "rloo": adv.group_rloo}[cfg.advantage](returns)  # (B, G)  # fmt: skip
-    return scores.reshape(1, M).expand(T, M) * batch.mask
+# ── the objective and the update: every seed's minibatch in one batched gradient step ──────────────
+
+STATS = ("policy_loss", "entropy", "approx_kl", "kl_ref", "ratio_mean", "clipfrac_low", "clipfrac_high")
 
 
-def minibatch_loss(
-    actor: Actor,
-    batch: Episodes,
-    members: Tensor,
-    advantages: Tensor,
-    ref_log_probs: Tensor,
-    loss_mask: Tensor,
-    cfg: GRPOConfig,
-    H: int,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The GRPO objective on the trajectories ``members``, aggregated over their valid steps.
+def minibatch_loss(net: StackedNetworks, cfg: GRPOConfig, picked: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """GRPO's objective for every seed, over its minibatch's picked loss steps (S, R, …), R a multiple of ROWS;
+    each chunk of ROWS rows goes through the network and the sums on its own:
 
-        L = agg_{i,t} [ −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A) + β · k3(π_ref / π_θ) − c_H · H(π_θ) ]
+        L_k = Σ_{i,t} w_{i,t} [ −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A) + β · k3(π_ref / π_θ) − c_H · H(π_θ) ]
 
-    ``advantages``, ``ref_log_probs`` and ``loss_mask`` are (T, M); returns the loss and detached stats.
+    w: the aggregation's weights (``losses.aggregation_weights``), 0 off seed k's loss steps. Returns L (S,)
+    and the detached sums over each seed's steps of (w · surrogate, entropy, approx_kl, kl_ref, ratio,
+    clipped low, clipped high), (S, 7). A chunk past a seed's steps adds exact zeros to its sums and gradient.
     """
-    mask = loss_mask[:, members]  # (T, m)
-    steps = mask.nonzero(as_tuple=True)  # K valid (t, i) pairs
-    obs = batch.obs[:, members][steps]  # (K, obs_dim)
-    actions = batch.actions[:, members][steps]
-    log_probs, entropy = actor.log_prob_entropy(actor(obs), actions)  # (K,), (K,)
-    log_ratio = log_probs - batch.log_probs[:, members][steps]
-    ratio = log_ratio.exp()
-    surrogate = losses.clipped_surrogate(ratio, advantages[:, members][steps], cfg.clip_low, cfg.clip_high)
-    # k3 at x ~ π_old: a penalty toward π_ref, not KL(π_θ ‖ π_ref)'s exact gradient (see losses.k3_kl).
-    kl_ref = losses.k3_kl(ref_log_probs[:, members][steps] - log_probs)
-    per_step = surrogate + cfg.beta * kl_ref - cfg.ent_coef * entropy
-
-    def agg(values: Tensor) -> Tensor:
-        full = values.new_zeros(mask.shape)  # (T, m)
-        full[steps] = values
-        return losses.aggregate(full, mask, cfg.aggregation, H)
-
-    with torch.no_grad():
-        low, high = losses.clip_fraction(ratio, cfg.clip_low, cfg.clip_high)
-        stats = {
-            "policy_loss": agg(surrogate), "entropy": entropy.mean(), "approx_kl": losses.k3_kl(log_ratio).mean(),
-            "kl_ref": kl_ref.mean(), "ratio_mean": ratio.mean(), "clipfrac_low": low, "clipfrac_high": high,
-        }  # fmt: skip
-    return agg(per_step), stats
+    loss, sums = 0.0, 0.0
+    for start in range(0, picked["mask"].shape[1], ROWS):
+        x = {name: value[:, start : start + ROWS] for name, value in picked.items()}  # (S, ROWS, …) each
+        log_probs, entropy = net.log_prob_entropy(net.policy(x["obs"]), x["actions"])  # (S, ROWS) each
+        log_ratio = log_probs - x["old_log_probs"]
+        ratio = log_ratio.exp()
+        surrogate = losses.clipped_surrogate(ratio, x["advantages"], cfg.clip_low, cfg.clip_high)
+        # k3 at x ~ π_old: a penalty toward π_ref, not KL(π_θ ‖ π_ref)'s exact gradient (see losses.k3_kl).
+        kl_ref = losses.k3_kl(x["ref_log_probs"] - log_probs)
+        per_step = surrogate + cfg.beta * kl_ref - cfg.ent_coef * entropy
+        loss = loss + (x["weight"] * torch.where(x["mask"], per_step, 0.0)).sum(-1)  # (S,)
+        with torch.no_grad():
+            terms = [x["weight"] * surrogate, entropy, losses.k3_kl(log_ratio), kl_ref, ratio,
+                     (ratio < 1.0 - cfg.clip_low).float(), (ratio > 1.0 + cfg.clip_high).float()]  # fmt: skip
+            sums = sums + torch.stack([torch.where(x["mask"], term, 0.0).sum(-1) for term in terms], dim=1)
+    return loss, sums  # type: ignore[return-value]
 
 
-def targets(cfg: GRPOConfig, groups: Groups, H: int) -> tuple[Tensor, Tensor]:
-    """The batch's per-step advantages and the mask of the steps that enter the loss, each (T, M)."""
-    batch, G = groups.batch, cfg.group_size
-    returns = adv.discounted_returns(batch.rewards, batch.mask, cfg.gamma).view(-1, G)  # (B', G)
-    advantages = group_advantages(cfg, batch, returns, groups.vine.values if groups.vine else None, H)  # (T, M)
-    return advantages, batch.mask & ~batch.truncated if cfg.mask_truncated else batch.mask
+def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, float]]:
+    """Epochs × minibatches of trajectories for every seed with an informative group; returns each seed's
+    means over its minibatches and its whole update's KL.
 
-
-def update(
-    actor: Actor, reference: Actor, optimizer: torch.optim.Optimizer, groups: Groups, cfg: GRPOConfig, H: int
-) -> dict[str, float]:
-    """Epochs × minibatches of trajectories, the epochs cut short once a minibatch's approx_kl passes
-    twice ``kl_target``; returns the means of the minibatch statistics and the whole update's KL."""
-    batch, (advantages, loss_mask) = groups.batch, targets(cfg, groups, H)
-    M, valid = batch.mask.shape[1], batch.mask.nonzero(as_tuple=True)
-    with torch.no_grad():
-        ref_log_probs = torch.zeros(batch.mask.shape)  # (T, M)  fixed during the iteration
-        ref_log_probs[valid] = reference.log_prob_entropy(reference(batch.obs[valid]), batch.actions[valid])[0]
-    n_minibatches = min(cfg.num_minibatches, M)
-    totals: dict[str, Tensor] = {}
-    count, epochs, kl_stop = 0, 0, False
-    while epochs < cfg.n_epochs and not kl_stop:
-        epochs += 1
-        for members in torch.randperm(M).tensor_split(n_minibatches):
-            loss, stats = minibatch_loss(actor, batch, members, advantages, ref_log_probs, loss_mask, cfg, H)
-            if kl_stop := cfg.kl_target is not None and bool(stats["approx_kl"] > 2.0 * cfg.kl_target):
+    Seed k's batch is padded to (H, B·G) (``groups.pad_groups``); each epoch, its own generator shuffles its
+    trajectories into near-equal minibatches, padded to ⌈B·G / minibatches⌉ (``seeds.Minibatches``), whose
+    loss steps run in chunks (:func:`minibatch_loss`). A seed whose approx_kl passes twice ``kl_target``
+    stops stepping, as its epochs end.
+    """
+    cfg, net, S, H, M = learner.cfg, learner.net, len(learner.seeds), learner.H, learner.cfg.batch_trajectories
+    padded = pad_groups(groups, partial(targets, cfg, H=H), H, M, cfg.device)
+    ref_log_probs = log_probs_at(learner.references, padded.obs, padded.actions, padded.valid)  # fixed this iteration
+    batch = {"obs": padded.obs, "actions": padded.actions, "old_log_probs": padded.old_log_probs,
+             "advantages": padded.advantages.flatten(1, 2), "ref_log_probs": ref_log_probs}  # fmt: skip
+    members = torch.arange(M).unsqueeze(0) < padded.trajectories.unsqueeze(1)  # (S, M)  each seed's trajectories
+    minibatches = Minibatches(members.to(cfg.device), cfg.num_minibatches, learner.random)
+    stepping = (padded.trajectories > 0).to(cfg.device)  # (S,)
+    epochs = torch.zeros(S, device=cfg.device)  # (S,)
+    totals, counts = torch.zeros((S, len(STATS)), device=cfg.device), torch.zeros(S, device=cfg.device)  # (S, 7), (S,)
+    for _ in range(cfg.n_epochs):
+        epochs += stepping
+        epoch_members = minibatches.shuffle(stepping)  # (S, minibatches·W)
+        for m in range(cfg.num_minibatches):
+            columns = minibatches.columns(m)
+            mb_real, mb_members = minibatches.mask[:, columns], epoch_members[:, columns]  # (S, W) each
+            mask = trajectories_at(padded.loss_mask, mb_members) & mb_real.unsqueeze(1)  # (S, H, W)
+            weights = losses.aggregation_weights(mask, cfg.aggregation, H, mb_real)  # (S, H, W)
+            picked, count = pick_steps(batch, mask, weights, mb_members, M)  # (S, R, …) each, (S,)
+            loss, sums = minibatch_loss(net, cfg, picked)  # (S,), (S, 7)
+            approx_kl = sums[:, 2] / count.clamp(min=1)  # (S,)
+            step_now = stepping & mb_real.any(-1)  # a seed with fewer trajectories may have an empty minibatch
+            if cfg.kl_target is not None:
+                stopped = step_now & (approx_kl > 2.0 * cfg.kl_target)
+                stepping, step_now = stepping & ~stopped, step_now & ~stopped
+            if not bool(stepping.any()):
                 break
-            gradient_step(optimizer, loss, cfg.max_grad_norm)
-            count += 1
-            totals = {key: totals.get(key, 0.0) + value for key, value in stats.items()}
-    with torch.no_grad():  # KL(π_old ‖ π_θ) of the whole update, over every sample of the batch
-        log_probs = actor.log_prob_entropy(actor(batch.obs[valid]), batch.actions[valid])[0]
-        update_kl = float(losses.k3_kl(log_probs - batch.log_probs[valid]).mean())
-    means = {key: float(value) / max(count, 1) for key, value in totals.items()}
-    return {**means, "update_kl": update_kl, "epochs_run": float(epochs)}
+
+            learner.adam.gradient_step(torch.where(step_now, loss, 0.0).sum(), step_now, cfg.max_grad_norm)
+
+            step_stats = torch.cat([sums[:, :1], sums[:, 1:] / count.clamp(min=1).unsqueeze(1)], dim=1)  # (S, 7)
+            totals += torch.where(step_now.unsqueeze(1), step_stats, 0.0)
+            counts += step_now
+        else:
+            continue
+        break  # no seed steps any more: the epoch loop ends too
+    # KL(π_old ‖ π_θ) of each seed's whole update, over every sample of its batch
+    log_probs = log_probs_at(net, padded.obs, padded.actions, padded.valid)  # (S, H·M)
+    update_kl = masked_mean(losses.k3_kl(log_probs - padded.old_log_probs), padded.valid)  # (S,)
+    means = (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
+    return [
+        ({**(dict(zip(STATS, means[k].tolist(), strict=True)) if counts[k] else {}),
+          "update_kl": float(update_kl[k]), "epochs_run": float(epochs[k])} if padded.trajectories[k] else {})
+        for k in range(S)
+    ]  # fmt: skip
+
+
+# ── what carries from one iteration to the next ─────────────────────────────────────────────────────
+
+
+@dataclass
+class Seed:
+    """One seed's own GRPO state."""
+
+    cfg: GRPOConfig
+    envs: Envs  # train: the B·G members as one vector env; eval
+    groups: MemberEnvs  # the envs its groups run in
+    actor: Actor  # π_θ, whose parameters are views of its row of the stack's
+    reference: Actor  # π_ref of the KL penalty, likewise
+    buffers: SegmentBuffers  # (H, B·G) storage, reused by every collection
+    lr_scale: float = 1.0  # kl_target: the factor on the scheduled learning rate, adapted every iteration
+
+
+@dataclass
+class Learner:
+    """S seeds' GRPO: each seed's own state, their actors and references computed together, one optimizer."""
+
+    seeds: list[Seed]
+    net: StackedNetworks  # the actors: (S, P)
+    references: StackedNetworks  # the reference policies: (S, P)
+    adam: SeedAdam
+    random: SeedGenerators
+    H: int  # the training time limit
+
+    @property
+    def cfg(self) -> GRPOConfig:
+        """The settings every seed shares (all but the seed)."""
+        return self.seeds[0].cfg
+
+
+def build(cfgs: list[GRPOConfig]) -> Stack:
+    """Each seed's envs, actor and reference, seeded as a single run seeds them, then stacked."""
+    seeds: list[Seed] = []
+    random, H = SeedGenerators(), horizon(cfgs[0])
+    try:
+        for cfg in cfgs:
+            seed_everything(cfg.seed)
+            seeds.append(open_seed(cfg, H))
+            random.capture(cfg.device)
+    except BaseException:
+        for seed in seeds:
+            close_member_envs(seed.envs, seed.groups)
+        raise
+    net = StackedNetworks([seed.actor for seed in seeds])
+    learner = Learner(seeds, net, StackedNetworks([seed.reference for seed in seeds]),
+                      SeedAdam(net.flat, cfgs[0].learning_rate), random, H)  # fmt: skip
+    return Stack(lanes=[lane(learner, k) for k in range(len(seeds))], collect=partial(collect, learner),
+                 update=partial(learn, learner), tags=TAGS,
+                 close=lambda: [close_member_envs(seed.envs, seed.groups) for seed in seeds] and None)  # fmt: skip
+
+
+def open_seed(cfg: GRPOConfig, H: int) -> Seed:
+    """A seed's envs (``groups.open_member_envs``), actor and reference (π_θ at the start)."""
+    envs, groups, buffers = open_member_envs(cfg, H)
+    actor = Actor(network_spec(envs.train, cfg)).to(cfg.device)
+    return Seed(cfg, envs, groups, actor, copy.deepcopy(actor).requires_grad_(False), buffers)
+
+
+def lane(learner: Learner, k: int) -> Lane:
+    """Seed k as the lifecycle sees it: its networks, optimizer state, envs, step size and generators."""
+    seed = learner.seeds[k]
+
+    def save() -> dict[str, Any]:  # the reference, the observation statistics, the step size (iterations start afresh)
+        return {"reference": seed.reference.state_dict(), "normalizers": normalizer_state(seed.envs.train),
+                "lr_scale": seed.lr_scale}  # fmt: skip
+
+    def load(ckpt: dict[str, Any]) -> None:
+        seed.reference.load_state_dict(ckpt["reference"])
+        load_normalizer_state(seed.envs.train, ckpt["normalizers"])
+        seed.lr_scale = ckpt.get("lr_scale", 1.0)
+
+    return Lane(
+        model=seed.actor, policy=seed.actor, optimizer=learner.adam.lane(k), eval_env=seed.envs.eval,
+        obs_stats=partial(obs_statistics, seed.envs.train), save=save, load=load,
+        networks={"actor": seed.actor, "reference": seed.reference}, rng_state=partial(learner.random.state, k),
+        load_rng=partial(learner.random.load, k),
+    )  # fmt: skip
 
 
 # ── the iteration: B groups of G trajectories → group advantages → update ─────────────────────────
 
 
-@dataclass
-class Learner:
-    """What GRPO carries from one iteration to the next."""
+def collect(learner: Learner, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    """Every running seed's B groups of G trajectories (``groups.group_steps``). At each step, the live
+    members of every seed act through one batched forward pass; each seed draws from its own generator."""
+    S, M, obs_dim = len(learner.seeds), learner.cfg.batch_trajectories, learner.seeds[0].envs.obs_dim
+    steps = {k: group_steps(seed.cfg, seed.groups, learner.net.alone(k, seed.actor, learner.random.torch[k]),
+                            learner.random.numpy[k], seed.buffers,
+                            iterations[k]) for k, seed in enumerate(learner.seeds) if running[k]}  # fmt: skip
 
-    cfg: GRPOConfig
-    envs: Envs  # train: the B·G members as one vector env
-    trunk_env: Any  # start_mode=branch: B raw envs that run to the branch points; else None
-    restore_mode: str | None  # how a branch point is restored (state or replay); None for resets
-    actor: Actor
-    reference: Actor  # π_ref of the KL penalty
-    optimizer: torch.optim.Optimizer
-    buffers: SegmentBuffers  # (H, B·G) storage, reused by every collection
-    H: int  # the training time limit
-    lr_scale: float = 1.0  # kl_target: the factor on the scheduled learning rate, adapted every iteration
+    def act(obs: Tensor) -> list[Callable[[int], Sample]]:
+        out = learner.net.policy(obs.to(learner.cfg.device))  # (S, M, action_dim)
+        return [partial(lambda k, rows: learner.net.sample_seed(k, out[k, :rows], learner.random.torch[k]), k)
+                for k in range(S)]  # fmt: skip
 
-
-def member_envs(cfg: GRPOConfig) -> Envs:
-    """The B·G members as one vector env (train), and the evaluation envs."""
-    options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization,
-                         reward_delay=cfg.reward_delay)  # fmt: skip
-    return open_envs(cfg, cfg.batch_trajectories, options, **time_limit(cfg))
+    groups = drive_seeds(steps, act, (S, M, obs_dim))
+    return [collected(groups[k]) if running[k] else None for k in range(S)]
 
 
-def build(cfg: GRPOConfig) -> Agent:
-    """GRPO's envs, actor, reference and Adam, as the parts that ``training.run`` drives."""
-    H, M, limit, envs = horizon(cfg), cfg.batch_trajectories, time_limit(cfg), member_envs(cfg)
-    mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs) if cfg.start_mode == "branch" else None
-    trunk_options = EnvOptions(vectorization="sync", reward_delay=cfg.reward_delay)  # B raw envs, no normalization
-    trunk_env = None if mode is None else make_vector(cfg.env_id, cfg.num_groups, trunk_options, **cfg.env_kwargs,
-                                                      **limit)  # fmt: skip
-    actor = Actor(network_spec(envs.train, cfg)).to(cfg.device)
-    reference = copy.deepcopy(actor).requires_grad_(False)
-    optimizer = adam(actor, cfg.learning_rate)
-    buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)  # (H, B·G)
-    grpo = Learner(cfg, envs, trunk_env, mode, actor, reference, optimizer, buffers, H)
-
-    def close() -> None:
-        envs.close()
-        if trunk_env is not None:
-            trunk_env.close()
-
-    return Agent(
-        model=actor,
-        policy=actor,
-        optimizer=optimizer,
-        eval_env=envs.eval,
-        obs_stats=partial(obs_statistics, envs.train),
-        collect=partial(collect, grpo),
-        update=partial(learn, grpo),
-        save=partial(save, grpo),
-        load=partial(load, grpo),
-        tags=TAGS,
-        networks={"actor": actor, "reference": reference},
-        close=close,
-    )
-
-
-def collect(grpo: Learner, iteration: int) -> Collected:
-    """B groups of G trajectories, every member run until its episode ends."""
-    return collected(collect_groups(grpo.cfg, grpo.envs.train, grpo.trunk_env, grpo.restore_mode, grpo.actor,
-                                    grpo.buffers, iteration))  # fmt: skip
-
-
-def collected(groups: Groups) -> Collected:
-    """An iteration's groups as the lifecycle counts and logs them."""
-    lengths = torch.cat([e.lengths for e in groups.rounds]).tolist()
-    return Collected(groups, groups.env_steps, groups.episode_returns, lengths)
-
-
-def learn(grpo: Learner, collected: Collected, iteration: int, progress_remaining: float) -> dict[str, float | None]:
-    """Group advantages, the clipped update, the step size adapted to ``kl_target``, the reference refresh."""
-    groups = collected.batch
-    for group in grpo.optimizer.param_groups:
-        group["lr"] *= grpo.lr_scale
-    # Without an informative group (every group tied in every round) there is nothing to learn.
-    stats = update(grpo.actor, grpo.reference, grpo.optimizer, groups, grpo.cfg, grpo.H) if groups.kept_groups else {}
-    return after_update(grpo, groups, stats, iteration)
-
-
-def after_update(grpo: Learner, groups: Groups, stats: dict[str, float], iteration: int) -> dict[str, float | None]:
-    """The step size adapted to ``kl_target``, the reference refreshed; returns the iteration's diagnostics."""
-    if (cfg := grpo.cfg).kl_target is not None and stats:
-        grpo.lr_scale = adapt_step_size(grpo.lr_scale, stats["update_kl"], cfg.kl_target)
-    refresh_reference(grpo.reference, grpo.actor, cfg.ref_update, iteration % cfg.ref_update_interval == 0, cfg.ref_ema)
-    return diagnostics(groups, stats, grpo.lr_scale)
-
-
-def save(grpo: Learner) -> dict[str, Any]:
-    """The reference policy, the observation statistics and the step-size factor (iterations start afresh)."""
-    return {"reference": grpo.reference.state_dict(), "normalizers": normalizer_state(grpo.envs.train),
-            "lr_scale": grpo.lr_scale}  # fmt: skip
-
-
-def load(grpo: Learner, ckpt: dict[str, Any]) -> None:
-    grpo.reference.load_state_dict(ckpt["reference"])
-    load_normalizer_state(grpo.envs.train, ckpt["normalizers"])
-    grpo.lr_scale = ckpt.get("lr_scale", 1.0)
+def learn(
+    learner: Learner, batches: list[Collected | None], iterations: list[int], remaining: list[float],
+    learning_rates: list[float], running: list[bool],
+) -> list[dict[str, float | None]]:  # fmt: skip
+    """The update at each seed's scheduled learning rate times its KL-target factor; then each seed's step
+    size adapted to ``kl_target``, its reference refreshed, and its diagnostics."""
+    groups = [c.batch if c is not None else None for c in batches]
+    learner.adam.lr = torch.tensor([lr * seed.lr_scale for lr, seed in zip(learning_rates, learner.seeds, strict=True)],
+                                   dtype=torch.float64)  # fmt: skip
+    stats = update(learner, groups)
+    metrics: list[dict[str, float | None]] = []
+    for seed, seed_groups, seed_stats, iteration in zip(learner.seeds, groups, stats, iterations, strict=True):
+        if seed_groups is None:
+            metrics.append({})
+            continue
+        if (cfg := seed.cfg).kl_target is not None and seed_stats:
+            seed.lr_scale = adapt_step_size(seed.lr_scale, seed_stats["update_kl"], cfg.kl_target)
+        refresh_reference(seed.reference, seed.actor, cfg.ref_update, iteration % cfg.ref_update_interval == 0,
+                          cfg.ref_ema)  # fmt: skip
+        metrics.append(diagnostics(seed_groups, seed_stats, seed.lr_scale))
+    return metrics
 
 
 def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False, name: str = "grpo") -> dict[str, Any]:
-    """Train the GRPO agent into ``run_dir``; returns the summary also written to ``summary.json``."""
-    validate(cfg)
-    return run(build, cfg, run_dir, resume, name)
+    """Train the GRPO agent into ``run_dir``: a stack of one. Returns the summary also written to ``summary.json``."""
+    return train_stack([cfg], [run_dir], resume, name)[0]
 
+
+def train_stack(
+    cfgs: list[GRPOConfig], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = "grpo"
+) -> list[dict[str, Any]]:
+    """Train one GRPO run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
+    for cfg in cfgs:
+        validate(cfg)
+    return run_stack(build, cfgs, run_dirs, resume, name)

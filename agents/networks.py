@@ -142,43 +142,6 @@ def orthogonal_init(layer: nn.Module, gain: float) -> None:
         nn.init.zeros_(layer.bias)
 
 
-def flatten_parameters(model: nn.Module) -> nn.Parameter:
-    """Make every parameter (and its gradient) a view into one flat tensor, and return that tensor.
-
-    The optimizer and the gradient-norm clip then handle one tensor instead of one per layer, which
-    removes most of their per-step Python overhead. Backward accumulates into the gradient views in
-    place, so zero the gradient with ``flat.grad.zero_()`` rather than setting it to None. Call after
-    moving the model to its device.
-    """
-    params = list(model.parameters())
-    flat_data = torch.cat([p.detach().reshape(-1) for p in params])  # (P,)
-    flat = nn.Parameter(flat_data)
-    flat.grad = torch.zeros_like(flat_data)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.data = flat.data[offset : offset + n].view_as(p)
-        p.grad = flat.grad[offset : offset + n].view_as(p)
-        offset += n
-    return flat
-
-
-def clip_grad_norm_(flat: nn.Parameter, max_norm: float) -> Tensor:
-    """Global gradient-norm clipping (PPO implementation detail 11), in place on the flat gradient::
-
-        g ← g · min(1, c / (‖g‖₂ + 10⁻⁶))
-
-    g is the gradient of every parameter as one vector (``flat.grad``, see :func:`flatten_parameters`), c
-    the largest norm allowed (``max_norm``); the 10⁻⁶ guards against ‖g‖₂ = 0. This is the formula of
-    ``torch.nn.utils.clip_grad_norm_``, which first groups many tensors by device and dtype: on one flat
-    tensor that bookkeeping costs several times the arithmetic, at every one of PPO's thousands of small
-    gradient steps. Returns ‖g‖₂ before clipping, as a tensor, so that nothing waits for its value.
-    """
-    norm = torch.linalg.vector_norm(flat.grad)
-    flat.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-    return norm
-
-
 class Actor(nn.Module):
     """π_θ(a|s): an MLP trunk and a head giving logits (discrete) or means (continuous, with a
     state-independent log σ). GRPO uses it alone; PPO's ActorCritic adds a critic beside it."""
@@ -335,6 +298,16 @@ class StackedNetworks:
         actions = out + torch.exp(self.log_std[k]) * torch.randn(out.shape, generator=generator, device=out.device)
         return Sample(actions, D.gaussian_log_prob(out, self.log_std[k], actions))
 
+    def alone(self, k: int, model: Actor, generator: torch.Generator) -> Callable[[Tensor], Sample]:
+        """Seed k's π_θ acting on its own, outside the stack's batched steps (GRPO's trunks and vine
+        branches): its own module, which computes as its row of the stack, and its own generator."""
+        device = self.flat.device
+
+        def act(obs: Tensor) -> Sample:
+            return self.sample_seed(k, model(obs.to(device)), generator)
+
+        return act
+
     def sample(self, out: Tensor, generators: list[torch.Generator | None]) -> tuple[Tensor, Tensor]:
         """a ~ π_k(·|s) and log π_k(a|s) for each seed k, out (S, N, action_dim), drawn from its own generator
         as a single run draws from the global one; a seed whose generator is None (not running) gets zeros
@@ -365,21 +338,6 @@ class StackedNetworks:
         """log π(a|s), the entropy of π(·|s) and V(s) for stored actions, each (S, B), with gradients."""
         out, values = self.heads(obs)
         return *self.log_prob_entropy(out, actions), values
-
-
-def adam(model: nn.Module, learning_rate: float) -> torch.optim.Adam:
-    """Adam with ε = 1e-5 (PPO implementation detail 3) over the model's parameters as one flat tensor."""
-    flat_params = flatten_parameters(model)  # one tensor for Adam and the gradient clip: less overhead
-    return torch.optim.Adam([flat_params], lr=learning_rate, eps=1e-5, fused=True)
-
-
-def gradient_step(optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm: float) -> None:
-    """One step of an optimizer made by :func:`adam`: gradient of ``loss``, global norm clip, update."""
-    (flat_params,) = optimizer.param_groups[0]["params"]
-    flat_params.grad.zero_()
-    loss.backward()
-    clip_grad_norm_(flat_params, max_grad_norm)
-    optimizer.step()
 
 
 def adapt_step_size(scale: float, kl: float, kl_target: float) -> float:

@@ -245,10 +245,12 @@ def finish(steps: Any, last_values: Tensor) -> Segment:
 
 def learn(
     learner: Learner, collected: list[Collected | None], iterations: list[int], remaining: list[float],
-    running: list[bool],
+    learning_rates: list[float], running: list[bool],
 ) -> list[dict[str, float | None]]:  # fmt: skip
-    """GAE advantages, then K epochs of minibatch updates; returns each seed's losses and explained variance."""
+    """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns
+    each seed's losses and explained variance."""
     cfg, S, N = learner.cfg, len(learner.cfgs), learner.cfg.n_envs
+    learner.adam.lr = torch.tensor(learning_rates, dtype=torch.float64)
     segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
     clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
     advantages = adv.gae(segment.rewards, segment.values, segment.next_values, segment.terminated, segment.done,
@@ -293,7 +295,8 @@ def update(
     totals = torch.zeros((S, 5), device=device)  # (S, 5)  summed to avoid per-step syncs
     counts = torch.zeros(S, device=device)  # (S,)
     for _ in range(cfg.n_epochs):
-        epoch = minibatches.shuffle(stepping, obs, actions, old_log_probs, old_values, advantages, returns)
+        minibatches.shuffle(stepping)
+        epoch = minibatches.gather(obs, actions, old_log_probs, old_values, advantages, returns)
         for m in range(M):
             columns = minibatches.columns(m)
             mb_obs, mb_actions, mb_old_log_probs, mb_old_values, mb_advantages, mb_returns = (x[:, columns] for x in epoch)

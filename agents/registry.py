@@ -82,7 +82,7 @@ class Algo:
 @functools.cache
 def algos() -> dict[str, Algo]:
     """Every algo by name. Imported here, on first use: the algorithms import torch, which takes seconds."""
-    from agents import grpo, grpo_stack, ppo, sb3
+    from agents import grpo, ppo, sb3
     from agents.networks import Actor, ActorCritic, load_weights
     from agents.training import network_spec
 
@@ -99,7 +99,7 @@ def algos() -> dict[str, Algo]:
         "ppo": {"config": ppo.PPOConfig, "train": ppo.train, "load_policy": load_actor_critic,
                 "train_stack": ppo.train_stack},
         "grpo": {"config": grpo.GRPOConfig, "train": grpo.train, "load_policy": load_actor, "checks": grpo.validate,
-                 "train_stack": grpo_stack.train},
+                 "train_stack": grpo.train_stack},
         "sb3-ppo": {"config": ppo.PPOConfig, "train": sb3.train, "load_policy": load_sb3_policy,
                     "checks": sb3.validate},
     }  # fmt: skip

@@ -228,30 +228,56 @@ def episode_steps(
 
 
 R = TypeVar("R")
+Policy = Callable[[Tensor], Sample]
+"""π_θ acting on observations (B, obs_dim): sampled actions and their log-probabilities, drawn from the
+generator of the seed it belongs to (``Actor.act`` draws from the global one)."""
 
 
-def drive(steps: Generator[np.ndarray, Sample, R], actor: Actor, device: str = "cpu") -> R:
-    """Run a generator of :func:`episode_steps`'s kind to its end, π_θ acting on every observation it yields."""
+def drive(steps: Generator[np.ndarray, Sample, R], act: Policy) -> R:
+    """Run a generator of :func:`episode_steps`'s kind to its end, ``act`` acting on every observation it yields."""
     with torch.inference_mode():
         try:
             obs = next(steps)
             while True:
-                obs = steps.send(actor.act(torch.from_numpy(obs).to(device)))
+                obs = steps.send(act(torch.from_numpy(obs)))
         except StopIteration as finished:
             return finished.value
 
 
+def drive_seeds(
+    steps: dict[int, Generator[np.ndarray, Sample, R]], act: Callable[[Tensor], list[Callable[[int], Sample]]],
+    shape: tuple[int, int, int],
+) -> dict[int, R]:
+    """Run generators of :func:`episode_steps`'s kind, one per seed k, in lockstep to their ends: at each step,
+    every seed's observations (K_k, obs_dim) go to ``act`` at once, as rows 0 … K_k of seed k in one
+    (S, M, obs_dim) tensor (``shape``), and ``act`` returns, per seed, how to sample its K_k rows."""
+    obs = torch.zeros(shape)  # (S, M, obs_dim)  rows past a seed's K_k unused
+    finished: dict[int, R] = {}
+    with torch.inference_mode():
+        live = {k: next(seed_steps) for k, seed_steps in steps.items()}  # each (K_k, obs_dim)
+        while live:
+            for k, live_obs in live.items():
+                obs[k, : len(live_obs)] = torch.from_numpy(live_obs)
+            samplers = act(obs)
+            for k in list(live):
+                try:
+                    live[k] = steps[k].send(samplers[k](len(live[k])))
+                except StopIteration as done:
+                    finished[k] = done.value
+                    del live[k]
+    return finished
+
+
 def collect_episodes(
     env: VectorEnv,
-    actor: Actor,
+    act: Policy,
     first_obs: np.ndarray,
     buffers: SegmentBuffers,
-    device: str = "cpu",
     before_step: Callable[[int, np.ndarray], None] | None = None,
 ) -> Episodes:
     """Step the M sub-envs from ``first_obs`` with π_θ until each has ended once (:func:`episode_steps`);
     π_θ acts only for the live members."""
-    return drive(episode_steps(env, first_obs, buffers, before_step), actor, device)
+    return drive(episode_steps(env, first_obs, buffers, before_step), act)
 
 
 def concat_episodes(parts: list[Episodes]) -> Episodes:

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from agents.networks import StackedNetworks
+
 
 def clip_grad_norms_(grad: Tensor, max_norm: float) -> Tensor:
     """Global gradient-norm clipping per seed, in place on the stacked gradient (S, P)::
@@ -114,6 +116,7 @@ class LaneAdam:
                     "exp_avg_sq": adam.exp_avg_sq[k]}}  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
+        self.param_groups[0]["lr"] = float(self.adam.lr[self.k])
         return {"state": {i: {name: t.clone() for name, t in s.items()} for i, s in self.state.items()},
                 "param_groups": [dict(group) for group in self.param_groups]}  # fmt: skip
 
@@ -172,38 +175,96 @@ class Minibatches:
         """Minibatch m's columns in an epoch's (S, M·W, …) tensors."""
         return slice(m * self.W, (m + 1) * self.W)
 
-    def shuffle(self, stepping: Tensor, *tensors: Tensor) -> list[Tensor]:
-        """A new epoch for the seeds in ``stepping``: each of ``tensors`` (S, T·N, …) gathered into its
-        minibatches at once, (S, M·W, …)."""
-        S = len(self.indices)
-        for k in range(S):
+    def shuffle(self, stepping: Tensor) -> Tensor:
+        """A new epoch for the seeds in ``stepping``: each one's samples shuffled by its own generator, in
+        its minibatches' slots. Returns the samples of every slot, (S, M·W), on the mask's device."""
+        for k in range(len(self.indices)):
             if bool(stepping[k]):
                 generator = self.random.torch[k]
                 order = torch.randperm(len(self.indices[k]), generator=generator, device=generator.device).cpu()
                 self.index[k, self.slots[k]] = self.indices[k][order]
+        return self.index.to(self.mask.device)
+
+    def gather(self, *tensors: Tensor) -> list[Tensor]:
+        """Each of ``tensors`` (S, T·N, …) gathered into this epoch's minibatches at once, (S, M·W, …)."""
+        S = len(self.indices)
         flat_index = (self.index + self.row_offsets).view(-1).to(tensors[0].device)
         return [x.flatten(0, 1).index_select(0, flat_index).view(S, self.M * self.W, *x.shape[2:]) for x in tensors]
 
 
 class SeedGenerators:
-    """Each seed's random number generators in a stack: a ``torch.Generator``, which draws what a single run
-    draws from the global one, and what a single run's checkpoint records of NumPy's global generator."""
+    """Each seed's random number generators: a ``torch.Generator`` (its actions, its shuffles) and a NumPy
+    ``RandomState`` (GRPO's branch depths), both continuing from the global state that seeding set, so that
+    a seed draws the same numbers whatever seeds share its process."""
 
     def __init__(self) -> None:
         self.torch: list[torch.Generator] = []
-        self.numpy: list[dict[str, Any]] = []
+        self.numpy: list[np.random.RandomState] = []
 
     def capture(self, device: str) -> None:
-        """Add a seed whose generators continue from the global state, right after its single run's build."""
+        """Add a seed whose generators continue from the global state, right after its seeded build."""
         generator = torch.Generator(device)
         generator.set_state(torch.get_rng_state() if device == "cpu" else torch.cuda.get_rng_state())
         self.torch.append(generator)
-        self.numpy.append(np.random.get_state(legacy=False))
+        numpy = np.random.RandomState()
+        numpy.set_state(np.random.get_state())
+        self.numpy.append(numpy)
 
     def state(self, k: int) -> dict[str, Any]:
-        """Seed k's generators as a single run's checkpoint records them."""
-        return {"torch": self.torch[k].get_state(), "numpy": self.numpy[k]}
+        """Seed k's generators, for its checkpoint."""
+        return {"torch": self.torch[k].get_state(), "numpy": self.numpy[k].get_state(legacy=False)}
 
     def load(self, k: int, state: dict[str, Any]) -> None:
         self.torch[k].set_state(state["torch"])
-        self.numpy[k] = state["numpy"]
+        self.numpy[k].set_state(state["numpy"])
+
+
+def trajectories_at(x: Tensor, index: Tensor) -> Tensor:
+    """The trajectories ``index`` (S, W) of each seed's batch x (S, T, M, …) → (S, T, W, …)."""
+    return torch.take_along_dim(x, index.view(*index.shape[:1], 1, index.shape[1], *[1] * (x.dim() - 3)), dim=2)
+
+
+
+# ── a stacked network over each seed's masked rows, in chunks of a fixed width ────────────────────────
+
+ROWS = 256
+"""The rows of a chunk: wider chunks pad more, narrower ones make more calls."""
+
+
+def masked_first(mask: Tensor) -> Tensor:
+    """Each seed's masked positions first, in their order, cut to whole chunks of ROWS rows: as many chunks
+    as the seed with the most masked positions needs, at least one.  mask (S, B) → positions (S, R)."""
+    chunks = max(1, -(-int(mask.sum(-1).max()) // ROWS))
+    return torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, : ROWS * chunks]
+
+
+def pick_steps(
+    batch: dict[str, Tensor], mask: Tensor, weights: Tensor, members: Tensor, M: int
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Each seed's masked steps of a minibatch of trajectories, picked out of its (H, M) batch: its steps first,
+    in (t, i) order, as many chunks of ROWS rows as the seed with the most steps needs (a seed's chunks never
+    depend on its neighbours'). ``batch``: tensors (S, H·M, …); ``mask``, ``weights``: (S, H, W), of the
+    minibatch's trajectories ``members`` (S, W). Returns the picked tensors (S, R, …), with ``mask`` and
+    ``weight``, and each seed's count of steps, (S,)."""
+    S, W = members.shape
+    flat_mask = mask.flatten(1, 2)  # (S, H·W)
+    rows = masked_first(flat_mask)  # (S, R)
+    at_batch = (rows // W) * M + torch.gather(members, 1, rows % W)  # (S, R)  positions in the (H, M) batch
+    picked = {name: torch.take_along_dim(x, at_batch.view(S, -1, *[1] * (x.dim() - 2)), dim=1)
+              for name, x in batch.items()}  # fmt: skip
+    picked |= {"mask": torch.gather(flat_mask, 1, rows), "weight": torch.gather(weights.flatten(1, 2), 1, rows)}
+    return picked, flat_mask.sum(-1)
+
+
+@torch.no_grad()
+def log_probs_at(net: StackedNetworks, obs: Tensor, actions: Tensor, mask: Tensor) -> Tensor:
+    """log π_k(a|s) at each seed's masked steps, 0 elsewhere.  obs (S, B, obs_dim), mask (S, B) → (S, B).
+    Only the masked steps go through the network, picked out and run in chunks of ROWS rows: a seed's chunks
+    never depend on how many its neighbours need."""
+    rows = masked_first(mask)  # (S, R)
+    log_probs = torch.zeros(mask.shape, device=mask.device)  # (S, B)
+    for part in rows.split(ROWS, dim=1):
+        x = torch.take_along_dim(obs, part.unsqueeze(-1), dim=1)  # (S, ROWS, obs_dim)
+        a = torch.take_along_dim(actions, part.view(*part.shape, *[1] * (actions.dim() - 2)), dim=1)
+        log_probs.scatter_(1, part, net.log_prob_entropy(net.policy(x), a)[0])
+    return torch.where(mask, log_probs, 0.0)

@@ -248,13 +248,15 @@ class Stack:
     """S agents trained side by side in one process, one lane per seed; a single run is a stack of one.
 
     ``collect(iterations, running)`` returns each lane's experience (None for a lane no longer running);
-    ``update(collected, iterations, progress_remaining, running)`` learns from it and returns each lane's
-    metrics. A lane's work never depends on the other lanes.
+    ``update(collected, iterations, progress_remaining, learning_rates, running)`` learns from it, each lane
+    at its scheduled learning rate, and returns each lane's metrics. A lane's work never depends on the
+    other lanes.
     """
 
     lanes: list[Lane]
     collect: Callable[[list[int], list[bool]], list[Collected | None]]
-    update: Callable[[list[Collected | None], list[int], list[float], list[bool]], list[dict[str, float | None]]]
+    update: Callable[[list[Collected | None], list[int], list[float], list[float], list[bool]],
+                     list[dict[str, float | None]]]  # fmt: skip
     tags: list[str]
     close: Callable[[], None]
 
@@ -296,7 +298,10 @@ def in_turn(build: Callable[[Any], Agent]) -> Callable[[list[RunConfig]], Stack]
                     for k, agent in enumerate(agents)]  # fmt: skip
 
         def update(collected: list[Collected | None], iterations: list[int], remaining: list[float],
-                   running: list[bool]) -> list[dict[str, float | None]]:  # fmt: skip
+                   learning_rates: list[float], running: list[bool]) -> list[dict[str, float | None]]:  # fmt: skip
+            for agent, lr in zip(agents, learning_rates, strict=True):
+                for group in agent.optimizer.param_groups:  # an agent's own optimizer follows the schedule
+                    group["lr"] = lr
             return [turn(k, partial(agent.update, collected[k], iterations[k], remaining[k])) if running[k] else {}
                     for k, agent in enumerate(agents)]  # fmt: skip
 
@@ -472,9 +477,7 @@ def train_lanes(
                     lane_run.iteration += 1
                 remaining.append(max(1.0 - lane_run.global_step / lane_run.cfg.total_steps, 0.0))
                 lrs.append(lane_run.cfg.learning_rate * (remaining[-1] if lane_run.cfg.anneal_lr else 1.0))
-                for group in lane_run.lane.optimizer.param_groups:
-                    group["lr"] = lrs[-1]
-            metrics = stack.update(collected, [r.iteration for r in runs], remaining, running)
+            metrics = stack.update(collected, [r.iteration for r in runs], remaining, lrs, running)
         except Exception as exc:  # noqa: BLE001  the shared iteration failed: every running lane with it
             for k, lane_run in enumerate(r for r in runs if r.running):
                 fail(lane_run, exc, show=k == 0)

@@ -27,8 +27,7 @@ from gymnasium.vector import VectorEnv
 from torch import Tensor
 
 from agents import advantages as adv
-from agents.networks import Actor
-from agents.rollout import SegmentBuffers, collect_episodes
+from agents.rollout import Policy, SegmentBuffers, collect_episodes
 from envs import start_states as starts
 
 
@@ -59,14 +58,7 @@ class VineValues:
 
 
 def branch_values(
-    env: VectorEnv,
-    actor: Actor,
-    recorder: PointRecorder,
-    J: int,
-    K: int,
-    gamma: float,
-    buffers: SegmentBuffers,
-    device: str = "cpu",
+    env: VectorEnv, act: Policy, recorder: PointRecorder, J: int, K: int, gamma: float, buffers: SegmentBuffers
 ) -> VineValues:
     """V̂ at every recorded point, from K branches each: M / K points at a time in the M-member env.
 
@@ -84,7 +76,7 @@ def branch_values(
         started = time.perf_counter()
         obs, _ = starts.branch_groups(env, padded, K, "direct")
         restore_time += time.perf_counter() - started
-        branches = collect_episodes(env, actor, np.asarray(obs, dtype=np.float32), buffers, device)
+        branches = collect_episodes(env, act, np.asarray(obs, dtype=np.float32), buffers)
         steps += branches.env_steps
         V = adv.discounted_returns(branches.rewards, branches.mask, gamma).view(P, K).mean(1)  # (P,)
         for (j, i, _), value in zip(chunk, V.tolist()):

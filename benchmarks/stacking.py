@@ -13,8 +13,7 @@ Ours runs without periodic evaluations or intermediate checkpoints (its final ev
 stay in the time); SB3 evaluates and saves nothing. ``--sizes 1,2,4,8,16`` instead times one stacked
 process per stack size, for the bench's default ``--stack``.
 
-``--algo grpo`` times our GRPO preset the same way. SB3 has no GRPO, so its place is taken by one process
-whose seeds take turns unbatched (``training.in_turn``, what ``start_mode=branch`` and the vine get).
+``--algo grpo`` times our GRPO preset the same way; SB3 has no GRPO.
 
 Writes ``OUT/stacking.csv`` (a row per process) and ``OUT/stacking.md``, rewritten after every process.
 """
@@ -47,13 +46,10 @@ CASES = {
 PROFILE_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from agents import grpo, grpo_stack, ppo, ppo_stack, rundir
+from agents import grpo, ppo, rundir
 from agents.config import build_config
 
-algo, turns = sys.argv[3], sys.argv[4] == "turns"
-module, config = (grpo_stack, grpo.GRPOConfig) if algo == "grpo" else (ppo_stack, ppo.PPOConfig)
-if turns:
-    grpo_stack.batched = lambda cfg: False
+module, config = (grpo, grpo.GRPOConfig) if sys.argv[3] == "grpo" else (ppo, ppo.PPOConfig)
 timers = {"collect": 0.0, "update": 0.0}
 def timed(name, function):
     def wrapper(*args):
@@ -63,14 +59,13 @@ def timed(name, function):
         finally:
             timers[name] += time.perf_counter() - start
     return wrapper
-if not turns:
-    module.collect, module.learn = timed("collect", module.collect), timed("update", module.learn)
+module.collect, module.learn = timed("collect", module.collect), timed("update", module.learn)
 cfgs = [build_config(config, c) for c in json.loads(sys.argv[1])]
 dirs = [Path(sys.argv[2]) / f"seed{c.seed}" for c in cfgs]
 for d in dirs:
     rundir.prepare_run_dir(d, False)
 start = time.perf_counter()
-module.train(cfgs, dirs)
+module.train_stack(cfgs, dirs)
 print(json.dumps({**timers, "train_s": time.perf_counter() - start}))
 """
 
@@ -78,7 +73,7 @@ print(json.dumps({**timers, "train_s": time.perf_counter() - start}))
 @dataclasses.dataclass
 class Row:
     case: str
-    impl: str  # stacked | ours | sb3 | turns | stacked_profiled | size
+    impl: str  # stacked | ours | sb3 | turns (older results) | stacked_profiled | size
     seeds: int  # seeds this process trained
     seed: str  # which
     wall_s: float
@@ -114,12 +109,12 @@ def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int], alg
             "--total-steps", str(steps), *speed.OURS_FLAGS, "--run-dir", str(run_dir)]  # fmt: skip
 
 
-def profile_argv(cfg: Any, seeds: list[int], run_dir: Path, algo: str, how: str) -> list[str]:
-    """A stacked process of PROFILE_SCRIPT: batched with timers, or (GRPO) the seeds taking turns."""
+def profile_argv(cfg: Any, seeds: list[int], run_dir: Path, algo: str) -> list[str]:
+    """A stacked process of PROFILE_SCRIPT: the seeds batched, with timers around collecting and updating."""
     from agents.rundir import config_to_dict
 
     cfgs = [config_to_dict(dataclasses.replace(cfg, seed=seed, eval_interval=0, checkpoint_interval=0)) for seed in seeds]
-    return [sys.executable, "-c", PROFILE_SCRIPT, json.dumps(cfgs), str(run_dir), algo, how]
+    return [sys.executable, "-c", PROFILE_SCRIPT, json.dumps(cfgs), str(run_dir), algo]
 
 
 def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed.Case], steps: dict[str, int],
@@ -223,10 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                                    args.core)  # fmt: skip
                 record(Row(name, "ours", 1, str(seed), wall, proc.returncode))
             cfg, continuous = speed.resolve(case, args.algo)
-            if args.algo == "grpo":
-                wall, proc = timed(profile_argv(cfg, seeds, Path(tmp) / "turns", "grpo", "turns"), args.core)
-                record(Row(name, "turns", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode))
-            elif not args.no_sb3:
+            if args.algo == "ppo" and not args.no_sb3:
                 from agents.rundir import config_to_dict
 
                 for seed in seeds:
@@ -234,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                     wall, proc = timed([sys.executable, "-c", speed.SB3_SCRIPT, config_json, "1" if continuous else "0"],
                                        args.core)  # fmt: skip
                     record(Row(name, "sb3", 1, str(seed), wall, proc.returncode))
-            wall, proc = timed(profile_argv(cfg, seeds, Path(tmp) / "profiled", args.algo, "batched"), args.core)
+            wall, proc = timed(profile_argv(cfg, seeds, Path(tmp) / "profiled", args.algo), args.core)
             timers = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
             record(Row(name, "stacked_profiled", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode,
                        timers.get("collect"), timers.get("update")))  # fmt: skip

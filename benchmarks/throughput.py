@@ -16,61 +16,52 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agents import groups, grpo, ppo  # noqa: E402
+from agents import grpo, ppo  # noqa: E402
 from agents.config import resolve_config  # noqa: E402
-from agents.networks import Actor, ActorCritic, flatten_parameters  # noqa: E402
-from agents.rollout import RolloutState, SegmentBuffers, collect_episodes, collect_segment  # noqa: E402
-from agents.training import memory_report, network_spec, open_envs  # noqa: E402
-from envs import EnvOptions, action_space_of  # noqa: E402
-from envs import start_states as starts  # noqa: E402
+from agents.training import memory_report  # noqa: E402
+from envs import action_space_of  # noqa: E402
 
 
 def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict[str, int]]:
+    """PPO's collection (``ppo.collect``, a stack of one) with the untrained policy: steps/s, and memory."""
     cfg, _ = resolve_config(ppo.PPOConfig, "ppo", env_id, continuous, {})
-    options = EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward, gamma=cfg.gamma,
-                         vectorization=cfg.vectorization)  # fmt: skip
-    envs = open_envs(cfg, cfg.n_envs, options)
-    model = ActorCritic(network_spec(envs.train, cfg, cfg.shared_trunk))
-    obs, _ = envs.train.reset(seed=0)
-    state = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool))
-    buffers = SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape, not envs.continuous)
+    stack = ppo.build([cfg])
     steps, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
-        collect_segment(envs.train, model, state, buffers)
-        steps += cfg.batch_size
+        steps += stack.collect([0], [True])[0].env_steps
     rate = steps / (time.perf_counter() - started)
-    optimizer = torch.optim.Adam([flatten_parameters(model)], lr=cfg.learning_rate)
-    optimizer.step()  # creates Adam's moment buffers, so the memory report counts them
-    envs.close()
-    return rate, memory_report(optimizer, actor_critic=model)
+    return rate, lane_memory(stack)
 
 
 def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, float, dict[str, int]]:
+    """GRPO's collection (``grpo.collect``, a stack of one) with the untrained policy: the rate of the steps that
+    produce samples, the fraction of idle steps, and memory."""
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, {})
-    H, M = grpo.horizon(cfg), cfg.batch_trajectories
-    envs = open_envs(cfg, M, EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization),
-                     **groups.time_limit(cfg))
-    actor = Actor(network_spec(envs.train, cfg))
-    reference = Actor(network_spec(envs.train, cfg))
-    buffers = SegmentBuffers(H, M, envs.obs_dim, envs.action_shape, not envs.continuous)
+    stack = grpo.build([cfg])
     steps, idle, iteration, started = 0, 0, 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
-        first = starts.reset_groups(envs.train, starts.group_seeds(0, iteration, cfg.num_groups), cfg.group_size)
-        episodes = collect_episodes(envs.train, actor, np.asarray(first, dtype=np.float32), buffers)
-        steps, idle, iteration = steps + episodes.env_steps, idle + episodes.idle_steps, iteration + 1
+        groups = stack.collect([iteration], [True])[0].batch
+        steps += sum(e.env_steps for e in groups.rounds)
+        idle, iteration = idle + sum(e.idle_steps for e in groups.rounds), iteration + 1
     rate = steps / (time.perf_counter() - started)
-    optimizer = torch.optim.Adam([flatten_parameters(actor)], lr=cfg.learning_rate)
-    optimizer.step()
-    envs.close()
-    return rate, idle / (steps + idle), memory_report(optimizer, actor=actor, reference=reference)
+    return rate, idle / (steps + idle), lane_memory(stack)
+
+
+def lane_memory(stack: Any) -> dict[str, int]:
+    """The memory report of the stack's one lane, once its optimizer has state (Adam's moments)."""
+    lane = stack.lanes[0]
+    lane.optimizer.adam.step(torch.ones(1, dtype=torch.bool))
+    report = memory_report(lane.optimizer, **lane.networks)
+    stack.close()
+    return report
 
 
 def main() -> None:

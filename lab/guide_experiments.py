@@ -23,9 +23,10 @@ from torch import Tensor
 
 from agents import advantages as adv
 from agents import grpo, losses
+from agents.groups import Groups, collected, group_advantages
 from agents.config import resolve_config
-from agents.networks import Actor, ActorCritic, adam, gradient_step
-from agents.seeding import seed_everything
+from agents.networks import Actor, ActorCritic, StackedNetworks
+from agents.seeds import SeedAdam
 from lab.plot import new_figure
 
 ENV = "CartPole-v1"
@@ -68,18 +69,31 @@ def write_table(out: Path, title: str, header: list[str], rows: list[list[str]],
     return out
 
 
-def grpo_groups(actor: Actor, seed: int, **settings: object) -> tuple[grpo.GRPOConfig, grpo.Groups, Actor]:
+def grpo_groups(actor: Actor, seed: int, **settings: object) -> tuple[grpo.GRPOConfig, Groups, Actor]:
     """One GRPO collection on CartPole with ``actor``'s weights: the config, the groups and π_ref (the
     untrained policy, as at the start of a run)."""
-    seed_everything(seed)
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", ENV, False, {"seed": seed, **settings})
-    agent = grpo.build(cfg)
+    stack = grpo.build([cfg])
     try:
-        agent.policy.load_state_dict(actor.state_dict())
-        groups = agent.collect(0).batch
+        stack.lanes[0].policy.load_state_dict(actor.state_dict())
+        groups = stack.collect([0], [True])[0].batch
     finally:
-        agent.close()
-    return cfg, groups, agent.networks["reference"]
+        stack.close()
+    return cfg, groups, copy.deepcopy(stack.lanes[0].networks["reference"])
+
+
+def grpo_update(actor: Actor, reference: Actor, groups: Groups, cfg: grpo.GRPOConfig) -> dict[str, float | None]:
+    """GRPO's own update (``grpo.update``, through a stack of one) of ``actor`` on ``groups``, at the config's
+    learning rate, with π_ref ``reference``; returns its logged diagnostics."""
+    stack = grpo.build([cfg])
+    try:
+        stack.lanes[0].model.load_state_dict(actor.state_dict())
+        stack.lanes[0].networks["reference"].load_state_dict(reference.state_dict())
+        [metrics] = stack.update([collected(groups)], [1], [1.0], [cfg.learning_rate], [True])
+        actor.load_state_dict(stack.lanes[0].model.state_dict())
+    finally:
+        stack.close()
+    return metrics
 
 
 # ── 1. the clipped objective, and an update without its minimum ────────────────────────────────────
@@ -130,21 +144,21 @@ def runaway_update(actor: Actor, seed: int, epochs: int, out_png: Path, out_md: 
     cfg, groups, _ = grpo_groups(actor, seed, group_size=8, num_groups=8, advantage="step_baseline")
     batch = groups.batch
     valid = batch.mask.nonzero(as_tuple=True)
-    A = grpo.group_advantages(cfg, batch, groups.group_returns, None, batch.mask.shape[0])[valid]  # (K,)
+    A = group_advantages(cfg, batch, groups.group_returns, None, batch.mask.shape[0])[valid]  # (K,)
     obs, actions, old_log_probs = batch.obs[valid], batch.actions[valid], batch.log_probs[valid]
     history: dict[str, list[tuple[float, float, float, float]]] = {}
     for name, objective in OBJECTIVES.items():
         torch.manual_seed(seed)
-        model = copy.deepcopy(actor)
-        optimizer = adam(model, cfg.learning_rate)
+        net = StackedNetworks([copy.deepcopy(actor)])  # a stack of one, as training has it
+        adam, stepping = SeedAdam(net.flat, cfg.learning_rate), torch.ones(1, dtype=torch.bool)
         history[name] = []
         for _ in range(epochs):
             for part in torch.randperm(len(A)).tensor_split(cfg.num_minibatches):
-                log_probs = model.log_prob_entropy(model(obs[part]), actions[part])[0]
+                log_probs = net.log_prob_entropy(net.policy(obs[part][None]), actions[part][None])[0][0]
                 loss = objective((log_probs - old_log_probs[part]).exp(), A[part]).mean()
-                gradient_step(optimizer, loss, cfg.max_grad_norm)
+                adam.gradient_step(loss, stepping, cfg.max_grad_norm)
             with torch.no_grad():
-                log_ratio = model.log_prob_entropy(model(obs), actions)[0] - old_log_probs
+                log_ratio = net.log_prob_entropy(net.policy(obs[None]), actions[None])[0][0] - old_log_probs
             ratio = log_ratio.exp()
             helpful = ((A > 0) & (ratio > 1 + EPS)) | ((A < 0) & (ratio < 1 - EPS))
             harmful = ((A > 0) & (ratio < 1 - EPS)) | ((A < 0) & (ratio > 1 + EPS))
@@ -192,7 +206,7 @@ def tied_group_update(actor: Actor, seed: int, out_md: Path) -> Path:
     cfg, groups, reference = grpo_groups(actor, seed, group_size=8, num_groups=4, max_episode_steps=6,
                                          advantage="step_baseline", aggregation="trajectory")  # fmt: skip
     batch, H = groups.batch, groups.batch.mask.shape[0]
-    A = grpo.group_advantages(cfg, batch, groups.group_returns, None, H)
+    A = group_advantages(cfg, batch, groups.group_returns, None, H)
     if bool((groups.group_returns.amax(1) != groups.group_returns.amin(1)).any()) or bool(A.any()):
         raise RuntimeError("tied_group_update: a group did not tie; the 6-step episodes should all survive")
     obs = batch.obs[batch.mask]
@@ -200,16 +214,14 @@ def tied_group_update(actor: Actor, seed: int, out_md: Path) -> Path:
     with torch.no_grad():
         kl_before, entropy_before = exact_kl(actor, reference, obs), entropy(actor, obs)
     for beta, ent_coef in ((0.0, 0.0), (0.04, 0.0), (0.0, 0.01), (0.04, 0.01)):
-        torch.manual_seed(seed)
         model = copy.deepcopy(actor)
         before = torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
-        stats = grpo.update(model, reference, adam(model, cfg.learning_rate), groups,
-                            replace(cfg, beta=beta, ent_coef=ent_coef), H)  # fmt: skip
+        stats = grpo_update(model, reference, groups, replace(cfg, beta=beta, ent_coef=ent_coef))
         after = torch.cat([p.detach().flatten() for p in model.parameters()])
         with torch.no_grad():
             rows.append([f"{beta}", f"{ent_coef}", "0", f"{float((after - before).norm()):.4f}",
                          f"{kl_before:.4f} → {exact_kl(model, reference, obs):.4f}",
-                         f"{entropy_before:.4f} → {entropy(model, obs):.4f}", f"{stats['update_kl']:.2e}"])  # fmt: skip
+                         f"{entropy_before:.4f} → {entropy(model, obs):.4f}", f"{stats['grpo/update_kl']:.2e}"])  # fmt: skip
     header = ["β", "c_H (ent_coef)", "max |Â|", "‖Δθ‖", "KL(π_θ ‖ π_ref) before → after", "entropy before → after",
               "KL(π_old ‖ π_θ) of the update"]  # fmt: skip
     note = (f"{cfg.num_groups} groups × {cfg.group_size} CartPole members, every return {float(groups.group_returns[0, 0]):.4f}; "
@@ -318,7 +330,7 @@ def group_advantages_picture(model: ActorCritic, seed: int, H: int, gamma: float
     T, M = batch.mask.shape
     panels: dict[str, Tensor] = {}
     for kind in ("outcome", "rloo", "process", "step_baseline", "vine"):
-        panels[kind] = grpo.group_advantages(replace(cfg, advantage=kind), batch, groups.group_returns,
+        panels[kind] = group_advantages(replace(cfg, advantage=kind), batch, groups.group_returns,
                                              groups.vine.values, H)  # fmt: skip
     with torch.no_grad():
         values = model.value(batch.obs.reshape(T * M, -1)).view(T, M) * batch.mask  # (T, M)

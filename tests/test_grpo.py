@@ -12,8 +12,8 @@ import torch
 
 import agents.grpo as grpo
 from agents import advantages as adv
-from agents import groups, losses, runlog
-from agents.networks import Actor, NetworkSpec
+from agents import groups, losses, runlog, seeds
+from agents.networks import Actor, NetworkSpec, StackedNetworks
 from agents.rollout import Episodes
 from envs.errors import BadInput
 from lab.cli import main
@@ -41,41 +41,56 @@ def tiny_batch(T: int = 5, M: int = 4) -> tuple[Actor, Episodes]:
     return actor, batch
 
 
-def gradient(actor: Actor, loss: torch.Tensor) -> torch.Tensor:
-    actor.zero_grad()
+def objective(
+    actor: Actor, batch: Episodes, advantages: torch.Tensor, ref_log_probs: torch.Tensor, cfg: grpo.GRPOConfig
+) -> tuple[StackedNetworks, torch.Tensor, dict[str, float]]:
+    """GRPO's objective (``grpo.minibatch_loss``) of the whole batch as one minibatch, for a stack of one:
+    the stacked networks (whose ``flat.grad`` receives the gradient), the loss and its statistics."""
+    net = StackedNetworks([actor])
+    T, M = batch.mask.shape
+    flat = {"obs": batch.obs, "actions": batch.actions, "old_log_probs": batch.log_probs, "advantages": advantages,
+            "ref_log_probs": ref_log_probs}  # fmt: skip
+    flat = {name: x.reshape(1, T * M, *x.shape[2:]) for name, x in flat.items()}  # (1, T·M, …)
+    mask = batch.mask.unsqueeze(0)  # (1, T, M)
+    weights = losses.aggregation_weights(mask, cfg.aggregation, 500, torch.ones(1, M, dtype=torch.bool))
+    picked, count = seeds.pick_steps(flat, mask, weights, torch.arange(M).unsqueeze(0), M)
+    loss, sums = grpo.minibatch_loss(net, cfg, picked)
+    stats = [float(sums[0, 0])] + (sums[0, 1:] / count[0]).tolist()
+    return net, loss[0], dict(zip(grpo.STATS, stats, strict=True))
+
+
+def gradient(net: StackedNetworks, loss: torch.Tensor) -> torch.Tensor:
+    net.flat.grad.zero_()
     loss.backward()
-    return torch.cat([p.grad.flatten() for p in actor.parameters()])
+    return net.flat.grad.clone()
 
 
 def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_beta() -> None:
     actor, batch = tiny_batch()
     returns = adv.discounted_returns(batch.rewards, batch.mask, 1.0).view(2, 2)  # every return is 5: ties
-    members = torch.arange(4)
     for aggregation in ("trajectory", "step", "constant"):
         cfg = grpo_config(beta=0.0, aggregation=aggregation, advantage="outcome")
-        advantages = grpo.group_advantages(cfg, batch, returns, None, H=500)
+        advantages = groups.group_advantages(cfg, batch, returns, None, H=500)
         assert torch.equal(advantages, torch.zeros(5, 4))
-        ref = torch.zeros(5, 4)
-        loss, _ = grpo.minibatch_loss(actor, batch, members, advantages, ref, batch.mask, cfg, H=500)
-        grad = gradient(actor, loss)
+        net, loss, _ = objective(actor, batch, advantages, torch.zeros(5, 4), cfg)
+        grad = gradient(net, loss)
         assert torch.equal(grad, torch.zeros_like(grad))
 
         cfg = grpo_config(beta=0.1, aggregation=aggregation, advantage="outcome")
         ref_log_probs = batch.log_probs - 0.3  # a reference policy different from π_θ
-        loss, _ = grpo.minibatch_loss(actor, batch, members, advantages, ref_log_probs, batch.mask, cfg, H=500)
-        log_probs, _ = actor.log_prob_entropy(actor(batch.obs.flatten(0, 1)), batch.actions.flatten())
+        net, loss, _ = objective(actor, batch, advantages, ref_log_probs, cfg)
+        grad = gradient(net, loss)
+        log_probs, _ = net.log_prob_entropy(net.policy(batch.obs.flatten(0, 1)[None]), batch.actions.flatten()[None])
         kl_only = 0.1 * losses.aggregate(losses.k3_kl(ref_log_probs - log_probs.view(5, 4)), batch.mask, aggregation, 500)
-        grad, kl_grad = gradient(actor, loss), gradient(actor, kl_only)
-        torch.testing.assert_close(grad, kl_grad)
-        assert kl_grad.abs().sum() > 0
+        torch.testing.assert_close(grad, gradient(net, kl_only))
+        assert grad.abs().sum() > 0
 
 
 def test_first_minibatch_ratio_is_one_at_collection() -> None:
     actor, batch = tiny_batch()
     batch.log_probs += 0.05  # undo the offset: π_old = π_θ
     cfg = grpo_config(beta=0.0)
-    advantages = torch.randn(5, 4)
-    _, stats = grpo.minibatch_loss(actor, batch, torch.arange(4), advantages, batch.log_probs, batch.mask, cfg, 500)
+    _, _, stats = objective(actor, batch, torch.randn(5, 4), batch.log_probs, cfg)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["clipfrac_low"] == 0 == stats["clipfrac_high"]
     assert stats["kl_ref"] == pytest.approx(0.0, abs=1e-6)
 

@@ -1,4 +1,5 @@
-"""GRPO seeds side by side (``agents/grpo_stack.py``): batched, and taking turns where a variant needs it."""
+"""GRPO seeds side by side (``agents/grpo.py``, written once for any number of seeds): a seed's numbers are
+bit-identical whatever seeds share its process, and however many, for every variant."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from agents import grpo, grpo_stack, rundir, runlog
+from agents import grpo, rundir, runlog, seeds
 from agents.grpo import GRPOConfig
 from lab.cli import main
 from tests.conftest import (
@@ -42,7 +43,7 @@ def small(seed: int, **overrides: Any) -> GRPOConfig:
 def train_stack(tmp: Path, seeds: list[int], **overrides: Any) -> dict[int, Path]:
     """A stack of these seeds into tmp/seed<k>; returns each seed's run directory."""
     run_dirs = stack_dirs(tmp, seeds)
-    grpo_stack.train([small(seed, **overrides) for seed in seeds], list(run_dirs.values()))
+    grpo.train_stack([small(seed, **overrides) for seed in seeds], list(run_dirs.values()))
     return run_dirs
 
 
@@ -70,7 +71,7 @@ def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(
 ) -> None:
     # Chunks of 8 rows: a minibatch of up to 2 × 60 steps takes 1 to 15 chunks, as many as its longest
     # seed needs, so neighbours of different episode lengths change the number of chunks.
-    monkeypatch.setattr(grpo_stack, "ROWS", 8)
+    monkeypatch.setattr(seeds, "ROWS", 8)
     first = train_stack(tmp_path / "a", [0, 1, 2], **overrides)
     other = train_stack(tmp_path / "b", [0, 7, 2], **overrides)
     for seed in (0, 2):  # bit-identical: the neighbour's seed changed, and with it its episodes' lengths
@@ -79,34 +80,35 @@ def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(
     assert losses_of(first[1]) != losses_of(other[7])
     epochs = {row[7] for seed in (0, 1, 2) for row in losses_of(first[seed])}
     assert len(epochs) > 1 or overrides  # CartPole's target KL stops epochs at different points
-    alone = train_stack(tmp_path / "c", [0, 2], **overrides)  # without the neighbour: equal to rounding
-    for seed in (0, 2):
-        assert_close_losses(first[seed], alone[seed], rows=2)
-
-
-@pytest.mark.parametrize("overrides", [{}, PENDULUM], ids=["cartpole", "pendulum"])
-def test_a_stack_of_one_matches_a_single_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict) -> None:
-    monkeypatch.setattr(grpo_stack, "ROWS", 8)  # many chunks per minibatch
-    stacked = train_stack(tmp_path / "stack", [3], **overrides)[3]
+    # Without the neighbour, a smaller stack; alone, a stack of one, as a single run is: bit-identical too.
+    alone = train_stack(tmp_path / "c", [0, 2], **overrides)
     single = tmp_path / "single"
-    run_training(grpo, small(3, **overrides), single)
-    assert_close_losses(stacked, single, rows=2)
-    summary = json.loads((stacked / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["seed"] == 3
+    run_training(grpo, small(2, **overrides), single)
+    for a, b in ((first[0], alone[0]), (first[2], alone[2]), (first[2], single)):
+        assert losses_of(a) == losses_of(b) and same_parameters(a, b)
+    assert json.loads((single / "summary.json").read_text())["status"] == "completed"
 
 
-def test_variants_that_act_outside_the_members_steps_take_turns_exactly_as_single_runs(tmp_path: Path) -> None:
-    cfgs = [small(seed, start_mode="branch", branch_max_depth=10, total_steps=600) for seed in (0, 5)]
-    assert not grpo_stack.batched(cfgs[0]) and grpo_stack.batched(small(0))
+def rows_but_timings(run_dir: Path) -> list[dict[str, str]]:
+    return [{k: v for k, v in row.items() if k not in TIMINGS} for row in read_progress(run_dir)]
+
+
+@pytest.mark.parametrize("variant", [{"start_mode": "branch", "branch_max_depth": 10, "total_steps": 600},
+                                     {"advantage": "vine", "vine_branches": 3, "total_steps": 2100}],
+                         ids=["branch", "vine"])  # fmt: skip
+def test_variants_that_act_outside_the_members_steps_are_bit_identical_alone_and_stacked(
+    tmp_path: Path, variant: dict
+) -> None:
+    # The trunks and the vine's branches act with the seed's own network and generator, beside the batch.
+    cfgs = [small(seed, **variant) for seed in (0, 5)]
     run_dirs = [tmp_path / "stack" / f"seed{cfg.seed}" for cfg in cfgs]
     for run_dir in run_dirs:
         rundir.prepare_run_dir(run_dir, False)
-    grpo_stack.train(cfgs, run_dirs)
+    grpo.train_stack(cfgs, run_dirs)
     single = tmp_path / "single"
-    run_training(grpo, cfgs[0], single)
-    rows = [[{k: v for k, v in row.items() if k not in TIMINGS} for row in read_progress(d)] for d in (run_dirs[0], single)]
-    assert rows[0] == rows[1] and len(rows[0]) >= 2
-    assert same_parameters(run_dirs[0], single)
+    run_training(grpo, cfgs[1], single)
+    assert rows_but_timings(run_dirs[1]) == rows_but_timings(single) and len(rows_but_timings(single)) >= 2
+    assert same_parameters(run_dirs[1], single)
 
 
 def test_train_seeds_for_grpo_writes_run_directories_that_eval_reads(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def test_collection_counts_exactly_the_members_own_steps() -> None:
     actor = Actor(NetworkSpec(obs_dim=4, action_dim=2, continuous=False))
     buffers = SegmentBuffers(H, B * G, 4, (), True)
     first = reset_groups(env, [11, 12], G)
-    episodes = collect_episodes(env, actor, np.asarray(first, dtype=np.float32), buffers)
+    episodes = collect_episodes(env, actor.act, np.asarray(first, dtype=np.float32), buffers)
     lengths = episodes.lengths
     assert lengths.min() < lengths.max()  # an untrained policy: lengths differ within the batch
     assert episodes.env_steps == int(lengths.sum()) and episodes.idle_steps == 0

@@ -3,6 +3,8 @@ agreement of act() with evaluate()."""
 
 from __future__ import annotations
 
+import copy
+
 import math
 
 import pytest
@@ -10,15 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from agents import distributions as D
-from agents.networks import (
-    Actor,
-    ActorCritic,
-    NetworkSpec,
-    adapt_step_size,
-    clip_grad_norm_,
-    flatten_parameters,
-    refresh_reference,
-)
+from agents.networks import Actor, ActorCritic, NetworkSpec, StackedNetworks, adapt_step_size, refresh_reference
+from agents.seeds import clip_grad_norms_
 
 OBS_DIM = 4
 B = 5
@@ -211,37 +206,47 @@ def test_same_seed_twice_gives_identical_actions(continuous: bool) -> None:
     assert not torch.equal(first, sample(seed=4))
 
 
-def test_clip_grad_norm_scales_a_long_gradient_to_the_limit() -> None:
-    flat = nn.Parameter(torch.zeros(2))
-    flat.grad = torch.tensor([3.0, 4.0])  # ‖g‖ = 5
-    norm = clip_grad_norm_(flat, 1.0)
-    assert norm.item() == pytest.approx(5.0)
+def test_clip_grad_norms_scale_a_long_gradient_to_the_limit_and_leave_a_short_one_alone() -> None:
+    grad = torch.tensor([[3.0, 4.0], [0.3, 0.4]])  # ‖g‖ = 5, then 0.5 < c = 1: min(1, c / ‖g‖) = 1
+    norms = clip_grad_norms_(grad, 1.0)
+    torch.testing.assert_close(norms, torch.tensor([5.0, 0.5]))
     scale = 1.0 / (5.0 + 1e-6)  # c / (‖g‖ + 10⁻⁶)
-    torch.testing.assert_close(flat.grad, torch.tensor([3.0 * scale, 4.0 * scale]))
+    torch.testing.assert_close(grad, torch.tensor([[3.0 * scale, 4.0 * scale], [0.3, 0.4]]))
 
 
-def test_clip_grad_norm_leaves_a_short_gradient_alone() -> None:
-    flat = nn.Parameter(torch.zeros(2))
-    flat.grad = torch.tensor([0.3, 0.4])  # ‖g‖ = 0.5 < c = 1: min(1, c / ‖g‖) = 1
-    clip_grad_norm_(flat, 1.0)
-    torch.testing.assert_close(flat.grad, torch.tensor([0.3, 0.4]))
-
-
-def test_clip_grad_norm_agrees_with_torch_on_the_layers_of_a_network() -> None:
+def test_the_clip_of_a_stack_of_one_agrees_with_torch_on_the_layers_of_a_network() -> None:
     ours, reference = make(continuous=True, seed=3), make(continuous=True, seed=3)
-    flat = flatten_parameters(ours)
-    obs = observations()
-    actions = torch.randn(B, 3)
-    for model in (ours, reference):
-        log_probs, entropy, values = model.evaluate(obs, actions)
-        (100 * (log_probs.sum() + values.pow(2).sum() - entropy.sum())).backward()
-    before = next(reference.parameters()).grad.clone()
+    net = StackedNetworks([ours])
+    obs, actions = observations(), torch.randn(B, 3)
+    log_probs, entropy, values = net.evaluate(obs[None], actions[None])
+    (100 * (log_probs.sum() + values.pow(2).sum() - entropy.sum())).backward()
+    log_probs, entropy, values = reference.evaluate(obs, actions)
+    (100 * (log_probs.sum() + values.pow(2).sum() - entropy.sum())).backward()
     expected_norm = nn.utils.clip_grad_norm_(list(reference.parameters()), 0.5)
-    norm = clip_grad_norm_(flat, 0.5)
-    torch.testing.assert_close(norm, expected_norm)
-    assert expected_norm > 0.5 and not torch.equal(before, next(reference.parameters()).grad)  # it clipped
-    for mine, theirs in zip(ours.parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(mine.grad, theirs.grad)
+    norm = clip_grad_norms_(net.flat.grad, 0.5)
+    torch.testing.assert_close(norm[0], expected_norm)
+    assert expected_norm > 0.5  # it clipped
+    torch.testing.assert_close(net.flat.grad[0], torch.cat([p.grad.flatten() for p in reference.parameters()]))
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_a_seeds_outputs_and_gradients_do_not_depend_on_how_many_seeds_share_its_stack(continuous: bool) -> None:
+    # BLAS computes a batch of one matrix-vector product (the critic's head, a one-dimensional action) with
+    # another kernel than a batch of several: such layers are computed element-wise, so the bits agree.
+    spec = NetworkSpec(obs_dim=OBS_DIM, action_dim=1 if continuous else 2, continuous=continuous)
+    torch.manual_seed(0)
+    models = [ActorCritic(spec) for _ in range(3)]
+    obs, actions = observations(), torch.randn(B, 1) if continuous else torch.randint(0, 2, (B,))
+    results = []
+    for stack in ([models[1]], models, models[1:]):
+        net = StackedNetworks([copy.deepcopy(m) for m in stack])
+        k = 1 if len(stack) == 3 else 0
+        S = len(stack)
+        log_probs, entropy, values = net.evaluate(obs.expand(S, *obs.shape), actions.expand(S, *actions.shape))
+        (log_probs.sum() + values.pow(2).sum() - entropy.sum()).backward()
+        results.append((log_probs[k].detach(), values[k].detach(), net.flat.grad[k].clone()))
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other, strict=True))
 
 
 def test_adapt_step_size_by_hand() -> None:

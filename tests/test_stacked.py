@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agents import advantages as adv
-from agents import grpo_stack, ppo, rundir, runlog
+from agents import grpo, ppo, rundir, runlog
 from agents.seeds import LaneAdam, SeedAdam, clip_grad_norms_, fixed_minibatch_slots, masked_mean
 from agents.training import check_stack
 from lab import bench, cells
@@ -153,7 +153,7 @@ def same_parameters(a: Path, b: Path) -> bool:
 class BatchedStack:
     """One algorithm's batched stack and the helpers its tests train and compare it with."""
 
-    module: ModuleType  # ppo or grpo_stack
+    module: ModuleType  # ppo or grpo
     small: Callable[..., Any]  # seed → a small config
     train_stack: Callable[..., dict[int, Path]]
     losses_of: Callable[[Path], list[list[str]]]
@@ -164,8 +164,8 @@ class BatchedStack:
 def batched_stack(algo: str) -> BatchedStack:
     if algo == "ppo":
         return BatchedStack(ppo, small, train_stack, losses_of, same_parameters, ppo.train_stack)
-    return BatchedStack(grpo_stack, grpo_tests.small, grpo_tests.train_stack, grpo_tests.losses_of,
-                        grpo_tests.same_parameters, grpo_stack.train)  # fmt: skip
+    return BatchedStack(grpo, grpo_tests.small, grpo_tests.train_stack, grpo_tests.losses_of,
+                        grpo_tests.same_parameters, grpo.train_stack)  # fmt: skip
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])

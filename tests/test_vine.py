@@ -46,12 +46,12 @@ def test_branch_values_converge_to_the_known_values_and_count_every_branch_step(
     buffers = SegmentBuffers(H, M, 4, (), True)
     recorder = vine.PointRecorder(env, m)
     first_obs, _ = env.reset(seed=list(range(M)))
-    trunks = collect_episodes(env, actor, np.asarray(first_obs, dtype=np.float32), buffers, before_step=recorder.record)
+    trunks = collect_episodes(env, actor.act, np.asarray(first_obs, dtype=np.float32), buffers, before_step=recorder.record)
     assert len(recorder.points) == 2 * M  # every member is alive at steps 0 and 5
     rewards = trunks.rewards[:, 0]  # trunk 0: distractors at steps 0 … 8, the outcome ±1 at step 9
     recorder.points = [p for p in recorder.points if p[1] == 0]  # trunk 0's points: (0, 0, s_0), (1, 0, s_5)
 
-    values = vine.branch_values(env, actor, recorder, J=2, K=M, gamma=1.0, buffers=buffers)
+    values = vine.branch_values(env, actor.act, recorder, J=2, K=M, gamma=1.0, buffers=buffers)
     assert values.points == 2
     assert values.values[0, 0].item() == pytest.approx(rewards[:9].sum().item(), abs=0.5)  # 4 standard errors
     assert values.values[1, 0].item() == pytest.approx(rewards[5:].sum().item(), abs=1e-5)  # exact
@@ -69,8 +69,8 @@ def test_branches_restore_the_trunk_state_exactly() -> None:
     buffers = SegmentBuffers(H, M, 4, (), True)
     recorder = vine.PointRecorder(env, 5)
     first_obs, _ = env.reset(seed=[1, 2, 3, 4])
-    trunks = collect_episodes(env, actor, np.asarray(first_obs, dtype=np.float32), buffers, before_step=recorder.record)
-    values = vine.branch_values(env, actor, recorder, J=2, K=2, gamma=1.0, buffers=buffers)
+    trunks = collect_episodes(env, actor.act, np.asarray(first_obs, dtype=np.float32), buffers, before_step=recorder.record)
+    values = vine.branch_values(env, actor.act, recorder, J=2, K=2, gamma=1.0, buffers=buffers)
     torch.testing.assert_close(values.values[1], trunks.rewards[H - 1])
     env.close()
 
