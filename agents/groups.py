@@ -22,11 +22,11 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import vine
 from agents.networks import Sample
+from agents.plumbing import Envs, open_envs
 from agents.rollout import Episodes, Policy, SegmentBuffers, concat_episodes, episode_steps
-from agents.training import Collected, Envs, open_envs
-from envs import EnvOptions, make_vector
+from agents.training import Collected
 from agents.vine import VineValues
-from envs import episode_limit
+from envs import EnvOptions, episode_limit, make_vector
 from envs import start_states as starts
 from envs.errors import BadInput
 from envs.snapshot import NotRestorable

@@ -5,7 +5,7 @@ the same state in the middle of an episode) → run the B·G members as one vect
 episode ends (``groups.group_steps``) → score each trajectory against its own group (``groups.targets``,
 ``advantages.group_*``) → epochs × minibatches of trajectories of the clipped surrogate with separate
 lower and upper clips, a k3 KL penalty to a reference policy and an optional entropy bonus, averaged by
-the chosen aggregation (``losses``). ``training.run`` logs, evaluates and checkpoints around it.
+the chosen aggregation (``losses``). ``training.run_stack`` logs, evaluates and checkpoints around it.
 
 Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process, step_baseline:
 per-step group baselines, vine), the aggregation (trajectory = GRPO, step = DAPO, constant = Dr. GRPO),
@@ -39,11 +39,12 @@ from agents.config import MAX_ENVS, RunConfig, check
 from agents.groups import Groups, MemberEnvs, collected, diagnostics, group_steps, horizon, pad_groups, targets
 from agents.groups import close_member_envs, open_member_envs, validate
 from agents.networks import Actor, Sample, StackedNetworks, adapt_step_size, refresh_reference
+from agents.plumbing import Envs, network_spec, obs_statistics
 from agents.rollout import SegmentBuffers, drive_seeds
 from agents.seeding import seed_everything
 from agents.seeds import ROWS, Minibatches, SeedAdam, SeedGenerators, log_probs_at, masked_mean, pick_steps
 from agents.seeds import trajectories_at
-from agents.training import Collected, Envs, Lane, Stack, network_spec, obs_statistics, run_stack
+from agents.training import Collected, Lane, run_stack
 from envs import load_normalizer_state, normalizer_state
 
 TAGS = [
@@ -238,9 +239,6 @@ def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, floa
     ]  # fmt: skip
 
 
-# ── what carries from one iteration to the next ─────────────────────────────────────────────────────
-
-
 @dataclass
 class Seed:
     """One seed's own GRPO state."""
@@ -254,113 +252,87 @@ class Seed:
     lr_scale: float = 1.0  # kl_target: the factor on the scheduled learning rate, adapted every iteration
 
 
-@dataclass
 class Learner:
-    """S seeds' GRPO: each seed's own state, their actors and references computed together, one optimizer."""
+    """S seeds' GRPO (a :class:`~agents.training.Trainer`): each seed's own state, their actors and references
+    computed together (``networks.StackedNetworks``), one optimizer."""
 
-    seeds: list[Seed]
-    net: StackedNetworks  # the actors: (S, P)
-    references: StackedNetworks  # the reference policies: (S, P)
-    adam: SeedAdam
-    random: SeedGenerators
-    H: int  # the training time limit
+    tags = TAGS
+
+    def __init__(self, cfgs: list[GRPOConfig]) -> None:
+        """Each seed's envs, actor and reference, seeded as a single run seeds them, then stacked."""
+        self.seeds: list[Seed] = []
+        self.random, self.H = SeedGenerators(), horizon(cfgs[0])  # H: the training time limit
+        try:
+            for cfg in cfgs:
+                seed_everything(cfg.seed)
+                envs, groups, buffers = open_member_envs(cfg, self.H)
+                actor = Actor(network_spec(envs.train, cfg)).to(cfg.device)  # π_ref: π_θ at the start
+                self.seeds.append(Seed(cfg, envs, groups, actor, copy.deepcopy(actor).requires_grad_(False), buffers))
+                self.random.capture(cfg.device)
+        except BaseException:
+            self.close()
+            raise
+        self.net = StackedNetworks([seed.actor for seed in self.seeds])  # the actors: (S, P)
+        self.references = StackedNetworks([seed.reference for seed in self.seeds])  # (S, P)
+        self.adam = SeedAdam(self.net.flat, cfgs[0].learning_rate)
+        self.lanes = [Lane(seed.actor, seed.actor, self.adam.lane(k), seed.envs.eval,
+                           partial(obs_statistics, seed.envs.train), {"actor": seed.actor, "reference": seed.reference})
+                      for k, seed in enumerate(self.seeds)]  # fmt: skip
 
     @property
     def cfg(self) -> GRPOConfig:
         """The settings every seed shares (all but the seed)."""
         return self.seeds[0].cfg
 
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+        """Every running seed's B groups of G trajectories (``groups.group_steps``). At each step, the live
+        members of every seed act through one batched forward pass; each seed draws from its own generator."""
+        S, M, obs_dim = len(self.seeds), self.cfg.batch_trajectories, self.seeds[0].envs.obs_dim
+        steps = {k: group_steps(seed.cfg, seed.groups, self.net.alone(k, seed.actor, self.random.torch[k]),
+                                self.random.numpy[k], seed.buffers, iterations[k])
+                 for k, seed in enumerate(self.seeds) if running[k]}  # fmt: skip
 
-def build(cfgs: list[GRPOConfig]) -> Stack:
-    """Each seed's envs, actor and reference, seeded as a single run seeds them, then stacked."""
-    seeds: list[Seed] = []
-    random, H = SeedGenerators(), horizon(cfgs[0])
-    try:
-        for cfg in cfgs:
-            seed_everything(cfg.seed)
-            seeds.append(open_seed(cfg, H))
-            random.capture(cfg.device)
-    except BaseException:
-        for seed in seeds:
-            close_member_envs(seed.envs, seed.groups)
-        raise
-    net = StackedNetworks([seed.actor for seed in seeds])
-    learner = Learner(seeds, net, StackedNetworks([seed.reference for seed in seeds]),
-                      SeedAdam(net.flat, cfgs[0].learning_rate), random, H)  # fmt: skip
-    return Stack(lanes=[lane(learner, k) for k in range(len(seeds))], collect=partial(collect, learner),
-                 update=partial(learn, learner), tags=TAGS,
-                 close=lambda: [close_member_envs(seed.envs, seed.groups) for seed in seeds] and None)  # fmt: skip
+        def act(obs: Tensor) -> list[Callable[[int], Sample]]:
+            out = self.net.policy(obs.to(self.cfg.device))  # (S, M, action_dim)
+            return [partial(lambda k, rows: self.net.sample_seed(k, out[k, :rows], self.random.torch[k]), k)
+                    for k in range(S)]  # fmt: skip
 
+        groups = drive_seeds(steps, act, (S, M, obs_dim))
+        return [collected(groups[k]) if running[k] else None for k in range(S)]
 
-def open_seed(cfg: GRPOConfig, H: int) -> Seed:
-    """A seed's envs (``groups.open_member_envs``), actor and reference (π_θ at the start)."""
-    envs, groups, buffers = open_member_envs(cfg, H)
-    actor = Actor(network_spec(envs.train, cfg)).to(cfg.device)
-    return Seed(cfg, envs, groups, actor, copy.deepcopy(actor).requires_grad_(False), buffers)
+    def learn(
+        self, batches: list[Collected | None], iterations: list[int], remaining: list[float],
+        learning_rates: list[float], running: list[bool],
+    ) -> list[dict[str, float | None]]:  # fmt: skip
+        """The update at each seed's scheduled learning rate times its KL-target factor; then each seed's step
+        size adapted to ``kl_target``, its reference refreshed, and its diagnostics."""
+        groups = [c.batch if c is not None else None for c in batches]
+        self.adam.lr = torch.tensor([lr * seed.lr_scale for lr, seed in zip(learning_rates, self.seeds, strict=True)],
+                                    dtype=torch.float64)  # fmt: skip
+        metrics: list[dict[str, float | None]] = []
+        for seed, seed_groups, stats, iteration in zip(self.seeds, groups, update(self, groups), iterations, strict=True):
+            if seed_groups is not None:  # a seed no longer running learns nothing
+                if (cfg := seed.cfg).kl_target is not None and stats:
+                    seed.lr_scale = adapt_step_size(seed.lr_scale, stats["update_kl"], cfg.kl_target)
+                refresh_reference(seed.reference, seed.actor, cfg.ref_update,
+                                  iteration % cfg.ref_update_interval == 0, cfg.ref_ema)  # fmt: skip
+            metrics.append(diagnostics(seed_groups, stats, seed.lr_scale) if seed_groups is not None else {})
+        return metrics
 
-
-def lane(learner: Learner, k: int) -> Lane:
-    """Seed k as the lifecycle sees it: its networks, optimizer state, envs, step size and generators."""
-    seed = learner.seeds[k]
-
-    def save() -> dict[str, Any]:  # the reference, the observation statistics, the step size (iterations start afresh)
+    def save(self, k: int) -> dict[str, Any]:  # the reference, the normalizer, the step size (iterations start afresh)
+        seed = self.seeds[k]
         return {"reference": seed.reference.state_dict(), "normalizers": normalizer_state(seed.envs.train),
                 "lr_scale": seed.lr_scale}  # fmt: skip
 
-    def load(ckpt: dict[str, Any]) -> None:
-        seed.reference.load_state_dict(ckpt["reference"])
-        load_normalizer_state(seed.envs.train, ckpt["normalizers"])
-        seed.lr_scale = ckpt.get("lr_scale", 1.0)
+    def load(self, k: int, checkpoint: dict[str, Any]) -> None:
+        seed = self.seeds[k]
+        seed.reference.load_state_dict(checkpoint["reference"])
+        load_normalizer_state(seed.envs.train, checkpoint["normalizers"])
+        seed.lr_scale = checkpoint.get("lr_scale", 1.0)
 
-    return Lane(
-        model=seed.actor, policy=seed.actor, optimizer=learner.adam.lane(k), eval_env=seed.envs.eval,
-        obs_stats=partial(obs_statistics, seed.envs.train), save=save, load=load,
-        networks={"actor": seed.actor, "reference": seed.reference}, rng_state=partial(learner.random.state, k),
-        load_rng=partial(learner.random.load, k),
-    )  # fmt: skip
-
-
-# ── the iteration: B groups of G trajectories → group advantages → update ─────────────────────────
-
-
-def collect(learner: Learner, iterations: list[int], running: list[bool]) -> list[Collected | None]:
-    """Every running seed's B groups of G trajectories (``groups.group_steps``). At each step, the live
-    members of every seed act through one batched forward pass; each seed draws from its own generator."""
-    S, M, obs_dim = len(learner.seeds), learner.cfg.batch_trajectories, learner.seeds[0].envs.obs_dim
-    steps = {k: group_steps(seed.cfg, seed.groups, learner.net.alone(k, seed.actor, learner.random.torch[k]),
-                            learner.random.numpy[k], seed.buffers,
-                            iterations[k]) for k, seed in enumerate(learner.seeds) if running[k]}  # fmt: skip
-
-    def act(obs: Tensor) -> list[Callable[[int], Sample]]:
-        out = learner.net.policy(obs.to(learner.cfg.device))  # (S, M, action_dim)
-        return [partial(lambda k, rows: learner.net.sample_seed(k, out[k, :rows], learner.random.torch[k]), k)
-                for k in range(S)]  # fmt: skip
-
-    groups = drive_seeds(steps, act, (S, M, obs_dim))
-    return [collected(groups[k]) if running[k] else None for k in range(S)]
-
-
-def learn(
-    learner: Learner, batches: list[Collected | None], iterations: list[int], remaining: list[float],
-    learning_rates: list[float], running: list[bool],
-) -> list[dict[str, float | None]]:  # fmt: skip
-    """The update at each seed's scheduled learning rate times its KL-target factor; then each seed's step
-    size adapted to ``kl_target``, its reference refreshed, and its diagnostics."""
-    groups = [c.batch if c is not None else None for c in batches]
-    learner.adam.lr = torch.tensor([lr * seed.lr_scale for lr, seed in zip(learning_rates, learner.seeds, strict=True)],
-                                   dtype=torch.float64)  # fmt: skip
-    stats = update(learner, groups)
-    metrics: list[dict[str, float | None]] = []
-    for seed, seed_groups, seed_stats, iteration in zip(learner.seeds, groups, stats, iterations, strict=True):
-        if seed_groups is None:
-            metrics.append({})
-            continue
-        if (cfg := seed.cfg).kl_target is not None and seed_stats:
-            seed.lr_scale = adapt_step_size(seed.lr_scale, seed_stats["update_kl"], cfg.kl_target)
-        refresh_reference(seed.reference, seed.actor, cfg.ref_update, iteration % cfg.ref_update_interval == 0,
-                          cfg.ref_ema)  # fmt: skip
-        metrics.append(diagnostics(seed_groups, seed_stats, seed.lr_scale))
-    return metrics
+    def close(self) -> None:
+        for seed in self.seeds:
+            close_member_envs(seed.envs, seed.groups)
 
 
 def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False, name: str = "grpo") -> dict[str, Any]:
@@ -374,4 +346,4 @@ def train_stack(
     """Train one GRPO run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
     for cfg in cfgs:
         validate(cfg)
-    return run_stack(build, cfgs, run_dirs, resume, name)
+    return run_stack(Learner, cfgs, run_dirs, resume, name)

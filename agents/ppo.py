@@ -2,7 +2,7 @@
 
 One iteration: collect T steps in N envs (``rollout.segment_steps``) → GAE advantages (``advantages.gae``)
 → K epochs of shuffled minibatches of the clipped surrogate, value loss and entropy bonus (``losses``).
-``training.run`` logs, evaluates and checkpoints around it.
+``training.run_stack`` logs, evaluates and checkpoints around it.
 
 Written once, for S seeds side by side: every tensor has the seed axis first, and a single run is a stack
 of one. What stays each seed's own, so that seed k's numbers are bit-identical whatever seeds share its
@@ -49,21 +49,11 @@ from agents import advantages as adv
 from agents import losses
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.networks import Act, ActorCritic, StackedNetworks
+from agents.plumbing import Envs, network_spec, obs_statistics, open_envs, restore_envs, save_envs
 from agents.rollout import RolloutState, Segment, SegmentBuffers, join_segments, segment_steps
 from agents.seeding import seed_everything
 from agents.seeds import Minibatches, SeedAdam, SeedGenerators, by_seed, masked_mean
-from agents.training import (
-    Collected,
-    Envs,
-    Lane,
-    Stack,
-    network_spec,
-    obs_statistics,
-    open_envs,
-    restore_envs,
-    run_stack,
-    save_envs,
-)
+from agents.training import Collected, Lane, run_stack
 from envs import EnvOptions
 
 TAGS = [
@@ -135,51 +125,105 @@ class PPOConfig(RunConfig):
         return math.ceil(self.total_steps / self.batch_size)
 
 
-# ── what carries from one iteration to the next ─────────────────────────────────────────────────────
+# ── S seeds' PPO, and one iteration: collect T steps in N envs → GAE → update ───────────────────────
 
 
-@dataclass
 class Learner:
-    """S seeds' PPO: their envs, networks (one stacked pass), optimizer and random number generators."""
+    """S seeds' PPO (a :class:`~agents.training.Trainer`): each seed's envs, normalizers, rollout state and
+    generators, their networks computed together (``networks.StackedNetworks``) and one optimizer."""
 
-    cfgs: list[PPOConfig]
-    envs: list[Envs]  # one vector env per seed: its own normalizers and random numbers
-    models: list[ActorCritic]  # each seed's network, whose parameters are views of its row of ``net``
-    net: StackedNetworks
-    adam: SeedAdam
-    random: SeedGenerators
-    rollouts: list[RolloutState]  # each seed's next observations, carried across segments
-    buffers: list[SegmentBuffers]  # each seed's (T, N) storage, reused by every segment
+    tags = TAGS
+
+    def __init__(self, cfgs: list[PPOConfig]) -> None:
+        """Each seed's envs and ActorCritic, seeded as a single run seeds them, then stacked."""
+        self.cfgs, self.random = list(cfgs), SeedGenerators()
+        self.envs: list[Envs] = []  # one vector env per seed: its own normalizers and random numbers
+        models: list[ActorCritic] = []  # each seed's network, whose parameters become views of its row
+        try:
+            for cfg in cfgs:
+                seed_everything(cfg.seed)
+                self.envs.append(open_envs(cfg, cfg.n_envs, env_options(cfg)))
+                models.append(ActorCritic(network_spec(self.envs[-1].train, cfg, cfg.shared_trunk)).to(cfg.device))
+                self.random.capture(cfg.device)
+        except BaseException:
+            self.close()
+            raise
+        self.rollouts: list[RolloutState] = []  # each seed's next observations, carried across segments
+        self.buffers: list[SegmentBuffers] = []  # each seed's (T, N) storage, reused by every segment
+        for cfg, envs in zip(cfgs, self.envs, strict=True):
+            obs, _ = envs.train.reset(seed=cfg.seed)
+            self.rollouts.append(RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool)))
+            self.buffers.append(SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape,
+                                               not envs.continuous))  # fmt: skip
+        self.net = StackedNetworks(models)
+        self.adam = SeedAdam(self.net.flat, cfgs[0].learning_rate)
+        self.lanes = [Lane(model, model, self.adam.lane(k), envs.eval, partial(obs_statistics, envs.train),
+                           {"actor_critic": model}) for k, (model, envs) in enumerate(zip(models, self.envs))]
 
     @property
     def cfg(self) -> PPOConfig:
         """The settings every seed shares (all but the seed)."""
         return self.cfgs[0]
 
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+        """T steps in each running seed's N envs (``rollout.segment_steps``), every step's actions from one
+        batched forward pass, each seed's drawn from its own generator."""
+        cfg, S = self.cfg, len(self.cfgs)
+        lanes = [k for k in range(S) if running[k]]
+        steps = {k: segment_steps(self.envs[k].train, self.rollouts[k], self.buffers[k]) for k in lanes}
+        obs = torch.zeros((S, cfg.n_envs, self.envs[0].obs_dim))  # (S, N, obs_dim)  idle seeds act on zeros
+        generators = [g if on else None for g, on in zip(self.random.torch, running, strict=True)]
+        with torch.inference_mode():
+            current = {k: next(steps[k]) for k in lanes}
+            for _ in range(cfg.n_steps):
+                for k in lanes:
+                    obs[k] = torch.from_numpy(current[k])
+                out, values = self.net.heads(obs.to(cfg.device))
+                actions, log_probs = self.net.sample(out, generators)
+                current = {k: steps[k].send(Act(actions[k].cpu(), log_probs[k].cpu(), values[k].cpu())) for k in lanes}
+            for k in lanes:  # each seed's next observations: its segment's last bootstrap values
+                obs[k] = torch.from_numpy(current[k])
+            last_values = self.net.heads(obs.to(cfg.device))[1].cpu()  # (S, N)
+        segments = {k: finish(steps[k], last_values[k]) for k in lanes}
+        return [Collected(segments[k], cfg.batch_size, *self.rollouts[k].take_episodes()) if running[k] else None
+                for k in range(S)]  # fmt: skip
 
-def build(cfgs: list[PPOConfig]) -> Stack:
-    """Each seed's envs and ActorCritic, seeded as a single run seeds them, then stacked."""
-    learner = Learner(list(cfgs), [], [], None, None, SeedGenerators(), [], [])  # type: ignore[arg-type]
-    try:
-        for cfg in cfgs:
-            seed_everything(cfg.seed)
-            envs = open_envs(cfg, cfg.n_envs, env_options(cfg))
-            learner.envs.append(envs)
-            learner.models.append(ActorCritic(network_spec(envs.train, cfg, cfg.shared_trunk)).to(cfg.device))
-            learner.random.capture(cfg.device)
-    except BaseException:
-        for envs in learner.envs:
+    def learn(
+        self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
+        learning_rates: list[float], running: list[bool],
+    ) -> list[dict[str, float | None]]:  # fmt: skip
+        """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns
+        each seed's losses and explained variance."""
+        cfg, S, N = self.cfg, len(self.cfgs), self.cfg.n_envs
+        self.adam.lr = torch.tensor(learning_rates, dtype=torch.float64)
+        segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
+        clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
+        advantages = adv.gae(segment.rewards, segment.values, segment.next_values, segment.terminated, segment.done,
+                             cfg.gamma, cfg.gae_lambda)  # (T, S·N)  # fmt: skip
+        returns = advantages + segment.values  # (T, S·N)
+        stats = update(self, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running))  # (S, 5)
+        metrics: list[dict[str, float | None]] = []
+        for k in range(S):
+            cols = slice(k * N, (k + 1) * N)
+            valid = segment.sample_mask[:, cols]
+            policy_loss, value_loss, entropy, approx_kl, clipfrac = stats[k].tolist()
+            metrics.append({
+                "losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/entropy": entropy,
+                "losses/approx_kl": approx_kl, "losses/clipfrac": clipfrac,
+                "losses/explained_variance": losses.explained_variance(segment.values[:, cols][valid],
+                                                                       returns[:, cols][valid]),
+            } if running[k] else {})  # fmt: skip
+        return metrics
+
+    def save(self, k: int) -> dict[str, Any]:
+        return save_envs(self.envs[k].train, self.rollouts[k])
+
+    def load(self, k: int, checkpoint: dict[str, Any]) -> None:  # the envs as the checkpoint left them, where possible
+        self.rollouts[k] = restore_envs(self.envs[k].train, checkpoint, self.cfgs[k].seed)
+
+    def close(self) -> None:
+        for envs in self.envs:
             envs.close()
-        raise
-    for cfg, envs in zip(cfgs, learner.envs, strict=True):
-        obs, _ = envs.train.reset(seed=cfg.seed)
-        learner.rollouts.append(RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool)))
-        learner.buffers.append(SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape,
-                                              not envs.continuous))  # fmt: skip
-    learner.net = StackedNetworks(learner.models)
-    learner.adam = SeedAdam(learner.net.flat, cfgs[0].learning_rate)
-    return Stack(lanes=[lane(learner, k) for k in range(len(cfgs))], collect=partial(collect, learner),
-                 update=partial(learn, learner), tags=TAGS, close=partial(close, learner))  # fmt: skip
 
 
 def env_options(cfg: PPOConfig) -> EnvOptions:
@@ -188,87 +232,13 @@ def env_options(cfg: PPOConfig) -> EnvOptions:
                       vectorization=cfg.vectorization, reward_delay=cfg.reward_delay)
 
 
-def lane(learner: Learner, k: int) -> Lane:
-    """Seed k as the lifecycle sees it: its network, optimizer state, envs and generators."""
-    envs, model = learner.envs[k], learner.models[k]
-
-    def load(ckpt: dict[str, Any]) -> None:  # the envs exactly as the checkpoint left them, where possible
-        learner.rollouts[k] = restore_envs(envs.train, ckpt, learner.cfgs[k].seed)
-
-    return Lane(
-        model=model, policy=model, optimizer=learner.adam.lane(k), eval_env=envs.eval,
-        obs_stats=partial(obs_statistics, envs.train), save=lambda: save_envs(envs.train, learner.rollouts[k]),
-        load=load, networks={"actor_critic": model}, rng_state=partial(learner.random.state, k),
-        load_rng=partial(learner.random.load, k),
-    )  # fmt: skip
-
-
-def close(learner: Learner) -> None:
-    for envs in learner.envs:
-        envs.close()
-
-
-# ── the iteration: collect T steps in N envs → GAE → update ───────────────────────────────────────
-
-
-def collect(learner: Learner, iterations: list[int], running: list[bool]) -> list[Collected | None]:
-    """T steps in each running seed's N envs (``rollout.segment_steps``), every step's actions from one
-    batched forward pass, each seed's drawn from its own generator."""
-    cfg, S = learner.cfg, len(learner.cfgs)
-    lanes = [k for k in range(S) if running[k]]
-    steps = {k: segment_steps(learner.envs[k].train, learner.rollouts[k], learner.buffers[k]) for k in lanes}
-    obs = torch.zeros((S, cfg.n_envs, learner.envs[0].obs_dim))  # (S, N, obs_dim)  idle seeds act on zeros
-    generators = [g if on else None for g, on in zip(learner.random.torch, running, strict=True)]
-    with torch.inference_mode():
-        current = {k: next(steps[k]) for k in lanes}
-        for _ in range(cfg.n_steps):
-            for k in lanes:
-                obs[k] = torch.from_numpy(current[k])
-            out, values = learner.net.heads(obs.to(cfg.device))
-            actions, log_probs = learner.net.sample(out, generators)
-            current = {k: steps[k].send(Act(actions[k].cpu(), log_probs[k].cpu(), values[k].cpu())) for k in lanes}
-        for k in lanes:  # each seed's next observations: its segment's last bootstrap values
-            obs[k] = torch.from_numpy(current[k])
-        last_values = learner.net.heads(obs.to(cfg.device))[1].cpu()  # (S, N)
-    segments = {k: finish(steps[k], last_values[k]) for k in lanes}
-    return [Collected(segments[k], cfg.batch_size, *learner.rollouts[k].take_episodes()) if running[k] else None
-            for k in range(S)]  # fmt: skip
-
-
 def finish(steps: Any, last_values: Tensor) -> Segment:
+    """The segment a :func:`~agents.rollout.segment_steps` returns, once sent its last bootstrap values."""
     try:
         steps.send(last_values)
     except StopIteration as done:
         return done.value
     raise RuntimeError("segment_steps yielded past its segment")
-
-
-def learn(
-    learner: Learner, collected: list[Collected | None], iterations: list[int], remaining: list[float],
-    learning_rates: list[float], running: list[bool],
-) -> list[dict[str, float | None]]:  # fmt: skip
-    """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns
-    each seed's losses and explained variance."""
-    cfg, S, N = learner.cfg, len(learner.cfgs), learner.cfg.n_envs
-    learner.adam.lr = torch.tensor(learning_rates, dtype=torch.float64)
-    segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
-    clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
-    advantages = adv.gae(segment.rewards, segment.values, segment.next_values, segment.terminated, segment.done,
-                         cfg.gamma, cfg.gae_lambda)  # (T, S·N)  # fmt: skip
-    returns = advantages + segment.values  # (T, S·N)
-    stats = update(learner, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running))  # (S, 5)
-    metrics: list[dict[str, float | None]] = []
-    for k in range(S):
-        cols = slice(k * N, (k + 1) * N)
-        valid = segment.sample_mask[:, cols]
-        policy_loss, value_loss, entropy, approx_kl, clipfrac = stats[k].tolist()
-        metrics.append({
-            "losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/entropy": entropy,
-            "losses/approx_kl": approx_kl, "losses/clipfrac": clipfrac,
-            "losses/explained_variance": losses.explained_variance(segment.values[:, cols][valid],
-                                                                   returns[:, cols][valid]),
-        } if running[k] else {})  # fmt: skip
-    return metrics
 
 
 # ── the update: K epochs of minibatches, every seed's in one batched gradient step ─────────────────
@@ -335,11 +305,11 @@ def update(
 
 def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = "ppo") -> dict[str, Any]:
     """Train PPO into ``run_dir``: a stack of one. Returns the summary also written to ``summary.json``."""
-    return run_stack(build, [cfg], [run_dir], resume, name)[0]
+    return run_stack(Learner, [cfg], [run_dir], resume, name)[0]
 
 
 def train_stack(
     cfgs: list[PPOConfig], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = "ppo"
 ) -> list[dict[str, Any]]:
     """Train one PPO run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
-    return run_stack(build, cfgs, run_dirs, resume, name)
+    return run_stack(Learner, cfgs, run_dirs, resume, name)

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agents.config import RunConfig
 from envs.errors import BadInput
 
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
-
-    from agents.config import RunConfig
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ppo": ("ppo", {}),
@@ -66,14 +65,14 @@ class Algo:
 
     def check_stack(self, cfgs: list[RunConfig]) -> None:
         """The configs can train as one stack (they differ in the seed only)."""
-        from agents.training import check_stack
+        from agents.training import check_stack  # here, on first use: the lifecycle imports torch
 
         check_stack(cfgs)
 
     def validate(self, cfg: RunConfig) -> None:
         """Every check that needs the env, run before anything is written: the env builds with the
         config's keyword arguments, and the algo's own checks pass."""
-        from agents.training import check_env
+        from agents.plumbing import check_env  # here, on first use: it imports torch
 
         check_env(cfg)
         self.checks(cfg)
@@ -84,7 +83,7 @@ def algos() -> dict[str, Algo]:
     """Every algo by name. Imported here, on first use: the algorithms import torch, which takes seconds."""
     from agents import grpo, ppo, sb3
     from agents.networks import Actor, ActorCritic, load_weights
-    from agents.training import network_spec
+    from agents.plumbing import network_spec
 
     def load_actor_critic(cfg: ppo.PPOConfig, env: VectorEnv, weights: dict[str, Any]) -> ActorCritic:
         return load_weights(ActorCritic(network_spec(env, cfg, cfg.shared_trunk)), weights, "the checkpoint")

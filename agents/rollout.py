@@ -178,7 +178,7 @@ def episode_steps(
     """Step the M sub-envs from ``first_obs`` (M, obs_dim) until each has ended once; a member whose
     episode has ended is not stepped again. A generator: it yields the live members' observations
     (K, obs_dim) and is sent π_θ's :class:`~agents.networks.Sample` for them, so that one policy call
-    (:func:`collect_episodes`) or one batched call for many seeds (``agents.grpo_stack``) can drive it.
+    (:func:`collect_episodes`) or one batched call for many seeds (``grpo.Learner.collect``) can drive it.
 
     ``buffers`` is (T_max, M): T_max must bound the episode length (the env's time limit).
     ``before_step(t, alive (M,))`` runs before step t, while the sub-envs are in the states s_t (the

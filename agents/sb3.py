@@ -4,8 +4,8 @@ The config is our :class:`agents.ppo.PPOConfig` and its presets (``presets/ppo.y
 is the one place where it becomes SB3's ``PPO(...)`` arguments, and :func:`make_sb3_env` builds the SB3
 vector env with the normalization our env factory uses (VecNormalize, clipped to ±10).
 
-SB3's PPO fits the one run lifecycle (``training.run``) as ours does: its ``collect`` is SB3's own
-``collect_rollouts`` and its ``update`` SB3's own ``train()``, the two phases that
+SB3's PPO fits the one run lifecycle (``training.run_stack``, a stack of one seed) as ours does: its ``collect`` is SB3's own
+``collect_rollouts`` and its ``learn`` SB3's own ``train()``, the two phases that
 ``OnPolicyAlgorithm.learn`` alternates, with learn's set-up (``_setup_learn``) and schedule
 (``_update_current_progress_remaining``) called as learn calls them. So the run directory is the same as
 ``ppo``'s: the same TensorBoard tags and ``progress.csv`` columns (``ppo.TAGS``) at the same x-axis (env
@@ -31,7 +31,6 @@ Differences from ``ppo`` in the run's life, by necessity:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -50,7 +49,9 @@ from agents import runlog
 from agents.config import check
 from agents.networks import load_weights
 from agents.ppo import TAGS, PPOConfig
-from agents.training import Agent, Collected, make_eval_env, observation_statistics, run
+from agents.plumbing import make_eval_env, observation_statistics
+from agents.seeding import seed_everything
+from agents.training import Collected, Lane, run_stack
 from envs.delay import DelayedReward
 from envs.errors import BadInput
 
@@ -183,7 +184,7 @@ def load_normalizer_state(env: VecEnv, state: dict[str, Any]) -> None:
             rms.count = float(state[name]["count"])
 
 
-# ── SB3's PPO as the parts that training.run drives ──────────────────────────────────────────────
+# ── SB3's PPO as the parts that training.run_stack drives ──────────────────────────────────────────────
 
 
 class SampledActions(NamedTuple):
@@ -230,82 +231,89 @@ class EpisodeRecorder(BaseCallback):
         return True
 
 
-@dataclass
+class ProcessGenerators:
+    """The process's global random number generators, which SB3 draws from: one seed per process."""
+
+    def state(self, k: int) -> dict[str, Any]:
+        return runlog.rng_state()
+
+    def load(self, k: int, state: dict[str, Any]) -> None:
+        runlog.load_rng_state(state)
+
+
 class Learner:
-    """SB3's PPO and the callback that records its episodes."""
+    """SB3's PPO for one seed (a :class:`~agents.training.Trainer`): SB3's own VecEnv and model, with our
+    evaluation env; ``training.run_stack`` drives SB3's two phases. Its random numbers are the process's
+    global generators, which SB3 draws from."""
 
-    cfg: PPOConfig
-    model: PPO
-    recorder: BaseCallback
-    started: bool = False
+    tags = TAGS
 
+    def __init__(self, cfgs: list[PPOConfig]) -> None:
+        check(len(cfgs) == 1, "sb3-ppo trains one seed per process; run its seeds as separate runs")
+        self.cfg = cfg = cfgs[0]
+        seed_everything(cfg.seed)
+        self.env = make_sb3_env(cfg)
+        try:
+            continuous = isinstance(self.env.action_space, gym.spaces.Box)
+            self.model = PPO("MlpPolicy", self.env, **sb3_arguments(cfg, continuous))
+            eval_env = make_eval_env(cfg, cfg.eval_episodes)
+        except BaseException:
+            self.env.close()
+            raise
+        self.recorder: BaseCallback = EpisodeRecorder()
+        self.started = False
+        policy = self.model.policy
+        self.lanes = [Lane(policy, SB3Policy(policy), policy.optimizer, eval_env,
+                           lambda: observation_statistics(normalizer_state(self.env)), {"actor_critic": policy})]
+        self.random = ProcessGenerators()
 
-def build(cfg: PPOConfig) -> Agent:
-    """SB3's PPO on its own VecEnv, and our evaluation env; ``training.run`` drives SB3's two phases."""
-    sb3_env = make_sb3_env(cfg)
-    model = PPO("MlpPolicy", sb3_env, **sb3_arguments(cfg, isinstance(sb3_env.action_space, gym.spaces.Box)))
-    eval_env = make_eval_env(cfg, cfg.eval_episodes)
-    sb3 = Learner(cfg, model, EpisodeRecorder())
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+        """One rollout of ``n_steps`` in each env, as ``OnPolicyAlgorithm.learn`` makes it."""
+        model = self.model
+        if not self.started:  # learn()'s set-up: the first reset, and the step count it schedules against
+            _, self.recorder = model._setup_learn(self.cfg.total_steps - model.num_timesteps, self.recorder,
+                                                  reset_num_timesteps=False)  # fmt: skip
+            self.started = True
+        before = model.num_timesteps
+        model.collect_rollouts(model.env, self.recorder, model.rollout_buffer, n_rollout_steps=model.n_steps)
+        model._update_current_progress_remaining(model.num_timesteps, model._total_timesteps)
+        recorder: EpisodeRecorder = self.recorder  # type: ignore[assignment]
+        returns, lengths = list(recorder.returns), list(recorder.lengths)
+        recorder.returns.clear()
+        recorder.lengths.clear()
+        return [Collected(None, model.num_timesteps - before, returns, lengths)]
 
-    def close() -> None:
-        eval_env.close()
-        sb3_env.close()
+    def learn(
+        self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
+        learning_rates: list[float], running: list[bool],
+    ) -> list[dict[str, float | None]]:  # fmt: skip
+        """SB3's own ``train()``, at SB3's own schedule (the same as ours); its logged values under our tags."""
+        try:
+            self.model.train()
+        except ValueError:
+            # torch.distributions refuses NaN parameters mid-update: that is a non-finite failure.
+            runlog.check_finite({}, self.model.policy)
+            raise
+        values = self.model.logger.name_to_value
+        metrics: dict[str, float | None] = {tag: sign * float(values[key]) for tag, (key, sign) in LOSS_KEYS.items()}
+        metrics["losses/explained_variance"] = float(values["train/explained_variance"])
+        return [metrics]
 
-    return Agent(
-        model=model.policy,
-        policy=SB3Policy(model.policy),
-        optimizer=model.policy.optimizer,
-        eval_env=eval_env,
-        obs_stats=lambda: observation_statistics(normalizer_state(sb3_env)),
-        collect=partial(collect, sb3),
-        update=partial(learn, sb3),
-        save=lambda: {"normalizers": normalizer_state(sb3_env)},
-        load=partial(load, sb3),
-        tags=TAGS,
-        networks={"actor_critic": model.policy},
-        close=close,
-    )
+    def save(self, k: int) -> dict[str, Any]:
+        return {"normalizers": normalizer_state(self.env)}
 
+    def load(self, k: int, checkpoint: dict[str, Any]) -> None:
+        """The VecNormalize statistics; the envs start new episodes, from seeds derived from the step count."""
+        load_normalizer_state(self.model.get_env(), checkpoint["normalizers"])
+        self.model.num_timesteps = checkpoint["global_step"]  # learn's set-up counts on from here
+        self.model.get_env().seed(self.cfg.seed + checkpoint["global_step"])
 
-def collect(sb3: Learner, iteration: int) -> Collected:
-    """One rollout of ``n_steps`` in each env, as ``OnPolicyAlgorithm.learn`` makes it."""
-    model = sb3.model
-    if not sb3.started:  # learn()'s set-up: the first reset, and the step count it schedules against
-        _, sb3.recorder = model._setup_learn(sb3.cfg.total_steps - model.num_timesteps, sb3.recorder,
-                                             reset_num_timesteps=False)  # fmt: skip
-        sb3.started = True
-    before = model.num_timesteps
-    model.collect_rollouts(model.env, sb3.recorder, model.rollout_buffer, n_rollout_steps=model.n_steps)
-    model._update_current_progress_remaining(model.num_timesteps, model._total_timesteps)
-    recorder: EpisodeRecorder = sb3.recorder  # type: ignore[assignment]
-    returns, lengths = list(recorder.returns), list(recorder.lengths)
-    recorder.returns.clear()
-    recorder.lengths.clear()
-    return Collected(None, model.num_timesteps - before, returns, lengths)
-
-
-def learn(sb3: Learner, collected: Collected, iteration: int, progress_remaining: float) -> dict[str, float | None]:
-    """SB3's own ``train()``; its logged values under our tags."""
-    try:
-        sb3.model.train()
-    except ValueError:
-        # torch.distributions refuses NaN parameters mid-update: that is a non-finite failure.
-        runlog.check_finite({}, sb3.model.policy)
-        raise
-    values = sb3.model.logger.name_to_value
-    metrics: dict[str, float | None] = {tag: sign * float(values[key]) for tag, (key, sign) in LOSS_KEYS.items()}
-    metrics["losses/explained_variance"] = float(values["train/explained_variance"])
-    return metrics
-
-
-def load(sb3: Learner, ckpt: dict[str, Any]) -> None:
-    """The VecNormalize statistics; the envs start new episodes, from seeds derived from the step count."""
-    load_normalizer_state(sb3.model.get_env(), ckpt["normalizers"])
-    sb3.model.num_timesteps = ckpt["global_step"]  # learn's set-up counts on from here
-    sb3.model.get_env().seed(sb3.cfg.seed + ckpt["global_step"])
+    def close(self) -> None:
+        self.lanes[0].eval_env.close()
+        self.env.close()
 
 
 def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = ALGO) -> dict[str, Any]:
     """Train SB3's PPO into ``run_dir``; returns the summary also written to ``summary.json``."""
     validate(cfg)
-    return run(build, cfg, run_dir, resume, name)
+    return run_stack(Learner, [cfg], [run_dir], resume, name)[0]

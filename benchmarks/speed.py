@@ -273,7 +273,7 @@ def ceiling(cfg: Any, seconds: float) -> tuple[dict[str, float], str]:
 
     options = envs.EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward,
                               gamma=cfg.gamma, vectorization=cfg.vectorization)  # fmt: skip
-    vector = envs.make_vector(cfg.env_id, cfg.n_envs, options)  # as agents.training.open_envs builds it
+    vector = envs.make_vector(cfg.env_id, cfg.n_envs, options)  # as agents.plumbing.open_envs builds it
     vector.action_space.seed(SEED)
     vector_actions = [vector.action_space.sample() for _ in range(max(1, block // cfg.n_envs))]  # (N, ...) each
     vector.reset(seed=SEED)
@@ -318,9 +318,10 @@ def profile_child(report: str, argv: list[str]) -> int:
 
         return wrapper
 
-    # ppo.train looks these names up in its module at each call, so wrapping the module attributes works.
-    ppo_module.collect = timed("rollout", ppo_module.collect)
-    ppo_module.update = timed("update", ppo_module.update)
+    # The lifecycle calls these through the Learner class and training's module namespace at each call, so
+    # wrapping those attributes works.
+    ppo_module.Learner.collect = timed("rollout", ppo_module.Learner.collect)  # type: ignore[method-assign]
+    ppo_module.Learner.learn = timed("update", ppo_module.Learner.learn)  # type: ignore[method-assign]
     training.evaluate = timed("evaluation", training.evaluate)
     algo = registry.get("ppo")  # holds ppo.train itself, bound when the registry is first built
     registry.algos()["ppo"] = replace(algo, train=timed("train", algo.train))
@@ -433,9 +434,9 @@ def case_markdown(result: CaseResult) -> str:
         lines += ["Where our time goes (one extra process of ours, with timers around the phases):", "",
                   "| part | s | % of the process |", "|---|---|---|"]  # fmt: skip
         labels = {
-            "rollout": "rollout (`ppo.collect`)",
-            "update": "update (`ppo.update`)",
-            "evaluation": "final evaluation (`training.evaluate`)",
+            "rollout": "rollout (`ppo.Learner.collect`)",
+            "update": "update (`ppo.Learner.learn`: GAE and the epochs)",
+            "evaluation": "final evaluation (`tracking.evaluate`)",
             "rest inside train()": "rest inside `train()`: env and model construction, GAE, logging, checkpoint",
             "rest outside train()": "rest outside `train()`: interpreter start, imports, config, run directory",
             "whole process": "whole process",

@@ -59,7 +59,8 @@ def timed(name, function):
         finally:
             timers[name] += time.perf_counter() - start
     return wrapper
-module.collect, module.learn = timed("collect", module.collect), timed("update", module.learn)
+learner = module.Learner
+learner.collect, learner.learn = timed("collect", learner.collect), timed("update", learner.learn)
 cfgs = [build_config(config, c) for c in json.loads(sys.argv[1])]
 dirs = [Path(sys.argv[2]) / f"seed{c.seed}" for c in cfgs]
 for d in dirs:

@@ -26,14 +26,14 @@ sys.path.insert(0, str(REPO))
 
 from agents import grpo, ppo  # noqa: E402
 from agents.config import resolve_config  # noqa: E402
-from agents.training import memory_report  # noqa: E402
+from agents.tracking import memory_report  # noqa: E402
 from envs import action_space_of  # noqa: E402
 
 
 def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict[str, int]]:
-    """PPO's collection (``ppo.collect``, a stack of one) with the untrained policy: steps/s, and memory."""
+    """PPO's collection (``ppo.Learner.collect``, a stack of one) with the untrained policy: steps/s, and memory."""
     cfg, _ = resolve_config(ppo.PPOConfig, "ppo", env_id, continuous, {})
-    stack = ppo.build([cfg])
+    stack = ppo.Learner([cfg])
     steps, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         steps += stack.collect([0], [True])[0].env_steps
@@ -42,10 +42,10 @@ def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict
 
 
 def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, float, dict[str, int]]:
-    """GRPO's collection (``grpo.collect``, a stack of one) with the untrained policy: the rate of the steps that
+    """GRPO's collection (``grpo.Learner.collect``, a stack of one) with the untrained policy: the rate of the steps that
     produce samples, the fraction of idle steps, and memory."""
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, {})
-    stack = grpo.build([cfg])
+    stack = grpo.Learner([cfg])
     steps, idle, iteration, started = 0, 0, 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         groups = stack.collect([iteration], [True])[0].batch

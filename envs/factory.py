@@ -29,7 +29,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.wrappers import vector as vector_wrappers
 
-from envs import tasks
+from envs.tasks import TASK_IDS
 from envs.delay import Delay, DelayedReward, check_delay
 from envs.errors import BadInput
 
@@ -153,7 +153,7 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     if mode == "auto":
         # The testbed's vector tasks take the same kwargs as its single ones, but no time limit; gymnasium's
         # native envs take few of their single envs' kwargs.
-        native_kwargs = not env_kwargs or (spec.id in tasks.TASK_IDS and "max_episode_steps" not in env_kwargs)
+        native_kwargs = not env_kwargs or (spec.id in TASK_IDS and "max_episode_steps" not in env_kwargs)
         mode = "native" if spec.vector_entry_point is not None and native_kwargs and not delayed else "sync"
     if mode == "native":
         if spec.vector_entry_point is None:

@@ -18,7 +18,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import SyncVectorEnv, VectorEnv
 from gymnasium.wrappers import vector as vector_wrappers
 
-from envs import snapshot
+from envs.snapshot import is_restorable, restore, snapshot
 from envs.errors import BadInput
 from envs.factory import find_wrapper
 
@@ -77,10 +77,10 @@ def _base_state(base: VectorEnv) -> dict[str, Any] | None:
         }
     if hasattr(base, "get_state") and hasattr(base, "set_state"):  # the testbed's native task vector envs
         return {"kind": "native_task", "state": base.get_state()}
-    if isinstance(base, SyncVectorEnv) and all(snapshot.is_restorable(e) for e in base.envs):
+    if isinstance(base, SyncVectorEnv) and all(is_restorable(e) for e in base.envs):
         return {
             "kind": "sync",
-            "envs": [snapshot.snapshot(e) for e in base.envs],
+            "envs": [snapshot(e) for e in base.envs],
             "autoreset_envs": np.array(base._autoreset_envs, copy=True),
         }
     return None
@@ -96,7 +96,7 @@ def _load_base_state(base: VectorEnv, state: dict[str, Any]) -> None:
         base.set_state(state["state"])
     elif state["kind"] == "sync" and isinstance(base, SyncVectorEnv):
         for sub_env, sub_state in zip(base.envs, state["envs"], strict=True):
-            snapshot.restore(sub_env, sub_state)
+            restore(sub_env, sub_state)
         base._autoreset_envs = np.array(state["autoreset_envs"], copy=True)
     else:
         raise ValueError(f"a {state['kind']} env state cannot be loaded into {type(base).__name__}")

@@ -23,8 +23,10 @@ from agents import registry, rundir
 from agents.config import build_config
 from envs import check_env_id
 from envs.errors import BadInput, brief
+from lab import bench
 from lab.parser import build_parser
 from lab.plan import checkpoint_policy, plan_train
+from lab.study import TUNE_FILE
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
@@ -76,7 +78,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from agents.training import EVAL_SEED_BASE, evaluate_policy
+    from agents.plumbing import EVAL_SEED_BASE
+    from agents.rollout import evaluate_policy
 
     torch.set_num_threads(1)
     run_dir = Path(args.run_dir)
@@ -132,8 +135,6 @@ def _run_grid(
     grid: Any, workers: int, args: argparse.Namespace, reports: str, prepare: Callable[[Path], None] | None = None
 ) -> int:
     """Run a planned grid, then say what completed, where the reports are, and what failed."""
-    from lab import bench
-
     try:
         bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address, prepare=prepare,
                                              stack=_stack(args))  # fmt: skip
@@ -149,8 +150,6 @@ def _run_grid(
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from lab import bench
-
     workers = _workers(args)
     grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name,
                            first_seed=args.first_seed)  # fmt: skip
@@ -161,7 +160,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_credit(args: argparse.Namespace) -> int:
-    from lab import bench, credit
+    from lab import credit
 
     workers = _workers(args)
     study = credit.plan_study(args.task, args.horizons, args.env_kwargs)
@@ -216,13 +215,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from lab.bench import build_reports
-
     bench_dir = Path(args.bench_dir)
     if not bench_dir.is_dir():
         raise BadInput(f"{bench_dir} is not a folder; give a bench directory, runs/bench/NAME, or a study's, runs/tune/NAME")
-    from lab.study import TUNE_FILE
-
     if (bench_dir / TUNE_FILE).exists():
         from lab.tune_report import build_tune_report
 
@@ -230,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"wrote {written['markdown']}, {written['html']} and {written['preset']}")
         return 0
     with rundir.DirLock(bench_dir):  # a running bench's driver holds it, and rebuilds the report when it ends
-        written = build_reports(bench_dir)
+        written = bench.build_reports(bench_dir)
     print(f"wrote {written['markdown']} and {written['html']}")
     return 0
 

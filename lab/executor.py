@@ -40,6 +40,8 @@ from lab.cells import (
     still_written,
     wait_for_writer,
 )
+from lab.raywatch import init_local
+
 
 class Board:
     """Overall progress: a bar and a short live table on a terminal, plain lines elsewhere."""
@@ -263,8 +265,6 @@ def connect_ray(address: str | None, workers: int) -> None:
         if address:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         else:
-            from lab.raywatch import init_local
-
             init_local(ray, num_cpus=workers, log_to_driver=False, logging_level="ERROR", include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise BadInput(f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "

@@ -73,7 +73,7 @@ def grpo_groups(actor: Actor, seed: int, **settings: object) -> tuple[grpo.GRPOC
     """One GRPO collection on CartPole with ``actor``'s weights: the config, the groups and π_ref (the
     untrained policy, as at the start of a run)."""
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", ENV, False, {"seed": seed, **settings})
-    stack = grpo.build([cfg])
+    stack = grpo.Learner([cfg])
     try:
         stack.lanes[0].policy.load_state_dict(actor.state_dict())
         groups = stack.collect([0], [True])[0].batch
@@ -85,11 +85,11 @@ def grpo_groups(actor: Actor, seed: int, **settings: object) -> tuple[grpo.GRPOC
 def grpo_update(actor: Actor, reference: Actor, groups: Groups, cfg: grpo.GRPOConfig) -> dict[str, float | None]:
     """GRPO's own update (``grpo.update``, through a stack of one) of ``actor`` on ``groups``, at the config's
     learning rate, with π_ref ``reference``; returns its logged diagnostics."""
-    stack = grpo.build([cfg])
+    stack = grpo.Learner([cfg])
     try:
         stack.lanes[0].model.load_state_dict(actor.state_dict())
         stack.lanes[0].networks["reference"].load_state_dict(reference.state_dict())
-        [metrics] = stack.update([collected(groups)], [1], [1.0], [cfg.learning_rate], [True])
+        [metrics] = stack.learn([collected(groups)], [1], [1.0], [cfg.learning_rate], [True])
         actor.load_state_dict(stack.lanes[0].model.state_dict())
     finally:
         stack.close()

@@ -21,7 +21,7 @@ import gymnasium as gym
 
 from agents import registry, rundir
 from agents.config import RunConfig, build_config, parse_overrides, resolve_config
-from envs import action_space_of, check_env_id
+from envs import action_space_of, check_env_id, load_normalizer_state
 from envs.errors import BadInput, brief
 
 if TYPE_CHECKING:
@@ -236,9 +236,8 @@ def checkpoint_policy(
 ) -> tuple[dict[str, Any], VectorEnv, torch.nn.Module]:
     """The run's checkpoint, an evaluation env holding its observation statistics, and its policy; a
     checkpoint that does not match config.yaml (network, normalization) is bad input."""
-    from agents import runlog
-    from agents.training import make_eval_env, observation_statistics
-    from envs import load_normalizer_state
+    from agents import runlog  # here, on first use: checkpoints and env plumbing import torch
+    from agents.plumbing import make_eval_env, observation_statistics
 
     ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
     env = make_eval_env(cfg, episodes)

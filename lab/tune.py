@@ -20,7 +20,9 @@ default: the seeds ``bench`` reports on (0 …) stay unseen by the search.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
+import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,7 @@ import gymnasium as gym
 import yaml
 
 from agents import registry, rundir
-from agents.config import read_yaml
+from agents.config import SEED_LIMIT, build_config, load_preset, parse_overrides, read_yaml, resolve_config
 from envs import action_space_of
 from envs.errors import BadInput
 from lab.bench import BENCH_NAME
@@ -81,7 +83,6 @@ class TunePlan:
 
     def config(self, values: dict[str, Any]) -> Any:
         """The validated config a trial with these sampled values trains; BadInput if the algo refuses it."""
-        from agents.config import parse_overrides, resolve_config
         spec = registry.get(self.algo)
         fixed: dict[str, Any] = {**parse_overrides(list(self.sets)), **values, "seed": self.seeds[0]}
         if self.total_steps is not None:
@@ -107,9 +108,6 @@ def plan_tune(
     sampler_seed: int = 0,
 ) -> TunePlan:
     """Resolve and check a study's settings: the algo, env, space, budget, seeds and the preset they vary."""
-    import dataclasses
-
-    from agents.config import SEED_LIMIT
     spec = registry.get(algo)
     name = name or f"{algo}-{env_id.replace('/', '_')}"
     if not BENCH_NAME.fullmatch(name):
@@ -204,8 +202,6 @@ def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:
 
 
 def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> None:
-    import sys
-
     path = tune_dir / TUNE_FILE
     saved = read_yaml(path) if path.exists() else {}
     merged = {"name": plan.name, **plan.definition(), "trials": plan.trials, "storage": plan.storage,
@@ -220,7 +216,6 @@ def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
     always the env's preset): the env's own preset (``env``), with the values the space can express; then,
     if the space can express all of them and they differ, the values of the algo's default for the env's
     action space (``default``, what an env without a preset entry gets)."""
-    from agents.config import build_config, load_preset, parse_overrides
     spec = registry.get(plan.algo)
     default, _ = load_preset(spec.preset or plan.algo, "", plan.continuous)  # "": no env entry
     configs = {"env": plan.config({}), "default": build_config(spec.config, {

@@ -12,12 +12,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-from agents import rundir
-from agents.config import PRESET_DIR, read_yaml
+from agents import registry, rundir
+from agents.config import PRESET_DIR, parse_overrides, read_yaml
 from envs.errors import BadInput
-from lab.report import Block, Bullets, Code, Heading, Image, Para, Table, fmt_steps, render_html, render_markdown
+from lab.document import Block, Bullets, Code, Heading, Image, Para, Table, fmt_steps, render_html, render_markdown
+from lab.plot import new_figure, save_figure
 from lab.results import read_progress
 from lab.study import TUNE_FILE, storage_for, trial_dir
 
@@ -55,8 +57,6 @@ def _params_text(trial: Any) -> str:
 
 def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int) -> str:
     """The env's preset entry with the best trial's values: YAML for ``agents/presets/<algo>.yaml``."""
-    from agents.config import parse_overrides
-    from agents import registry
 
     algo, env_id = saved["algo"], saved["env_id"]
     preset_name = registry.preset_of(algo)
@@ -86,8 +86,7 @@ def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int) -> st
 
 def _save(ax: Any, out: Path) -> Path:
     """Save the figure of an Optuna matplotlib plot (an Axes, or an array of them) and close it."""
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # pyplot, which Optuna's plots draw with, only after the Agg backend is set
 
     figure = np.ravel(ax)[0].figure
     figure.set_size_inches(max(figure.get_size_inches()[0], 8), max(figure.get_size_inches()[1], 4.5))
@@ -100,8 +99,6 @@ def _save(ax: Any, out: Path) -> Path:
 
 def plot_slices(complete: list[Any], out: Path) -> Path:
     """Score against each parameter's value, one panel per parameter, four to a row; darker is later."""
-    from lab.plot import new_figure, save_figure
-
     names = sorted({name for t in complete for name in t.params})
     fig, axes = new_figure(len(names), panel_size=(3.4, 2.6))
     for ax, name in zip(axes, names, strict=True):

@@ -23,9 +23,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from agents import rundir, runlog, training
+from agents import rundir, runlog, tracking
 from lab.cli import main
-from tests.conftest import REPO, hold_lock, read_progress, wait_for
+from tests.conftest import REPO, hold_lock, progress_values, read_progress, wait_for
 
 # CartPole's preset: 8 envs × 32 steps = 256 env steps an iteration.
 SMALL = ["--algo", "ppo", "--env", "CartPole-v1", "--set", "eval_episodes=2"]
@@ -74,17 +74,17 @@ def fails_cleanly(argv: list[str], capsys: pytest.CaptureFixture[str], *fragment
 
 
 @pytest.mark.slow
-def test_fifteen_sigkills_and_resumes_end_bit_identical_with_every_row_once(tmp_path: Path) -> None:
-    total, every = 40_960, "--set=checkpoint_interval=512"
+def test_sigkills_and_resumes_of_a_stack_end_bit_identical_with_every_row_once(tmp_path: Path) -> None:
+    total, settings = 24_576, ["--seeds", "0,1", "--set=checkpoint_interval=512", "--set=eval_interval=8192"]
     straight = tmp_path / "straight"
-    assert start_trainer(straight, total, every, "--set=eval_interval=10240").wait(120) == 0
+    assert start_trainer(straight, total, *settings).wait(120) == 0
 
     run_dir, rng, kills = tmp_path / "killed", random.Random(0), 0
-    checkpoint = run_dir / rundir.CHECKPOINT
-    while kills < 15:
+    checkpoint = run_dir / "seed1" / rundir.CHECKPOINT  # the stack's last lane: written after seed 0's
+    while kills < 8:
         resume = ["--resume"] if checkpoint.exists() else []
         last = checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0
-        process = start_trainer(run_dir, total, every, "--set=eval_interval=10240", *resume)
+        process = start_trainer(run_dir, total, *settings, *resume)
         # Past its first new checkpoint (so that every session moves the run on), it dies at a random moment.
         wait_for(partial(ended_or_checkpointed, process, checkpoint, last), timeout_s=60, poll_s=0.005)
         try:
@@ -95,18 +95,21 @@ def test_fifteen_sigkills_and_resumes_end_bit_identical_with_every_row_once(tmp_
             kills += 1
         else:
             raise AssertionError(f"the run ended after {kills} kills: give it more steps")
-    assert start_trainer(run_dir, total, every, "--set=eval_interval=10240", "--resume").wait(120) == 0
+    assert start_trainer(run_dir, total, *settings, "--resume").wait(120) == 0
 
-    a = runlog.load_checkpoint(straight, {"algo": "ppo"})
-    b = runlog.load_checkpoint(run_dir, {"algo": "ppo"})
-    assert a["global_step"] == b["global_step"] == total
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
     every_iteration = list(range(256, total + 1, 256))
-    assert [int(r["global_step"]) for r in read_progress(run_dir)] == every_iteration
-    for tag in ("losses/policy_loss", "charts/learning_rate"):
-        assert scalar_steps(run_dir, tag) == every_iteration, tag
-    assert scalar_steps(run_dir, "eval/return_mean") == [10240, 20480, 30720, 40960]  # the final one once
+    columns = ["global_step", "losses/policy_loss", "losses/value_loss", "losses/approx_kl", "eval/return_mean"]
+    for seed in ("seed0", "seed1"):
+        a = runlog.load_checkpoint(straight / seed, {"algo": "ppo"})
+        b = runlog.load_checkpoint(run_dir / seed, {"algo": "ppo"})
+        assert a["global_step"] == b["global_step"] == total
+        for name, tensor in a["model"].items():
+            assert torch.equal(tensor, b["model"][name]), name
+        assert progress_values(run_dir / seed, columns) == progress_values(straight / seed, columns)
+        assert [int(r["global_step"]) for r in read_progress(run_dir / seed)] == every_iteration
+        for tag in ("losses/policy_loss", "charts/learning_rate"):
+            assert scalar_steps(run_dir / seed, tag) == every_iteration, tag
+        assert scalar_steps(run_dir / seed, "eval/return_mean") == [8192, 16384, 24576]  # the final one once
 
 
 def test_a_kill_between_the_last_checkpoint_and_the_summary_logs_the_final_evaluation_once(tmp_path: Path) -> None:
@@ -310,7 +313,7 @@ def test_video_into_a_folder_that_cannot_be_made_is_refused_before_evaluating(
 def test_a_stop_signal_during_the_final_evaluation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signals: int, status: str, code: int
 ) -> None:
-    original = training.evaluate_policy
+    original = tracking.evaluate_policy
 
     def signalled(*args: Any, **kwargs: Any) -> Any:
         for _ in range(signals):
@@ -318,7 +321,7 @@ def test_a_stop_signal_during_the_final_evaluation(
             time.sleep(0.01)  # the handler runs between bytecodes
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(training, "evaluate_policy", signalled)
+    monkeypatch.setattr(tracking, "evaluate_policy", signalled)
     run_dir = tmp_path / "run"
     assert main(train_argv(run_dir, 512, "--set", "eval_interval=0")) == code
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -346,7 +349,7 @@ def test_the_final_evaluation_is_the_last_row_of_progress_csv_once(tmp_path: Pat
 def test_a_final_evaluation_cut_short_fills_the_last_row_once_the_run_is_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = training.evaluate_policy
+    original = tracking.evaluate_policy
 
     def stopped_twice(*args: Any, **kwargs: Any) -> Any:
         for _ in range(2):
@@ -356,7 +359,7 @@ def test_a_final_evaluation_cut_short_fills_the_last_row_once_the_run_is_resumed
 
     run_dir = tmp_path / "run"
     with monkeypatch.context() as patch:
-        patch.setattr(training, "evaluate_policy", stopped_twice)
+        patch.setattr(tracking, "evaluate_policy", stopped_twice)
         assert main(train_argv(run_dir, 512, "--set", "eval_interval=0")) == 130
     assert eval_rows(run_dir) == []
     assert main(train_argv(run_dir, 512, "--set", "eval_interval=0", "--resume")) == 0
@@ -372,16 +375,16 @@ def test_a_stop_signal_right_after_the_checkpoint_decision_still_checkpoints_whe
     # The signal lands just after the lifecycle decided not to checkpoint this iteration: the run must not
     # then stop there without one (summary.json ahead of checkpoint.pt). It checkpoints there before the next
     # iteration, and runs no more.
-    original = training.RunTracker.checkpoint_due
+    original = tracking.RunTracker.checkpoint_due
 
-    def signalled_after(self: training.RunTracker, step: int, stopping: bool) -> bool:
+    def signalled_after(self: tracking.RunTracker, step: int, stopping: bool) -> bool:
         due = original(self, step, stopping)
         if step == 512:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.01)  # the handler runs between bytecodes
         return due
 
-    monkeypatch.setattr(training.RunTracker, "checkpoint_due", signalled_after)
+    monkeypatch.setattr(tracking.RunTracker, "checkpoint_due", signalled_after)
     run_dir = tmp_path / "run"
     assert main(train_argv(run_dir, 4096, "--set", "checkpoint_interval=0", "--set", "eval_interval=0")) == 130
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -12,7 +12,7 @@ import torch
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch import nn
 
-from agents import runlog, sb3, training
+from agents import plumbing, runlog, sb3, tracking
 from agents.ppo import TAGS
 from envs import BadInput, normalizer_state
 from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
@@ -106,9 +106,9 @@ def test_cartpole_run_writes_our_run_directory(tmp_path: Path) -> None:
     assert {"model", "rng", "wall_time_s"} <= set(ckpt)
     # The checkpoint's policy, rebuilt without PPO (as `testbed eval` would), plays the final evaluation again.
     policy = sb3.load_policy(cfg, ckpt["model"])
-    eval_env = training.make_eval_env(cfg, cfg.eval_episodes)
-    seeds = [training.EVAL_SEED_BASE + i for i in range(cfg.eval_episodes)]
-    returns = training.evaluate_policy(policy, eval_env, seeds, deterministic=True)
+    eval_env = plumbing.make_eval_env(cfg, cfg.eval_episodes)
+    seeds = [plumbing.EVAL_SEED_BASE + i for i in range(cfg.eval_episodes)]
+    returns = tracking.evaluate_policy(policy, eval_env, seeds, deterministic=True)
     assert returns.mean() == pytest.approx(summary["final_eval_return_mean"])
     eval_env.close()
 
@@ -126,13 +126,13 @@ def test_normalized_pendulum_run_evaluates_with_vecnormalize_statistics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[dict[str, Any]] = []
-    original = training.evaluate_policy
+    original = tracking.evaluate_policy
 
     def recording(model: Any, env: Any, *args: Any, **kwargs: Any) -> np.ndarray:
         seen.append(normalizer_state(env))
         return original(model, env, *args, **kwargs)
 
-    monkeypatch.setattr(training, "evaluate_policy", recording)
+    monkeypatch.setattr(tracking, "evaluate_policy", recording)
     cfg = ppo_config("Pendulum-v1", continuous=True, total_steps=512, n_steps=256, n_epochs=2, eval_episodes=2,
                      eval_interval=256)  # fmt: skip
     summary = run_training(sb3, cfg, tmp_path / "run")
@@ -155,7 +155,7 @@ def test_sigint_checkpoints_and_a_resumed_run_finishes_without_duplicate_rows(
     run_dir = tmp_path / "run"
     cfg = ppo_config("CartPole-v1", total_steps=2048, eval_episodes=2, eval_interval=1024, checkpoint_interval=0)
     with monkeypatch.context() as patch:
-        interrupt_after(patch, sb3, "collect", 2)  # as the second rollout starts
+        interrupt_after(patch, sb3.Learner, "collect", 2)  # as the second rollout starts
         interrupted = run_training(sb3, cfg, run_dir)
     # The second rollout and its update complete and are logged; the run stops before the third.
     assert interrupted["status"] == "interrupted" and interrupted["total_steps"] == 512

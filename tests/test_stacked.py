@@ -173,7 +173,7 @@ def test_stacked_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     case = batched_stack(algo)
     whole = case.train_stack(tmp_path / "whole", [0, 1])
     with monkeypatch.context() as patch:
-        interrupt_after(patch, case.module, "collect", 3)  # Ctrl-C during the third iteration
+        interrupt_after(patch, case.module.Learner, "collect", 3)  # Ctrl-C during the third iteration
         parts = case.train_stack(tmp_path / "parts", [0, 1])
     assert all(json.loads((d / "summary.json").read_text())["status"] == "interrupted" for d in parts.values())
     case.train_seeds([case.small(0), case.small(1)], [parts[0], parts[1]], resume=True)
@@ -275,3 +275,11 @@ def test_a_bench_trains_a_cells_seeds_in_one_process_and_reports_them(tmp_path: 
     # A rerun skips the finished cells.
     _, again = bench.run_grid(grid, 1, "local", None, root=tmp_path, stack=2)
     assert [o.attempts for o in again] == [0, 0]
+    # Seed 1 of the bench's stack is seed 1 of `testbed train --seed 1`, bit for bit.
+    single = tmp_path / "single"
+    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", *cli_small(), "--seed", "1", "--total-steps", "256",
+                 "--run-dir", str(single)]) == 0  # fmt: skip
+    stacked = bench_dir / "CartPole-v1" / "ppo" / "seed1"
+    assert rundir.read_config(stacked) == rundir.read_config(single)
+    assert losses_of(stacked) == losses_of(single) and len(losses_of(single)) == 2
+    assert same_parameters(stacked, single)

@@ -14,6 +14,7 @@ from agents import rundir
 from envs.errors import BadInput
 from lab import trials, tune
 from lab.cli import main
+from tests.conftest import progress_values
 
 # The preset's learning rate, and one at which nothing is learned: trial 2 draws it and is pruned.
 SPACE = "learning_rate: [1.0e-3, 1.0e-9]\n"
@@ -270,6 +271,14 @@ def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None
     assert trial.intermediate_values == pytest.approx(curve) and len(curve) >= 2
     # The trial's two seeds trained side by side in one process (`--stack`, default 16).
     assert "--seeds 100,101" in (tune_dir / "trial0000" / "CartPole-v1" / "ppo" / "seed100.log").read_text()
+    # Trial 0 trains the env's preset: its seed 101 is `testbed train --seed 101`, bit for bit.
+    single = in_tmp / "single"
+    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--seed", "101", "--total-steps", "4096",
+                 "--set", "eval_interval=2048", "--run-dir", str(single)]) == 0  # fmt: skip
+    trial_run = tune_dir / "trial0000" / "CartPole-v1" / "ppo" / "seed101"
+    assert rundir.read_config(trial_run) == rundir.read_config(single)
+    columns = ["global_step", "losses/policy_loss", "losses/value_loss", "losses/approx_kl", "eval/return_mean"]
+    assert progress_values(trial_run, columns) == progress_values(single, columns)
 
 
 @pytest.mark.slow

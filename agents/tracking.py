@@ -1,0 +1,196 @@
+"""What the lifecycle does around each iteration of a run: the TensorBoard and CSV rows, periodic and final
+evaluation, the progress line, the checkpoint schedule, the wall clock, and the summary at the end."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import envs as envs_pkg
+from agents import rundir, runlog
+from agents.config import RunConfig
+from agents.plumbing import EVAL_SEED_BASE
+from agents.rollout import evaluate_policy
+
+
+def evaluate(
+    policy: torch.nn.Module, eval_env: Any, obs_stats: dict[str, Any], deterministic: bool = True, device: str = "cpu"
+) -> np.ndarray:
+    """One episode per eval sub-env of ``policy``, with the training observation statistics ``obs_stats``, frozen."""
+    envs_pkg.load_normalizer_state(eval_env, obs_stats)
+    seeds = [EVAL_SEED_BASE + i for i in range(eval_env.num_envs)]
+    return evaluate_policy(policy, eval_env, seeds, deterministic, device)
+
+
+class EvalSchedule:
+    """Deterministic evaluation every ``interval`` env steps (0: only at the end), by ``evaluate()``."""
+
+    def __init__(
+        self, interval: int, evaluate: Callable[[], np.ndarray], start_step: int, logged_step: int | None = None
+    ) -> None:
+        self.interval, self.evaluate = interval, evaluate
+        self.next_step = (start_step // interval + 1) * interval if interval else math.inf
+        self.last: tuple[int, np.ndarray] | None = None
+        self.logged_step = logged_step  # the last evaluation's step, this session's or a resumed checkpoint's
+
+    def logged_at(self, step: int) -> bool:
+        """An evaluation at ``step`` is in the logs already, in this session or before its checkpoint."""
+        return self.logged_step == step  # run() sets it with every evaluation
+
+    def maybe_run(self, step: int) -> dict[str, float]:
+        if step < self.next_step:
+            return {}
+        while self.next_step <= step:
+            self.next_step += self.interval
+        return self.run(step)
+
+    def ran_at(self, step: int) -> bool:
+        return self.last is not None and self.last[0] == step
+
+    def run(self, step: int) -> dict[str, float]:
+        if not self.ran_at(step):
+            self.last = (step, self.evaluate())
+            self.logged_step = step
+        returns = self.last[1]
+        return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
+
+
+class RunTracker:
+    """What the lifecycle does around each iteration: the TensorBoard and CSV rows, periodic evaluation,
+    the progress line, the checkpoint schedule, the wall clock, and the end of the run."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        algo: str,
+        cfg: RunConfig,
+        tags: list[str],
+        evaluate: Callable[[], np.ndarray],
+        global_step: int,
+        wall_offset: float,
+        resume: bool,
+        csv_bytes: int | None = None,
+        eval_step: int | None = None,
+    ) -> None:
+        self.run_dir, self.algo, self.cfg = run_dir, algo, cfg
+        self.log = runlog.MetricLog(run_dir, tags, resume_step=global_step if resume else None, csv_bytes=csv_bytes)
+        self.evals = EvalSchedule(cfg.eval_interval, evaluate, global_step, eval_step)
+        self.progress = runlog.Progress(cfg.total_steps, global_step, f"{algo} {cfg.env_id} seed {cfg.seed}")
+        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.start_step = self.last_checkpoint_step = global_step
+        self.wall_offset = wall_offset
+        self.start_time = time.perf_counter()
+
+    def wall_time(self) -> float:
+        """Training time of the whole run, earlier sessions of a resumed run included."""
+        return self.wall_offset + time.perf_counter() - self.start_time
+
+    def sps(self, step: int) -> float:
+        """Env steps per second in this session."""
+        return (step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
+
+    def record(
+        self,
+        step: int,
+        metrics: dict[str, float | None],
+        episode_returns: Sequence[float],
+        episode_lengths: Sequence[float],
+        final: bool = False,
+    ) -> bool:
+        """One iteration: every finished episode and the metrics to TensorBoard, a CSV row with the
+        episodes' means, an evaluation when one is due or when this is the ``final`` iteration (its row
+        then holds the run's final evaluation), and the progress line.
+
+        Returns False when a second stop signal cut the final evaluation short: the row is written without
+        it, and the run is to stop there (a resume evaluates it, :meth:`finish`)."""
+        for ret, length in zip(episode_returns, episode_lengths, strict=True):
+            self.log.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
+        self.recent_returns.extend(episode_returns)
+        sps = self.sps(step)
+        evaluation, evaluated = self.evals.maybe_run(step), True
+        if final:
+            try:
+                evaluation = self.evals.run(step)
+            except KeyboardInterrupt:
+                evaluated = False
+        metrics = {**metrics, "charts/SPS": sps, **evaluation}
+        self.log.scalars(step, metrics)
+        self.log.row(step, self.wall_time(), {
+            **metrics,
+            "charts/episodic_return": float(np.mean(episode_returns)) if len(episode_returns) else None,
+            "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
+        })  # fmt: skip
+        self.progress.update(step, sps, float(np.mean(self.recent_returns)) if self.recent_returns else None)
+        return evaluated
+
+    def checkpoint_due(self, step: int, stopping: bool) -> bool:
+        """Every ``checkpoint_interval`` env steps, and when the run is being stopped."""
+        interval = self.cfg.checkpoint_interval
+        if stopping or (interval and step - self.last_checkpoint_step >= interval):
+            self.last_checkpoint_step = step
+            return True
+        return False
+
+    def finish(self, status: str, error: str | None, step: int, memory: dict[str, int]) -> dict[str, Any]:
+        """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs. ``memory``:
+        the run's :func:`memory_report`, for the summary.
+
+        A second stop signal during the final evaluation ends it: the run is then ``interrupted`` at its
+        last checkpoint, and a resume evaluates it again.
+        """
+        self.progress.close()
+        wall_time_s, sps = self.wall_time(), self.sps(step)
+        final: dict[str, float] = {}
+        if status == "completed":
+            try:
+                # Usually the last iteration's row holds it already, as does a run killed between its last
+                # checkpoint and its summary. A run stopped before it could evaluate gets it now, in that row.
+                logged = self.evals.logged_at(step)
+                final = self.evals.run(step)
+                if not logged:
+                    self.log.scalars(step, final)
+                    self.log.fill_last_row(step, final)
+            except KeyboardInterrupt:
+                status, final = "interrupted", {}
+        if step > self.cfg.total_steps:
+            # Iterations are whole: a budget smaller than one is a run of one iteration, not an error.
+            print(f"trained {step} env steps, {step - self.cfg.total_steps} past total_steps={self.cfg.total_steps}: "
+                  "the last iteration ran whole", file=sys.stderr)  # fmt: skip
+        summary = {
+            "algo": self.algo,
+            "env_id": self.cfg.env_id,
+            "seed": self.cfg.seed,
+            "status": status,
+            "total_steps": step,
+            "requested_steps": self.cfg.total_steps,
+            "wall_time_s": round(wall_time_s, 3),
+            "sps": round(sps, 1),
+            "final_eval_return_mean": final.get("eval/return_mean"),
+            "final_eval_return_std": final.get("eval/return_std"),
+            "final_eval_episodes": self.cfg.eval_episodes if final else 0,
+            "eval_convention": "deterministic policy, one episode per fixed seed 1000000+i, raw env return",
+            "error": error,
+            **memory,
+        }
+        if final:
+            self.log.hparams(rundir.config_to_dict(self.cfg), {"final_eval_return_mean": final["eval/return_mean"]})
+        self.log.close()
+        rundir.write_summary(self.run_dir, summary)
+        return summary
+
+
+def memory_report(optimizer: torch.optim.Optimizer, **modules: torch.nn.Module) -> dict[str, int]:
+    """Parameter counts of each network and the bytes that networks and optimizer state hold."""
+    report = {f"parameters_{name}": sum(p.numel() for p in m.parameters()) for name, m in modules.items()}
+    tensors = [p for m in modules.values() for p in m.parameters()]
+    tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    report["model_memory_bytes"] = sum(t.numel() * t.element_size() for t in tensors)
+    return report
