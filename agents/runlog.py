@@ -125,7 +125,7 @@ class MetricLog:
     def __init__(
         self, run_dir: Path, columns: list[str], resume_step: int | None, csv_bytes: int | None = None
     ) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # here: TensorBoard takes a second; `eval` needs none
 
         self.columns = ["global_step", "wall_time_s", *columns]
         # purge_step hides every event at or after it: the checkpoint's own step was logged and stays.

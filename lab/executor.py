@@ -242,7 +242,7 @@ def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board, stac
 
 def import_ray() -> Any:
     try:
-        import ray
+        import ray  # the optional extra: only the ray backend needs it
     except ImportError:
         raise BadInput("the ray backend needs Ray: pip install -e '.[ray]'") from None
     return ray

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -300,7 +301,6 @@ def cpu_name() -> str:
 
 def how_made(out: Path, b: Budgets, seconds: dict[str, float], small: float, workers: int, elapsed: float) -> Path:
     """HOW_MADE.md: the command, seeds, machine and times behind the figures."""
-    import torch
 
     seeds = f"seeds {SEED}–{SEED + b.seeds - 1}, LunarLander {SEED}–{SEED + b.lunar_seeds - 1}" if b.seeds > 1 else f"seed {SEED}"
     lines = [

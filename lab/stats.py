@@ -39,7 +39,7 @@ CONFIDENCE = 0.95
 
 def _estimates(scores: dict[str, Any], func: Callable[..., Any], reps: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """rliable's ``get_interval_estimates``: point estimates and percentile CIs ``(2, …)`` per key, seeded."""
-    from rliable import library
+    from rliable import library  # here and below: only a report's section across envs needs rliable (and arch)
 
     with warnings.catch_warnings():
         # arch warns that rliable's RandomState argument will someday need another keyword; it works today.

@@ -23,7 +23,7 @@ TUNE_FILE = "tune.yaml"
 
 def storage_for(url: str | None, tune_dir: Path) -> Any:
     """The study's storage: the journal file in ``tune_dir``, or the database at ``url``; BadInput if unreachable."""
-    import optuna
+    import optuna  # here, on first use: the command line imports this module, and Optuna takes a second
 
     if url is None:
         tune_dir.mkdir(parents=True, exist_ok=True)

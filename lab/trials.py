@@ -4,20 +4,19 @@ they come, and its end told to the study."""
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import optuna
 
 from agents import rundir
 from lab.cells import Cell, Outcome, Stop, pack_stacks, run_cells
 from lab.executor import import_ray, pack_run, unpack_run
 from lab.results import read_progress
-
-if TYPE_CHECKING:
-    import optuna
 
 POLL_S = 1.0
 """How often a running trial's evaluations are read and reported to the pruner."""
@@ -72,7 +71,6 @@ def run_trial(
 
 
 def reporter_for(study: optuna.Study, trial_id: int) -> Reporter:
-    import optuna
 
     trial = optuna.trial.Trial(study, trial_id)
     # A resumed trial reported some steps before its driver was killed; Optuna takes each step once.
@@ -89,7 +87,6 @@ def reporter_for(study: optuna.Study, trial_id: int) -> Reporter:
 
 def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any, trial_id: int, stack: int) -> Any:
     """A Ray task: the trial's seeds in a scratch folder; returns (outcomes, pruned, each run's files)."""
-    import tempfile
 
     ray = import_ray()
     with tempfile.TemporaryDirectory(prefix="testbed-trial-") as scratch:  # named: a cancelled task leaves it
@@ -105,7 +102,6 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
 def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool,
            bench_dir: Path) -> tuple[str, float | None]:  # fmt: skip
     """Tell the study how the trial ended: (state, score). An interrupted trial stays running, to resume."""
-    import optuna
 
     states = optuna.trial.TrialState
     failed = [o for o in outcomes if o.status == "failed"]

@@ -26,9 +26,10 @@ import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
+import optuna
 import yaml
 
 from agents import registry, rundir
@@ -42,9 +43,6 @@ from lab.space import Param, as_list, default_space_file, parse_space
 from lab.study import STUDY_FILE, TUNE_FILE, TUNE_ROOT, check_journal, set_aside_stale, storage_for, trial_dir
 from lab.trials import Reporter, reporter_for, run_trial, run_trial_remote, settle
 from lab.tune_report import build_tune_report
-
-if TYPE_CHECKING:
-    import optuna
 
 FIRST_TUNING_SEED = 100
 RESERVED = {"seed": "--first-seed and --seeds", "total_steps": "--total-steps", "env_id": "--env"}
@@ -176,7 +174,6 @@ def plan_tune(
 
 def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
     """Create or load the study NAME in its storage, with its sampler and pruner."""
-    import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warmup = (plan.config({}).total_steps) // 3  # RL Zoo: no pruning in the first third of the budget
@@ -247,7 +244,6 @@ def overrides_of(values: dict[str, Any]) -> list[str]:
 
 def new_trial(study: optuna.Study, plan: TunePlan, driver: str) -> optuna.Trial | None:
     """Ask for a trial and sample its values; a sample the algo refuses is told as failed (no env step spent)."""
-    import optuna
 
     trial = study.ask()
     values = {name: param.suggest(trial) for name, param in plan.space.items()}
@@ -279,14 +275,12 @@ class RayReporter:
 
 
 def _started(study: optuna.Study) -> int:
-    import optuna
 
     return sum(t.state != optuna.trial.TrialState.WAITING for t in study.get_trials(deepcopy=False))
 
 
 def _resumable(study: optuna.Study, driver: str) -> list[Any]:
     """Trials this driver's folder left running (its process was killed): they continue from checkpoints."""
-    import optuna
 
     return [t for t in study.get_trials(deepcopy=False)
             if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs.get("driver") == driver]  # fmt: skip

@@ -16,7 +16,7 @@ def record_episode(
     model: Any, env_id: str, normalizers: dict[str, Any], out_dir: Path, seed: int, deterministic: bool
 ) -> Path:
     """Play one episode from ``seed`` with frozen observation statistics; write ``out_dir/ENV-seedS.gif``."""
-    import imageio.v2 as imageio
+    import imageio.v2 as imageio  # here: only `eval --video` needs it
 
     try:
         env = gym.make(env_id, render_mode="rgb_array")
