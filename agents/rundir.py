@@ -131,7 +131,8 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> DirLock:
     try:
         if resume:
             return lock
-        entries = [p for p in run_dir.iterdir() if p.name != LOCK]
+        # plots/ is `testbed plot`'s, of the attempt that stopped: kept, and redrawn by the next plot
+        entries = [p for p in run_dir.iterdir() if p.name != LOCK and not (p.name == "plots" and p.is_dir())]
         stale = [p for p in entries if p.is_file() and (p.name in RESTARTABLE or p.name.startswith(("events.out",
                  "meta.resume", ".")))]  # fmt: skip
         if (run_dir / CHECKPOINT).exists():

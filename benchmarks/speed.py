@@ -1,6 +1,6 @@
 """How fast our PPO trains, beside Stable-Baselines3's PPO at identical hyperparameters and the raw env rate.
 
-    python benchmarks/speed.py [--cases cartpole halfcheetah] [--repeats 3] [--out benchmarks/results]
+    python benchmarks/speed.py [--cases cartpole halfcheetah] [--repeats 3] [--out benchmarks/results/speed]
 
 Per case, in one invocation:
 - whole processes are timed (wall clock, interpreter start and imports included): ours is
@@ -22,7 +22,6 @@ import csv
 import functools
 import json
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -32,13 +31,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script, sys.path[0] is benchmarks/; our packages live one level up
     sys.path.insert(0, str(ROOT))
+
+from lab.machine import machine_line  # noqa: E402  (after the path: the script runs from benchmarks/)
 
 SEED = 0
 # Single-threaded on both sides: one run is one process with one thread (DESIGN.md, Execution).
@@ -106,25 +106,6 @@ class CaseResult:
 
 
 # ── the machine and the command, without host names or absolute paths ──────────────────────────────
-
-
-def machine_line() -> str:
-    """CPU model, logical cores and the versions that matter for speed."""
-    cpu = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    cpu = cpu or platform.processor() or platform.machine() or "unknown CPU"
-    versions = []
-    for name in ("torch", "gymnasium", "stable-baselines3"):
-        try:
-            versions.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            versions.append(f"{name} not installed")
-    return f"{cpu}, {os.cpu_count()} logical cores; python {platform.python_version()}, " + ", ".join(versions)
 
 
 def _public_path(value: str) -> str:
@@ -505,7 +486,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES), help="cases to time")
     parser.add_argument("--repeats", type=int, default=3, help="timed processes per implementation and case")
-    parser.add_argument("--out", default="benchmarks/results", help="folder for speed.csv and speed.md")
+    parser.add_argument("--out", default="benchmarks/results/speed", help="folder for speed.csv and speed.md")
     parser.add_argument("--cartpole-steps", type=int, default=CASES["cartpole"].total_steps, help="steps (testing)")
     parser.add_argument("--halfcheetah-steps", type=int, default=CASES["halfcheetah"].total_steps,
                         help="steps (testing)")  # fmt: skip

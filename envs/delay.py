@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal, SupportsFloat
 
 import gymnasium as gym
+from gymnasium.utils import RecordConstructorArgs
 
 from envs.errors import BadInput
 
@@ -18,7 +19,7 @@ def check_delay(delay: Any) -> Delay:
     raise BadInput(f"reward delay must be a number of steps >= 1 or 'end' (at the episode's end), got {delay!r}")
 
 
-class DelayedReward(gym.Wrapper):
+class DelayedReward(gym.Wrapper, RecordConstructorArgs):
     """Buffer rewards and release their sum every k steps, or only at the episode's end.
 
     r'_t = Σ_{u=s}^{t} r_u  if (t + 1 − t0) mod k = 0 or the episode ends at t,  else 0
@@ -30,11 +31,15 @@ class DelayedReward(gym.Wrapper):
     - "ends at t": ``terminated or truncated`` at step t, so the episode's return is unchanged.
 
     Put it outside any TimeLimit, so it sees truncation and flushes the buffer there.
+
+    The delay is recorded in the env's spec (``RecordConstructorArgs``), so ``gymnasium.make(env.spec)``
+    makes the same delayed env again, as gymnasium's own wrappers allow.
     """
 
     def __init__(self, env: gym.Env, delay: Delay) -> None:
-        super().__init__(env)
-        self.delay = check_delay(delay)
+        self.delay = check_delay(delay)  # before recording it: a spec never holds a delay that was refused
+        RecordConstructorArgs.__init__(self, delay=delay)
+        gym.Wrapper.__init__(self, env)
         self.buffered = 0.0
         """Σ r_u since the last release: released at the next release step."""
         self.since_release = 0

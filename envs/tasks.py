@@ -325,11 +325,20 @@ ENTRY_POINTS: dict[str, tuple[type[_TaskEnv], type[_TaskVectorEnv]]] = {
 TASK_IDS = tuple(ENTRY_POINTS)
 
 
+def _import_path(cls: type) -> str:
+    """``module:Class``, the form gymnasium's own envs register with."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
 def register() -> None:
-    """Register the tasks with gymnasium (idempotent); importing :mod:`envs` calls it."""
+    """Register the tasks with gymnasium (idempotent); importing :mod:`envs` calls it.
+
+    Entry points are import paths, not the classes: a spec then serialises (``EnvSpec.to_json``) and a
+    made env's ``spec`` recreates it in another process, as gymnasium's own ids do.
+    """
     for env_id, (single, vector) in ENTRY_POINTS.items():
         if env_id not in gym.registry:
-            gym.register(env_id, entry_point=single, vector_entry_point=vector)
+            gym.register(env_id, entry_point=_import_path(single), vector_entry_point=_import_path(vector))
 
 
 def reference_returns(env_id: str, **env_kwargs: Any) -> tuple[float, float] | None:

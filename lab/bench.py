@@ -27,7 +27,8 @@ from agents import registry, rundir
 from agents.config import SEED_LIMIT, parse_overrides, read_yaml
 from envs.errors import BadInput, brief
 from lab.cells import Cell, Outcome, reused_elsewhere
-from lab.executor import connect_ray, execute
+from lab.document import fmt_duration
+from lab.executor import HEARTBEAT_S, Heartbeat, connect_ray, execute
 from lab.plan import resolve_run
 from lab.suites import SUITES, Suite
 
@@ -157,19 +158,22 @@ def write_bench_yaml(bench_dir: Path, grid: Grid) -> None:
     path.write_text(yaml.safe_dump(merged, sort_keys=False))
 
 
-def build_reports(bench_dir: Path) -> dict[str, Path]:
-    """Write the bench report (``lab.report``) and, for a credit study (``credit.yaml``), the study's report.
+def build_reports(bench_dir: Path, heartbeat_s: float = HEARTBEAT_S) -> dict[str, Path]:
+    """Write the bench report (``lab.report``) and, for a credit study (``credit.yaml``), the study's report,
+    saying so first and every ``heartbeat_s`` seconds until done (bootstraps and plots take a while).
 
     Returns every written path, the study's under keys ``credit …``. BadInput if the bench holds no run.
     Both reports are built here, above them, so that ``lab.report`` need not know about credit studies.
     """
-    # Imported here: reports load matplotlib, which planning and running a grid never need.
-    from lab.credit import STUDY_FILE, build_credit_report
-    from lab.report import build_report
+    print("building the report …", flush=True)
+    with Heartbeat(lambda elapsed: print(f"building the report … {fmt_duration(elapsed)}", flush=True), heartbeat_s):
+        # Imported here: reports load matplotlib, which planning and running a grid never need.
+        from lab.credit import STUDY_FILE, build_credit_report
+        from lab.report import build_report
 
-    written = build_report(bench_dir)
-    if (bench_dir / STUDY_FILE).exists():
-        written.update({f"credit {k}": v for k, v in build_credit_report(bench_dir).items()})
+        written = build_report(bench_dir)
+        if (bench_dir / STUDY_FILE).exists():
+            written.update({f"credit {k}": v for k, v in build_credit_report(bench_dir).items()})
     return written
 
 
@@ -183,9 +187,11 @@ def run_grid(
     prepare: Callable[[Path], None] | None = None,
     report: bool = True,
     stack: int = 1,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> tuple[Path, list[Outcome]]:
     """Run every cell; rebuild the reports from disk (unless ``report`` is False). Returns the bench
-    directory and the outcomes.
+    directory and the outcomes. A heartbeat (runs done, processes, steps/s, ETA) is printed every
+    ``heartbeat_s`` seconds while the cells run and the report is built.
 
     The bench directory stays locked while the grid runs, so a second driver of the same bench is refused
     (BadInput naming this one) before it writes anything. Under the lock, after the grid's settings and
@@ -210,10 +216,10 @@ def run_grid(
         if prepare is not None:
             prepare(bench_dir)
         write_bench_yaml(bench_dir, grid)
-        outcomes, interrupted = execute(cells, bench_dir, workers, backend, retries, stack)
+        outcomes, interrupted = execute(cells, bench_dir, workers, backend, retries, stack, heartbeat_s)
         try:
             if report:
-                build_reports(bench_dir)
+                build_reports(bench_dir, heartbeat_s)
         except BadInput:
             pass  # nothing finished yet: nothing to report
     if interrupted:

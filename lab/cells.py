@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,6 +178,9 @@ class Stop:
     def __init__(self) -> None:
         self.requested = False
         self.children: dict[subprocess.Popen[bytes], tuple[Path, ...]] = {}  # each running trainer → its run dirs
+        # Each running trainer → its console log and where this process's output starts in it: the driver's
+        # heartbeat reads the trainers' progress lines there (progress.csv reaches the disk only at checkpoints).
+        self.logs: dict[subprocess.Popen[bytes], tuple[Path, int]] = {}
         self.stopped: set[Path] = set()  # run directories stopped on their own (a pruned tuning trial's seeds)
 
     def request(self) -> None:
@@ -214,6 +218,7 @@ def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)  # fmt: skip
         stop.children[process] = tuple(run_dirs)
+        stop.logs[process] = (shared_log, log.tell())
         if stop.stopped & set(run_dirs):  # stopped while this process was starting
             process.send_signal(signal.SIGINT)
         try:
@@ -223,9 +228,33 @@ def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list
             returncode = process.wait()
         finally:
             stop.children.pop(process, None)
+            stop.logs.pop(process, None)
     if len(cells) > 1:
         share_stack_log(shared_log)
     return [_result(run_dir, returncode) for run_dir in run_dirs]
+
+
+PROGRESS_LINE = re.compile(r"^\[.* seed (?P<seed>\d+)\] step (?P<step>\d+)/\d+ +(?P<sps>\d+) steps/s", re.MULTILINE)
+"""A trainer's progress line in its log (``agents.runlog.Progress``, every 10 s when its output is a file):
+``[ppo CartPole-v1 seed 3] step 40960/100000  3456 steps/s  recent return 45.3``."""
+LOG_TAIL_BYTES = 65536
+"""How much of a log's end is read for its latest progress lines: far more than one line per seed of a stack."""
+
+
+def live_progress(stop: Stop) -> list[tuple[int, float]]:
+    """(env steps so far, env steps/s in this session) of every seed that the running trainers have reported,
+    from the latest progress line of each seed in their logs."""
+    reported = []
+    for log, start in list(stop.logs.values()):
+        try:
+            with open(log, "rb") as f:
+                f.seek(max(start, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                text = f.read().decode(errors="replace")
+        except OSError:  # a stack's log, shared out and removed as its trainer ended
+            continue
+        latest = {m["seed"]: (int(m["step"]), float(m["sps"])) for m in PROGRESS_LINE.finditer(text)}
+        reported += latest.values()
+    return reported
 
 
 def share_stack_log(path: Path) -> None:

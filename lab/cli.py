@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +23,7 @@ from agents import registry, rundir
 from agents.config import build_config
 from envs import check_env_id
 from envs.errors import BadInput, brief
-from lab import bench
+from lab import bench, manifest
 from lab.parser import build_parser
 from lab.plan import checkpoint_policy, plan_train
 from lab.study import TUNE_FILE
@@ -65,14 +65,42 @@ def cmd_train(args: argparse.Namespace) -> int:
         by_dir = {r.run_dir: summary for r, summary in zip(active, trained, strict=True)}
         summaries = [by_dir[r.run_dir] if r.run_dir in by_dir else rundir.read_summary(r.run_dir) or {} for r in runs]
 
-    print(json.dumps(summaries[0] if seeds is None else summaries, indent=2))
     for summary in summaries:
         if summary["status"] == "failed":
             print(f"error (seed {summary['seed']}): {summary['error']}", file=sys.stderr)
-    where = first.run_dir if seeds is None else first.run_dir.parent
-    print(f"Logs, checkpoints and summaries are in {where}. Open TensorBoard with: tensorboard --logdir {where}")
+    # One line a seed; the whole summary stays in each run's summary.json.
+    if seeds is None:
+        print(seed_line(summaries[0]))
+        print(f"run folder: {first.run_dir} (summary.json, progress.csv, checkpoint; TensorBoard: "
+              f"tensorboard --logdir {first.run_dir})")  # fmt: skip
+    else:
+        for r, summary in zip(runs, summaries, strict=True):
+            print(f"{seed_line(summary)}, {r.run_dir}")
+        print(seeds_line(summaries))
+        print(f"every seed's summary.json is in its folder; TensorBoard: tensorboard --logdir {first.run_dir.parent}")
     statuses = {summary["status"] for summary in summaries}
     return EXIT_CODES[next(s for s in ("failed", "interrupted", "completed") if s in statuses)]
+
+
+def seed_line(summary: dict[str, Any]) -> str:
+    """``seed 3: final eval return 500.00 ± 0.00 (10 episodes), 2,048 steps, 12.3 s`` from a summary.json."""
+    where = f"{summary.get('total_steps') or 0:,} steps, {summary.get('wall_time_s') or 0.0:.1f} s"
+    mean = summary.get("final_eval_return_mean")
+    if summary.get("status") != "completed" or mean is None:
+        return f"seed {summary.get('seed')}: {summary.get('status')} after {where}"
+    std, episodes = summary.get("final_eval_return_std") or 0.0, summary.get("final_eval_episodes")
+    return f"seed {summary['seed']}: final eval return {mean:.2f} ± {std:.2f} ({episodes} episodes), {where}"
+
+
+def seeds_line(summaries: list[dict[str, Any]]) -> str:
+    """The mean ± std over seeds of their final eval returns: the population std (ddof 0), as SB3 reports."""
+    finals = [s["final_eval_return_mean"] for s in summaries
+              if s.get("status") == "completed" and s.get("final_eval_return_mean") is not None]  # fmt: skip
+    if not finals:
+        return f"no seed of {len(summaries)} completed: no mean over seeds"
+    n = len(summaries)
+    over = f"{n} seeds" if len(finals) == n else f"the {len(finals)} of {n} seeds that completed"
+    return f"mean ± std over {over}: {statistics.fmean(finals):.2f} ± {statistics.pstdev(finals):.2f}"
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -155,7 +183,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            first_seed=args.first_seed)  # fmt: skip
     cells = len(grid.cells())
     print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {len(grid.seeds)} seeds = {cells} runs, "
-          f"{args.backend} backend, {workers} workers → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
+          f"{args.backend} backend, {workers} processes at a time → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
     return _run_grid(grid, workers, args, "report: {0}/report.md")
 
 
@@ -169,7 +197,7 @@ def cmd_credit(args: argparse.Namespace) -> int:
                            variants=study.variants(), first_seed=args.first_seed)  # fmt: skip
     bench_dir = bench.BENCH_ROOT / grid.name
     print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × {len(grid.algos)} algos "
-          f"× {len(grid.seeds)} seeds = {len(grid.cells())} runs, {args.backend} backend, {workers} workers → {bench_dir}")  # fmt: skip
+          f"× {len(grid.seeds)} seeds = {len(grid.cells())} runs, {args.backend} backend, {workers} processes at a time → {bench_dir}")  # fmt: skip
     return _run_grid(grid, workers, args, "study report: {0}/credit.md; bench report: {0}/report.md",
                      prepare=lambda folder: credit.write_study(folder, study))
 
@@ -183,7 +211,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     plan = tune.plan_tune(args.algo, args.env, args.trials, args.total_steps, args.seeds, args.space, args.set,
                           args.name, args.storage, args.first_seed, args.pruner, args.startup_trials,
                           args.sampler_seed)  # fmt: skip
-    print(f"tune {plan.name}: {args.algo} on {args.env}, {plan.trials} trials × seeds {', '.join(map(str, plan.seeds))}, "
+    print(f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; "
           f"{len(plan.space)} parameters, {args.backend} backend, {args.workers} trials at a time → "
           f"{tune.TUNE_ROOT / plan.name}")  # fmt: skip
     try:
@@ -209,8 +237,9 @@ def cmd_docs(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from lab.plot import plot_runs
 
-    paths = plot_runs([Path(p) for p in args.paths], x=args.x, out=Path(args.out) if args.out else None)
-    print("wrote " + ", ".join(str(p) for p in paths))
+    out = Path(args.out) if args.out else None
+    for path in plot_runs([Path(p) for p in args.paths], x=args.x, out=out, metric=args.metric):
+        print(f"wrote {path}")
     return 0
 
 
@@ -230,9 +259,45 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_results(args: argparse.Namespace) -> int:
+    if args.action != "run" and (args.names or args.all or args.cheap):
+        raise BadInput(f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run`")
+    root = Path.cwd()
+    found = manifest.load(root)
+    if args.action == "list":
+        for e in found.entries:
+            p = e.produced
+            state = "" if found.current(e) else ", older code" if p else ""
+            print(f"{e.name:<32} {e.cost:<5} {p.get('date', 'not produced yet')}, commit {p.get('commit', '—')}{state}\n"
+                  f"    {e.command}")  # fmt: skip
+        return 0
+    from lab import pages  # statistics (scipy) only when pages are built
+
+    def rebuild() -> None:
+        written = pages.write_all(root)
+        print(f"pages: {len(written)} files rewritten" + (f" ({', '.join(map(str, written))})" if written else ", all up to date"))
+
+    if args.action == "run":
+        chosen = manifest.select(found, args.names, args.all, args.cheap)
+        done = 0
+        try:
+            for i, entry in enumerate(chosen, 1):
+                print(f"[{i}/{len(chosen)}] {entry.name}: {entry.command}", flush=True)
+                found = manifest.rerun(root, found, entry)
+                done += 1
+                print(f"[{i}/{len(chosen)}] {entry.name} done in {found.entry(entry.name).produced['wall_s']:.0f} s; "
+                      f"its files are in {entry.folder}", flush=True)  # fmt: skip
+        finally:  # the results finished before a failure or a stop get their pages
+            if done:
+                rebuild()
+        return 0
+    rebuild()
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": cmd_train, "eval": cmd_eval, "bench": cmd_bench, "credit": cmd_credit, "tune": cmd_tune,
-    "docs": cmd_docs, "plot": cmd_plot, "report": cmd_report,
+    "docs": cmd_docs, "plot": cmd_plot, "report": cmd_report, "results": cmd_results,
 }  # fmt: skip
 
 

@@ -43,6 +43,12 @@ class Image:
     path: str
     """Relative to the bench directory."""
     alt: str
+    caption: str = ""
+    """Shown under the image: what it shows (statistic, CI, runs). Empty: the alt text is shown."""
+
+    @property
+    def shown_caption(self) -> str:
+        return self.caption or self.alt
 
 
 @dataclass
@@ -73,7 +79,8 @@ def render_markdown(blocks: Sequence[Block]) -> str:
             lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in block.rows]
             out.append("\n".join(lines))
         elif isinstance(block, Image):
-            out.append(f"![{block.alt}]({quote(block.path)})")
+            caption = " ".join(block.shown_caption.split()).replace("*", "\\*")
+            out.append(f"![{block.alt}]({quote(block.path)})\n\n*{caption}*")
         elif isinstance(block, Code):
             out.append(f"```{block.language}\n{block.text.rstrip()}\n```")
     return "\n\n".join(out) + "\n"
@@ -90,6 +97,8 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
 th { background: #f3f3f3; }
 img { max-width: 100%; }
 code { background: #f3f3f3; padding: 0 0.2em; }
+figure { margin: 1em 0 2em; }
+figcaption { color: #555; font-size: 0.92em; margin-top: 0.3em; }
 """
 
 
@@ -115,7 +124,8 @@ def render_html(blocks: Sequence[Block], title: str, base_dir: Path) -> str:
             out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
         elif isinstance(block, Image):
             data = base64.b64encode((base_dir / block.path).read_bytes()).decode("ascii")
-            out.append(f'<figure><img alt="{html.escape(block.alt)}" src="data:image/png;base64,{data}"></figure>')
+            out.append(f'<figure><img alt="{html.escape(block.alt)}" src="data:image/png;base64,{data}">'
+                       f"<figcaption>{_html_text(block.shown_caption)}</figcaption></figure>")
         elif isinstance(block, Code):
             out.append(f"<pre><code>{html.escape(block.text.rstrip())}</code></pre>")
     out.append("</body></html>")
@@ -139,6 +149,24 @@ def fmt_steps(value: float | None) -> str:
 
 def fmt_seconds(value: float | None) -> str:
     return DASH if value is None else f"{value:.1f} s"
+
+
+def fmt_duration(seconds: float) -> str:
+    """``45s``, ``1m20s``, ``2h05m``: an elapsed time or an ETA, at the precision a person reads one."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def fmt_sig(value: float | None, digits: int = 4) -> str:
+    """A number to ``digits`` significant digits, as a report prints a tuned value (0.000123456789 → 0.0001235,
+    1e-08 → 1e-8); the files that hold the values keep them in full."""
+    if value is None or not math.isfinite(value):
+        return DASH
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", f"{value:.{digits}g}")
 
 
 def safe_name(env_id: str) -> str:

@@ -103,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--algo", required=True, help=f"one of: {algos}")
     tuner.add_argument("--env", required=True, help="any registered gymnasium id")
     tuner.add_argument("--trials", type=int, default=50, help="trials in the study, all runs of it together")
-    tuner.add_argument("--total-steps", type=int, default=None, help="env steps per seed of a trial (default: the preset's)")
+    tuner.add_argument("--total-steps", type=int, default=None,
+                       help="env steps per seed of a trial (default: the preset's); PPO rounds it up to a multiple of "
+                            "every n_steps·n_envs the space allows, so that every trial trains the same")  # fmt: skip
     tuner.add_argument("--seeds", type=int, default=1, help="seeds per trial; its score is their mean final return")
     tuner.add_argument("--first-seed", type=int, default=100, help="seeds FIRST … FIRST+K−1; bench's 0 … stay unseen")
     tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: lab/spaces/ALGO.yaml)")
@@ -129,8 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=FORMAT)
     plot.add_argument("paths", nargs="+", help="run directories or folders holding them (benches)")
     plot.add_argument("--x", choices=["steps", "time"], default="steps", help="x-axis: env steps or wall-clock")
-    plot.add_argument("--out", default=None, help="image file (PNG; an SVG is written beside it)")
+    plot.add_argument("--metric", choices=["eval", "train", "both"], default="both",
+                      help="eval: the deterministic evaluations (every eval_interval steps); train: the return of "
+                           "the episodes that ended in each iteration; both: side by side")  # fmt: skip
+    plot.add_argument("--out", default=None, help="image file (PNG; an SVG is written beside it). Default, for one "
+                      "path: PATH/plots/curves-X.png (curves-METRIC-X.png for one metric); several paths need --out")
 
     report = sub.add_parser("report", help="rebuild a bench's or a study's report from disk", formatter_class=FORMAT)
     report.add_argument("bench_dir", help="runs/bench/NAME or runs/tune/NAME")
+
+    results = sub.add_parser("results", help="the committed results: list them, rerun them, rebuild their pages",
+                             formatter_class=FORMAT)  # fmt: skip
+    results.add_argument("action", choices=["list", "run", "pages"], help="list: every result with its command and "
+                         "provenance; run: rerun results (resumable), keep their files, rebuild the pages; pages: "
+                         "rebuild docs/results/ and the README's tables from the committed files")  # fmt: skip
+    results.add_argument("names", nargs="*", help="results to rerun (see `testbed results list`)")
+    results.add_argument("--all", action="store_true", help="rerun every result (long: hours to days on 2 cores)")
+    results.add_argument("--cheap", action="store_true", help="rerun the results marked cheap (about an hour on 2 cores)")
     return parser

@@ -1,11 +1,16 @@
 """Learning-curve plots of any set of runs, and the interval, profile and sample-efficiency plots of
 normalized scores.
 
-Curves: one subplot per env, one line per algo. A line is the mean over that algo's runs of the
-evaluation return, on a common x grid: each run is interpolated on the grid only inside the range it
+Curves: one subplot per env (and per metric), one line per algo. A line is the mean over that algo's
+runs of a return, on a common x grid: each run is interpolated on the grid only inside the range it
 covers, and each grid point averages the runs that cover it. So runs of different lengths (a bench
 still running, runs from two benches) still share one line, which ends where the longest run ends. The
 shaded band is the 95% percentile bootstrap CI over runs, where at least two runs cover the point.
+
+Two returns, two metrics: ``eval``, the deterministic evaluations (``eval/return_mean``, every
+``eval_interval`` steps: a short run may hold one), and ``train``, the return of the episodes that ended
+during each iteration of training (``charts/episodic_return`` of progress.csv, their mean; the stochastic
+policy, raw env rewards), a point per iteration.
 
 Figures are built on matplotlib's Agg canvas directly, never through pyplot, so plotting sets no
 global state and needs no display.
@@ -26,12 +31,17 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from envs.errors import BadInput
-from lab.results import Run, find_runs, natural_key
+from lab.results import Run, find_runs, natural_key, read_series
 from lab.stats import bootstrap_ci
 
 XAxis = Literal["steps", "time"]
 X_LABELS: dict[str, str] = {"steps": "env steps", "time": "wall-clock (s)"}
-Y_LABEL = "eval return (deterministic)"
+Metric = Literal["eval", "train"]
+Y_LABELS: dict[str, str] = {"eval": "eval return (deterministic)", "train": "training return (episodes ended)"}
+METRICS: dict[str, tuple[Metric, ...]] = {"eval": ("eval",), "train": ("train",), "both": ("eval", "train")}
+"""The ``--metric`` choices and the panels each draws per env, left to right."""
+TRAIN_COLUMN = "charts/episodic_return"
+"""progress.csv's column of the mean return of the episodes that ended in each iteration (empty if none did)."""
 GRID_POINTS = 200
 """The most points a curve is drawn with; fewer when the runs evaluate at fewer distinct x."""
 
@@ -52,17 +62,33 @@ class Curve:
     """Runs with at least one evaluation."""
 
 
-def run_xy(run: Run, x: XAxis) -> tuple[np.ndarray, np.ndarray]:
-    """The run's evaluations as (x, return), sorted by x."""
-    xs = run.steps.astype(np.float64) if x == "steps" else run.wall_time_s
+def train_returns(run: Run, x: XAxis) -> tuple[np.ndarray, np.ndarray]:
+    """(x, mean return of the episodes that ended) of each progress.csv row where some episode ended."""
+    path = run.run_dir / "progress.csv"
+    steps, returns = read_series(path, TRAIN_COLUMN)
+    if x == "steps":
+        return steps.astype(np.float64), returns
+    row_steps, times = read_series(path, "wall_time_s")
+    time_at = dict(zip(row_steps.tolist(), times.tolist(), strict=True))
+    return np.array([time_at.get(step, math.nan) for step in steps.tolist()], dtype=np.float64), returns
+
+
+def run_xy(run: Run, x: XAxis, metric: Metric = "eval") -> tuple[np.ndarray, np.ndarray]:
+    """The run's evaluations (``eval``) or training returns (``train``) as (x, return), sorted by x."""
+    if metric == "eval":
+        xs, ys = (run.steps.astype(np.float64) if x == "steps" else run.wall_time_s), run.eval_return
+    else:
+        xs, ys = train_returns(run, x)
     keep = np.isfinite(xs)
     order = np.argsort(xs[keep], kind="stable")
-    return xs[keep][order], run.eval_return[keep][order]
+    return xs[keep][order], ys[keep][order]
 
 
-def mean_curve(runs: Sequence[Run], x: XAxis = "steps", grid_points: int = GRID_POINTS) -> Curve | None:
-    """Mean and 95% bootstrap CI over ``runs`` on a common grid; None when no run has an evaluation."""
-    series = [xy for xy in (run_xy(r, x) for r in runs) if xy[0].size]
+def mean_curve(
+    runs: Sequence[Run], x: XAxis = "steps", grid_points: int = GRID_POINTS, metric: Metric = "eval"
+) -> Curve | None:
+    """Mean and 95% bootstrap CI over ``runs`` of ``metric`` on a common grid; None when no run has a point."""
+    series = [xy for xy in (run_xy(r, x, metric) for r in runs) if xy[0].size]
     if not series:
         return None
     # Runs of one bench evaluate at the same steps: the union of their x is then the exact grid.
@@ -91,11 +117,13 @@ def algo_colors(algos: Sequence[str]) -> dict[str, tuple[float, ...]]:
     return {algo: palette(i % 10) for i, algo in enumerate(sorted(set(algos)))}
 
 
-def draw_env(ax: Axes, runs: Sequence[Run], x: XAxis, colors: dict[str, tuple[float, ...]]) -> None:
-    """One env's runs on ``ax``: a mean line and CI band per algo."""
+def draw_env(
+    ax: Axes, runs: Sequence[Run], x: XAxis, colors: dict[str, tuple[float, ...]], metric: Metric = "eval"
+) -> None:
+    """One env's runs on ``ax``: a mean line of ``metric`` and its CI band per algo."""
     drawn = False
     for algo in sorted({r.algo for r in runs}):
-        curve = mean_curve([r for r in runs if r.algo == algo], x)
+        curve = mean_curve([r for r in runs if r.algo == algo], x, metric=metric)
         if curve is None:
             continue
         drawn = True
@@ -110,15 +138,18 @@ def draw_env(ax: Axes, runs: Sequence[Run], x: XAxis, colors: dict[str, tuple[fl
     if drawn:
         ax.legend(fontsize="small", loc="best")
     else:
-        ax.text(0.5, 0.5, "no evaluations yet", ha="center", va="center", transform=ax.transAxes)
+        empty = "no evaluations yet" if metric == "eval" else "no episode has ended yet"
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel(X_LABELS[x])
-    ax.set_ylabel(Y_LABEL)
+    ax.set_ylabel(Y_LABELS[metric])
     ax.grid(alpha=0.3)
 
 
-def new_figure(n_panels: int, panel_size: tuple[float, float] = (5.0, 3.6)) -> tuple[Figure, list[Axes]]:
-    """A figure on the Agg canvas with ``n_panels`` axes, at most three a row; spare axes hidden."""
-    ncols = max(1, min(3, n_panels))
+def new_figure(
+    n_panels: int, panel_size: tuple[float, float] = (5.0, 3.6), ncols: int = 3
+) -> tuple[Figure, list[Axes]]:
+    """A figure on the Agg canvas with ``n_panels`` axes, at most ``ncols`` a row; spare axes hidden."""
+    ncols = max(1, min(ncols, n_panels))
     nrows = max(1, math.ceil(n_panels / ncols))
     fig = Figure(figsize=(panel_size[0] * ncols, panel_size[1] * nrows), layout="constrained")
     FigureCanvasAgg(fig)
@@ -141,29 +172,56 @@ def save_figure(fig: Figure, out: Path) -> list[Path]:
     return [png, svg]
 
 
+PANEL_TITLES: dict[str, str] = {"eval": "evaluation", "train": "training"}
+
+
 def plot_env_runs(
-    runs: Sequence[Run], x: XAxis, out: Path, colors: dict[str, tuple[float, ...]] | None = None
-) -> list[Path]:
-    """Plot runs (of one env or many) one subplot per env; write ``out`` as PNG and SVG."""
+    runs: Sequence[Run], x: XAxis, out: Path, colors: dict[str, tuple[float, ...]] | None = None,
+    metrics: Sequence[Metric] = ("eval",),
+) -> list[Path]:  # fmt: skip
+    """Plot runs (of one env or many) one subplot per env and metric, an env's metrics side by side on the
+    same axes' scales; write ``out`` as PNG and SVG."""
     envs = sorted({r.env_id for r in runs}, key=natural_key)
     colors = colors or algo_colors([r.algo for r in runs])
-    fig, axes = new_figure(len(envs))
-    for ax, env_id in zip(axes, envs, strict=True):
-        draw_env(ax, [r for r in runs if r.env_id == env_id], x, colors)
-        ax.set_title(env_id)
+    fig, axes = new_figure(len(envs) * len(metrics), ncols=3 if len(metrics) == 1 else len(metrics))
+    for i, env_id in enumerate(envs):
+        row = axes[i * len(metrics) : (i + 1) * len(metrics)]
+        for ax in row[1:]:
+            # One scale: the deterministic evaluations beside the training episodes, at the same steps.
+            ax.sharex(row[0])
+            ax.sharey(row[0])
+        for ax, metric in zip(row, metrics, strict=True):
+            draw_env(ax, [r for r in runs if r.env_id == env_id], x, colors, metric)
+            ax.set_title(env_id if len(metrics) == 1 else f"{env_id}: {PANEL_TITLES[metric]}")
     return save_figure(fig, out)
 
 
-def plot_runs(paths: Sequence[Path], x: XAxis = "steps", out: Path | None = None) -> list[Path]:
-    """Learning curves of every run found in ``paths``: one subplot per env, one line per algo.
+def default_out(paths: Sequence[Path], x: XAxis, metric: str) -> Path:
+    """Where :func:`plot_runs` writes without ``out``: into the one folder plotted, beside its runs, as
+    ``PATH/plots/curves-<x>.png`` (``curves-<metric>-<x>.png`` for one metric). A figure of several
+    folders belongs to none of them: it needs ``out``."""
+    if len(paths) != 1:
+        raise BadInput(f"{len(paths)} paths make one figure that belongs to none of them: say where it goes with "
+                       "--out FILE, e.g. --out plots/compare.png (one path writes into PATH/plots/).")  # fmt: skip
+    return Path(paths[0]) / "plots" / (f"curves-{x}.png" if metric == "both" else f"curves-{metric}-{x}.png")
 
-    Writes ``out`` (default ``plots/curves-<x>.png`` in the working directory) as PNG and SVG and
-    returns both paths.
+
+def plot_runs(
+    paths: Sequence[Path], x: XAxis = "steps", out: Path | None = None, metric: str = "both"
+) -> list[Path]:
+    """Learning curves of every run found in ``paths``: one subplot per env and metric, one line per algo.
+
+    ``metric``: ``eval`` (the deterministic evaluations), ``train`` (the training episodes' returns) or
+    ``both``, side by side. Writes ``out`` (default: :func:`default_out`) as PNG and SVG and returns both
+    paths.
     """
     if x not in X_LABELS:
         raise BadInput(f"x must be one of {', '.join(X_LABELS)}, not {x!r}")
+    if metric not in METRICS:
+        raise BadInput(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    out = Path(out) if out is not None else default_out(paths, x, metric)
     runs = find_runs(paths)
-    return plot_env_runs(runs, x, Path(out) if out is not None else Path("plots") / f"curves-{x}.png")
+    return plot_env_runs(runs, x, out, metrics=METRICS[metric])
 
 
 def _fit_x(ax: Axes, values: Sequence[float]) -> None:
@@ -175,12 +233,16 @@ def _fit_x(ax: Axes, values: Sequence[float]) -> None:
 
 def plot_aggregates(
     aggregates: dict[str, dict[str, Any]], metric_names: Sequence[str], out: Path,
-    colors: dict[str, tuple[float, ...]] | None = None,
+    colors: dict[str, tuple[float, ...]] | None = None, title: str = "Aggregate normalized scores",
 ) -> list[Path]:  # fmt: skip
-    """rliable's interval-estimate figure: one panel per metric, one bar (CI) per algo, a tick at the point."""
+    """rliable's interval-estimate figure: one panel per metric, all in one row, one bar (CI) per algo, a tick
+    at the point. Every panel names the algos of its rows, so that no bar is read against another's label."""
     algos = list(aggregates)
     colors = colors or algo_colors(algos)
-    fig, axes = new_figure(len(metric_names), panel_size=(3.6, 0.5 * len(algos) + 1.2))
+    # One row that never wraps: new_figure's rows of three would put a fourth panel alone below.
+    fig = Figure(figsize=(1.0 + 3.4 * len(metric_names), 0.5 * len(algos) + 1.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(fig.subplots(1, len(metric_names), squeeze=False)[0])
     for ax, name in zip(axes, metric_names, strict=True):
         for i, algo in enumerate(algos):
             y, interval = len(algos) - 1 - i, aggregates[algo][name]
@@ -188,23 +250,31 @@ def plot_aggregates(
                     color=colors.get(algo, "tab:gray"), alpha=0.75)  # fmt: skip
             ax.vlines(interval.point, y - 0.3, y + 0.3, color="black", linewidth=2)
         _fit_x(ax, [v for algo in algos for v in (aggregates[algo][name].low, aggregates[algo][name].high)])
-        ax.set_yticks(range(len(algos)), list(reversed(algos)) if ax is axes[0] else [])
+        ax.set_yticks(range(len(algos)), list(reversed(algos)))
         ax.set_title(name)
         ax.set_xlabel("normalized score")
         ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(title)
     return save_figure(fig, out)
 
 
 def plot_bands(
     x: np.ndarray, lines: dict[str, np.ndarray], bands: dict[str, np.ndarray], xlabel: str, ylabel: str, out: Path,
-    colors: dict[str, tuple[float, ...]] | None = None,
+    colors: dict[str, tuple[float, ...]] | None = None, *, title: str,
 ) -> list[Path]:  # fmt: skip
-    """One line per algo with its CI band ``(2, len(x))``: performance profiles, sample-efficiency curves."""
+    """One line per algo with its CI band ``(2, len(x))``: performance profiles, sample-efficiency curves.
+
+    A line may end early (NaN past its last point, e.g. an algo trained for fewer steps); the x-axis still
+    spans all of ``x``, so every algo's range shows."""
     colors = colors or algo_colors(list(lines))
     fig, (ax,) = new_figure(1, panel_size=(6.0, 3.8))
     for algo, y in lines.items():
-        ax.plot(x, y, color=colors.get(algo), label=algo)
+        marker = "o" if np.isfinite(y).sum() < 2 else None  # a line of one point would be invisible
+        ax.plot(x, y, color=colors.get(algo), label=algo, marker=marker)
         ax.fill_between(x, bands[algo][0], bands[algo][1], color=colors.get(algo), alpha=0.2, linewidth=0)
+    if len(x) > 1:
+        ax.set_xlim(float(x[0]), float(x[-1]))
+    ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

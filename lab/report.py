@@ -168,10 +168,18 @@ def reference_for(run: Run, refs: dict[str, Reference]) -> Reference | None:
     return None if run.config.get("env_kwargs") else refs.get(base_env_id(run.env_id))
 
 
+def _runs_text(matrices: dict[str, np.ndarray]) -> str:
+    """How many runs each algo's statistic pools: ``ppo 6 (3 per env × 2 envs), grpo 6 (…)``, from its
+    ``(R, M, …)`` matrix."""
+    return ", ".join(f"{algo} {m.shape[0] * m.shape[1]} ({m.shape[0]} per env × {m.shape[1]} env"
+                     f"{'s' if m.shape[1] != 1 else ''})" for algo, m in matrices.items())  # fmt: skip
+
+
 def across_envs(
     runs: Sequence[Run], refs: dict[str, Reference], plots_dir: Path, colors: dict[str, tuple[float, ...]]
-) -> tuple[list[Block], list[tuple[list[Path], str]]]:
-    """The report's section on normalized scores across envs (``lab.stats``), and its plots with their captions."""
+) -> tuple[list[Block], list[tuple[list[Path], str, str]]]:
+    """The report's section on normalized scores across envs (``lab.stats``), and its plots, each with its
+    alt text and its caption."""
     def normalize(run: Run, score: float) -> float | None:
         ref = reference_for(run, refs)
         return None if ref is None else ref.normalize(score)
@@ -183,7 +191,7 @@ def across_envs(
         "env, fixed resampling seed) of the IQM over every (env, seed) run, of the median and mean over envs of "
         "each env's mean score, and of the optimality gap, 1 − mean(min(score, 1)): lower is better."
     )]  # fmt: skip
-    plots: list[tuple[list[Path], str]] = []
+    plots: list[tuple[list[Path], str, str]] = []
     matrices = stats.score_matrices(runs, normalize)
     missing = sorted({r.env_id for r in runs if reference_for(r, refs) is None}, key=natural_key)
     if not matrices.scores:
@@ -203,8 +211,12 @@ def across_envs(
         ]))  # fmt: skip
         used = {r.env_id: ref for r in runs if r.env_id in matrices.envs and (ref := reference_for(r, refs))}
         blocks.append(Bullets([f"{e}: random {ref.random:g}, target {ref.target:g}" for e, ref in sorted(used.items())]))
-        plots.append((plot_aggregates(aggregates, stats.METRIC_NAMES, plots_dir / "normalized-scores.png", colors),
-                      "IQM, median, mean and optimality gap of normalized scores, 95% stratified bootstrap CIs"))
+        ci = f"95% stratified bootstrap CI ({stats.REPS} resamples)"
+        plots.append((plot_aggregates(aggregates, stats.METRIC_NAMES, plots_dir / "normalized-scores.png", colors,
+                                      title="Aggregate normalized scores"),
+                      "IQM, median, mean and optimality gap of normalized scores",
+                      "Aggregate normalized scores: IQM, median, mean and optimality gap (lower is better) of the "
+                      f"normalized final scores; tick: point estimate, bar: {ci}; runs: {_runs_text(matrices.scores)}."))  # fmt: skip
         improvements = stats.improvement_probabilities(matrices.scores)
         if improvements:
             blocks.append(Para("Probability of improvement P(X > Y): the chance that a run of X scores above a run of Y "
@@ -217,14 +229,21 @@ def across_envs(
                            max(1.25, max(float(m.max()) for m in matrices.scores.values())), 61)  # fmt: skip
         profiles, profile_cis = stats.performance_profiles(matrices.scores, taus)
         plots.append((plot_bands(taus, profiles, profile_cis, "normalized score τ", "fraction of runs with score > τ",
-                                 plots_dir / "performance-profiles.png", colors),
-                      "Performance profiles: fraction of runs with normalized score above τ, 95% CIs"))
+                                 plots_dir / "performance-profiles.png", colors, title="Performance profiles"),
+                      "Performance profiles of normalized scores",
+                      "Performance profiles: the fraction of runs whose normalized final score exceeds τ, per algo; "
+                      f"band: {ci}; runs: {_runs_text(matrices.scores)}."))  # fmt: skip
         grid, curves = stats.normalized_curves(runs, matrices.envs, normalize)
         if curves and grid.size > 1:
             points, cis = stats.sample_efficiency(curves)
+            ends = ", ".join(f"{a} {fmt_steps(float(grid[np.isfinite(v)].max()))}" for a, v in points.items())
             plots.append((plot_bands(grid, points, cis, X_LABELS["steps"], "IQM normalized score",
-                                     plots_dir / "sample-efficiency.png", colors),
-                          "Sample efficiency: IQM normalized evaluation return against env steps, 95% CIs"))
+                                     plots_dir / "sample-efficiency.png", colors, title="Sample efficiency"),
+                          "Sample efficiency: IQM normalized evaluation return against env steps",
+                          "Sample efficiency: the IQM over runs and envs of the normalized evaluation return at each "
+                          f"env step; band: {ci}. The axis runs to the longest run's last step; each algo's line "
+                          f"covers the steps all of its runs reached, ending at {ends} steps; "
+                          f"runs: {_runs_text(curves)}."))
     if missing:
         blocks.append(Para(f"Left out (no reference scores in `lab/reference_scores.yaml`): {', '.join(missing)}."))
     return blocks, plots
@@ -312,15 +331,19 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
             else "Threshold: none (gymnasium's spec has no `reward_threshold` for this env)."
         ))  # fmt: skip
         blocks.append(env_table(env_runs, threshold))
+        counts = ", ".join(f"{a} {sum(r.algo == a for r in env_runs)}" for a in sorted({r.algo for r in env_runs}))
         for x in ("steps", "time"):
             png = add_plots(plot_env_runs(env_runs, x, plots_dir / f"{safe_name(env_id)}-{x}.png", colors))
-            images.append(Image(png, f"{env_id}: eval return vs {X_LABELS[x]}, mean over seeds and 95% CI"))
+            images.append(Image(png, f"{env_id}: eval return vs {X_LABELS[x]}", (
+                f"{env_id}: evaluation return (deterministic policy, raw env return) against {X_LABELS[x]}; line: "
+                "mean over runs, band: 95% percentile bootstrap CI over runs, where at least two cover the point; "
+                f"runs: {counts}.")))  # fmt: skip
 
     # Across envs: rliable's aggregates of normalized scores.
     across, plots = across_envs(runs, refs, plots_dir, colors)
     blocks.extend(across)
-    for png, alt in plots:
-        images.append(Image(add_plots(png), alt))
+    for png, alt, caption in plots:
+        images.append(Image(add_plots(png), alt, caption))
 
     # Runs that did not complete, with their errors.
     unfinished = [r for r in runs if r.status != "completed"]

@@ -1,12 +1,16 @@
 """A tuning study's search space: a YAML file mapping config keys to a list of choices or a range.
 
 ``lab/spaces/<algo>.yaml`` holds the default space of each algo; ``testbed tune --space FILE`` gives
-another. Each key: a list of choices, or ``{low, high, log?, int?}``.
+another. Each key: a list of choices, or ``{low, high, log?, int?}``. What sets the env steps of an
+iteration (PPO's n_steps, n_envs) must be a list: :func:`iteration_sizes` enumerates it, so that a study
+can give every trial the same budget.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +25,11 @@ if TYPE_CHECKING:
     import optuna
 
 SPACES = Path(__file__).with_name("spaces")
+MAX_SHAPES = 10_000
+"""The most combinations of iteration-shaping choices (n_steps × n_envs …) a study enumerates."""
+SPREAD = 16
+"""A study's budget is a multiple of every iteration size; their least common multiple may exceed the largest
+size this many times at most (powers of two: once), or trials would train far past --total-steps."""
 
 
 @dataclass(frozen=True)
@@ -112,3 +121,42 @@ def default_space_file(algo: str) -> Path:
     """``lab/spaces/<algo>.yaml``, else the space of the algo's presets file (``grpo-step`` → grpo)."""
     own = SPACES / f"{algo}.yaml"
     return own if own.exists() else SPACES / f"{registry.preset_of(algo)}.yaml"
+
+
+def iteration_sizes(
+    space: dict[str, Param], config: Callable[[dict[str, Any]], Any], source: str
+) -> tuple[int, ...] | None:
+    """Every number of env steps one iteration of a study's trials can take (``config``: a trial's validated
+    config for some of the space's values, ``TunePlan.config``), smallest first; None for an algo
+    whose iterations vary in length. A run stops after the iteration that reaches its budget, so a budget
+    that is a multiple of all of them is one that every trial trains exactly.
+
+    PPO's iteration is n_steps · n_envs (its config's ``batch_size``) whatever the episodes do, and only the
+    parameters that change it count: the sizes are those of every combination of their choices that the
+    algo accepts. GRPO's is B · G episodes, which end when they end (and vine branches on top): None."""
+    base = config({})
+    if not hasattr(base, "batch_size"):
+        return None
+    shaping = [p for p in space.values() if any(config({p.name: v}).batch_size != base.batch_size for v in p.ends())]
+    for param in shaping:
+        if param.choices is None:
+            raise BadInput(f"{source}: {param.name} changes n_steps · n_envs, the env steps of one iteration, and is a "
+                           "range, so trials could not train equal budgets; give it as a list of choices, e.g. "
+                           f"{param.name}: [{int(param.low)}, {int(param.high)}]")  # fmt: skip
+    combinations = math.prod(len(p.choices or ()) for p in shaping)
+    if combinations > MAX_SHAPES:
+        raise BadInput(f"{source}: {' × '.join(p.name for p in shaping)} make {combinations:,} iteration shapes, more "
+                       f"than {MAX_SHAPES:,}; list fewer choices")  # fmt: skip
+    sizes: set[int] = set()
+    for values in itertools.product(*(p.choices or () for p in shaping)):
+        try:
+            sizes.add(config(dict(zip((p.name for p in shaping), values))).batch_size)
+        except BadInput:  # a combination the algo refuses: no trial trains it (new_trial tells it as failed)
+            continue
+    sizes = sizes or {base.batch_size}
+    if math.lcm(*sizes) > SPREAD * max(sizes):
+        listed = ", ".join(map(str, sorted(sizes)))
+        raise BadInput(f"{source}: {' × '.join(p.name for p in shaping)} give iterations of {listed} env steps, so "
+                       f"every trial's budget would be a multiple of {math.lcm(*sizes):,}; choose values whose "
+                       "n_steps · n_envs divide one another (powers of two do)")  # fmt: skip
+    return tuple(sorted(sizes))

@@ -162,37 +162,60 @@ def performance_profiles(
 
 
 def normalized_curves(
-    runs: Sequence[Run], envs: list[str], normalize: Callable[[Run, float], float | None], points: int = 20
+    runs: Sequence[Run], envs: list[str], normalize: Callable[[Run, float], float | None], points: int = 50
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Each algo's ``(R, M, S)`` normalized evaluation returns on a grid of S env steps.
 
-    The grid runs to the last step that every run of the ``envs`` reached, so each point has every run;
-    a run's curve is linearly interpolated between its evaluations. R as in :func:`score_matrices`.
+    The grid spans every algo's steps, up to the last step of the longest run, in ``points`` even steps plus
+    each algo's own first and last. An algo's curve covers the steps that every one of its runs covers, from
+    its runs' latest first evaluation to the end of its shortest run, and is NaN elsewhere: an algo trained
+    for 100k steps ends earlier on the same axis as one trained for 500k. A run's curve is linearly
+    interpolated between its evaluations. R as in :func:`score_matrices`.
     """
     chosen = [r for r in runs if r.env_id in envs and r.status == "completed" and r.steps.size >= 2]
-    if not chosen:
-        return np.zeros(0), {}
-    last = min(float(r.steps[-1]) for r in chosen)
-    first = max(float(r.steps[0]) for r in chosen)
-    grid = np.linspace(first, last, points) if last > first else np.array([last])
-    curves: dict[str, np.ndarray] = {}
+    spans: dict[str, tuple[float, float]] = {}  # algo → the steps all of its runs cover
     for algo in sorted({r.algo for r in chosen}):
+        mine = [r for r in chosen if r.algo == algo]
+        first, last = max(float(r.steps[0]) for r in mine), min(float(r.steps[-1]) for r in mine)
+        if first <= last and {r.env_id for r in mine} == set(envs):
+            spans[algo] = (first, last)
+    if not spans:
+        return np.zeros(0), {}
+    low, high = min(a for a, _ in spans.values()), max(float(r.steps[-1]) for r in chosen if r.algo in spans)
+    ends = [x for span in spans.values() for x in span]  # each algo's line starts and ends on the grid
+    grid = np.unique(np.concatenate([np.linspace(low, high, points), ends]))  # (S,)
+    curves: dict[str, np.ndarray] = {}
+    for algo, (first, last) in spans.items():
         per_env = [sorted((r for r in chosen if r.algo == algo and r.env_id == env), key=lambda r: r.seed) for env in envs]
-        if any(not env_runs for env_runs in per_env):
-            continue
+        covered = (grid >= first) & (grid <= last)  # (S,)
         r_count = min(len(env_runs) for env_runs in per_env)
-        curves[algo] = np.array([[[normalize(run, float(v)) for v in np.interp(grid, run.steps, run.eval_return)]
-                                  for run in (env_runs[i] for env_runs in per_env)]
-                                 for i in range(r_count)], dtype=np.float64)  # fmt: skip
+        curve = np.full((r_count, len(envs), grid.size), np.nan)  # (R, M, S)
+        for i in range(r_count):
+            for m, env_runs in enumerate(per_env):
+                run = env_runs[i]
+                values = np.interp(grid[covered], run.steps, run.eval_return)
+                curve[i, m, covered] = [normalize(run, float(v)) for v in values]
+        curves[algo] = curve
     return grid, curves
 
 
 def sample_efficiency(curves: dict[str, np.ndarray], seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The IQM over runs and envs at each grid step, per algo, with its stratified bootstrap CI ``(2, S)``."""
+    """The IQM over runs and envs at each grid step, per algo, with its stratified bootstrap CI ``(2, S)``.
+
+    Steps outside an algo's span (NaN in its curve, :func:`normalized_curves`) are NaN in its IQM and CI too."""
     def iqm_per_step(curve: np.ndarray) -> np.ndarray:  # (R, M, S) → (S,): rliable's aggregate_iqm at each step
         return stats.trim_mean(curve.reshape(-1, curve.shape[-1]), 0.25, axis=0)
 
-    return _estimates(curves, iqm_per_step, REPS, seed)
+    covered = {algo: np.isfinite(curve).all(axis=(0, 1)) for algo, curve in curves.items()}  # (S,) each
+    points, cis = _estimates({algo: curve[..., covered[algo]] for algo, curve in curves.items()}, iqm_per_step,
+                             REPS, seed)  # fmt: skip
+    full_points, full_cis = {}, {}
+    for algo, mask in covered.items():
+        full_points[algo] = np.full(mask.size, np.nan)  # (S,)
+        full_points[algo][mask] = points[algo]
+        full_cis[algo] = np.full((2, mask.size), np.nan)  # (2, S)
+        full_cis[algo][:, mask] = np.reshape(cis[algo], (2, -1))
+    return full_points, full_cis
 
 
 # ── one set of values: the IQM and bootstrap intervals of the reports ─────────────────────────────

@@ -26,12 +26,26 @@ Reporter = Callable[[int, float], bool]
 """``report(step, value) → prune?``: hands the pruner the mean evaluation over seeds at ``step``."""
 
 
+def eval_marks(steps: list[int], interval: int) -> list[int]:
+    """Each evaluation's step as the pruner sees it: the multiple of ``interval`` (``eval_interval``) that the run
+    had just passed when it evaluated; its own step where an earlier evaluation took that mark (the final one)
+    or there is none (``interval`` 0, or before the first). A run evaluates after the iteration that passes a
+    mark, so runs whose iterations differ evaluate at different steps past the same mark: keyed by the mark,
+    Optuna's pruner compares them there, as RL Zoo compares its trials' n-th evaluations."""
+    keys: list[int] = []
+    for step in steps:
+        mark = step // interval * interval if interval else 0
+        keys.append(mark if mark > 0 and mark not in keys else step)
+    return keys
+
+
 def mean_curve(run_dirs: list[Path]) -> dict[int, float]:
-    """The mean over runs of each evaluation that every run has reached so far (step → mean return)."""
+    """The mean over runs of each evaluation that every run has reached so far (:func:`eval_marks` → mean return)."""
     curves = []
     for run_dir in run_dirs:
         steps, _, returns, _, _ = read_progress(run_dir / "progress.csv")
-        curves.append(dict(zip(steps.tolist(), returns.tolist())))
+        interval = int(rundir.read_config(run_dir).get("eval_interval") or 0) if len(steps) else 0
+        curves.append(dict(zip(eval_marks(steps.tolist(), interval), returns.tolist())))
     common = set.intersection(*(set(c) for c in curves)) if curves else set()
     return {int(s): float(np.mean([c[s] for c in curves])) for s in sorted(common)}
 

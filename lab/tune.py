@@ -13,6 +13,10 @@ trial that a killed driver left running resumes from its runs' checkpoints. Tria
 backends as ``bench`` (``lab.bench``): the local pool, or one Ray task per trial; a failed trial is
 recorded with its error and the study goes on.
 
+Trials train equal budgets. A run trains whole iterations, and PPO's, n_steps · n_envs, is what trials tune: the
+budget is rounded up to a multiple of every iteration size the space allows (``lab.space.iteration_sizes``).
+GRPO's iterations end with their episodes: its trials may train up to one more, as the report shows.
+
 A study starts from the shipped presets (:func:`starting_points`): the env's own, then the algo's
 default for the action space, so the report shows whether tuning beat them. Tuning seeds start at 100 by
 default: the seeds ``bench`` reports on (0 …) stay unseen by the search.
@@ -21,6 +25,7 @@ default: the seeds ``bench`` reports on (0 …) stay unseen by the search.
 from __future__ import annotations
 
 import dataclasses
+import math
 import socket
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -38,11 +43,12 @@ from envs import action_space_of
 from envs.errors import BadInput
 from lab.bench import BENCH_NAME
 from lab.cells import Cell, Outcome, Stop, pack_stacks
+from lab.document import fmt_return
 from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
-from lab.space import Param, as_list, default_space_file, parse_space
+from lab.space import Param, as_list, default_space_file, iteration_sizes, parse_space
 from lab.study import STUDY_FILE, TUNE_FILE, TUNE_ROOT, check_journal, set_aside_stale, storage_for, trial_dir
 from lab.trials import Reporter, reporter_for, run_trial, run_trial_remote, settle
-from lab.tune_report import build_tune_report
+from lab.tune_report import budget_text, build_tune_report, pairs_text, seeds_text
 
 FIRST_TUNING_SEED = 100
 RESERVED = {"seed": "--first-seed and --seeds", "total_steps": "--total-steps", "env_id": "--env"}
@@ -59,7 +65,7 @@ class TunePlan:
     env_id: str
     continuous: bool  # the env's action space is a Box: which of the presets' defaults applies
     trials: int
-    total_steps: int | None  # None: the preset's budget
+    total_steps: int | None  # as asked; None: the preset's budget
     seeds: tuple[int, ...]
     space: dict[str, Param]
     space_text: str
@@ -68,23 +74,32 @@ class TunePlan:
     pruner: str
     startup_trials: int
     sampler_seed: int
+    steps_per_seed: int | None = None  # what every trial trains per seed; None until plan_tune resolves it
+    iteration_sizes: tuple[int, ...] | None = None  # env steps an iteration can take (iteration_sizes); None: they vary
 
     def definition(self) -> dict[str, Any]:
         """What makes two runs of ``tune`` the same study: a rerun with another definition is refused."""
         return {"algo": self.algo, "env_id": self.env_id, "total_steps": self.total_steps, "seeds": list(self.seeds),
                 "sets": list(self.sets), "space": yaml.safe_load(self.space_text)}  # fmt: skip
 
+    def describe(self) -> str:
+        """The study's size in one line, as the console prints it before the first trial."""
+        assert self.steps_per_seed is not None
+        return (f"{self.trials} trials; {seeds_text(self.seeds)}; budget "
+                f"{budget_text(self.total_steps, self.steps_per_seed, self.iteration_sizes)}")  # fmt: skip
+
     def cells(self, overrides: list[str]) -> list[Cell]:
         """A trial's runs: one per seed, with the study's --set pairs and the trial's sampled values."""
         pairs = (*self.sets, *overrides)
-        return [Cell(self.algo, self.env_id, seed, self.total_steps, pairs) for seed in self.seeds]
+        return [Cell(self.algo, self.env_id, seed, self.steps_per_seed, pairs) for seed in self.seeds]
 
     def config(self, values: dict[str, Any]) -> Any:
         """The validated config a trial with these sampled values trains; BadInput if the algo refuses it."""
         spec = registry.get(self.algo)
         fixed: dict[str, Any] = {**parse_overrides(list(self.sets)), **values, "seed": self.seeds[0]}
-        if self.total_steps is not None:
-            fixed["total_steps"] = self.total_steps
+        steps = self.steps_per_seed or self.total_steps
+        if steps is not None:
+            fixed["total_steps"] = steps
         cfg, _ = resolve_config(spec.config, spec.preset or self.algo, self.env_id, self.continuous,
                                 {**spec.fixed, **fixed})  # fmt: skip
         return cfg
@@ -166,7 +181,10 @@ def plan_tune(
             except BadInput as error:
                 raise BadInput(f"{path.name}: {param.name} includes {value!r}, which {algo} refuses ({error}); narrow "
                                "the range")  # fmt: skip
-    return plan
+    sizes = iteration_sizes(space, plan.config, path.name)
+    asked = base.total_steps  # --total-steps, else the preset's
+    steps = asked if sizes is None else math.ceil(asked / math.lcm(*sizes)) * math.lcm(*sizes)
+    return dataclasses.replace(plan, steps_per_seed=steps, iteration_sizes=sizes)
 
 
 # ── the study ──────────────────────────────────────────────────────────────────────────────────────
@@ -176,7 +194,7 @@ def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
     """Create or load the study NAME in its storage, with its sampler and pruner."""
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warmup = (plan.config({}).total_steps) // 3  # RL Zoo: no pruning in the first third of the budget
+    warmup = plan.config({}).total_steps // 3  # RL Zoo: no pruning in the first third of the budget
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=plan.startup_trials, n_warmup_steps=warmup)
               if plan.pruner == "median" else optuna.pruners.NopPruner())  # fmt: skip
     study = optuna.create_study(storage=storage_for(plan.storage, tune_dir), study_name=plan.name,
@@ -196,12 +214,17 @@ def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:
             differ = sorted(k for k, v in plan.definition().items() if saved.get(k) != v)
             raise BadInput(f"{tune_dir} holds a study with other {', '.join(differ)}; use another --name for "
                            "different settings")  # fmt: skip
+        if saved.get("steps_per_seed", plan.steps_per_seed) != plan.steps_per_seed:  # same settings, other presets
+            raise BadInput(f"{tune_dir} holds a study whose trials trained {saved['steps_per_seed']:,} env steps per "
+                           f"seed, and the same settings now give {plan.steps_per_seed:,} (the presets changed); use "
+                           "another --name")  # fmt: skip
 
 
 def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> None:
     path = tune_dir / TUNE_FILE
     saved = read_yaml(path) if path.exists() else {}
-    merged = {"name": plan.name, **plan.definition(), "trials": plan.trials, "storage": plan.storage,
+    merged = {"name": plan.name, **plan.definition(), "steps_per_seed": plan.steps_per_seed, "trials": plan.trials,
+              "iteration_sizes": list(plan.iteration_sizes or []) or None, "storage": plan.storage,
               "pruner": plan.pruner, "startup_trials": plan.startup_trials, "sampler_seed": plan.sampler_seed,
               "commands": [*saved.get("commands", []), " ".join(["testbed", *sys.argv[1:]])]}  # fmt: skip
     tune_dir.mkdir(parents=True, exist_ok=True)
@@ -354,7 +377,8 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
                     if trial is None:
                         counts["failed"] = counts.get("failed", 0) + 1
                         continue
-                    print(f"trial {trial.number}: {' '.join(trial.user_attrs['overrides']) or 'the preset'}", flush=True)
+                    values = pairs_text(trial.user_attrs["overrides"]) or "the preset"
+                    print(f"trial {trial.number}: {values}", flush=True)
                     pending[pool.submit(execute, trial)] = trial
                 if not pending:
                     return False
@@ -363,8 +387,8 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
                     trial = pending.pop(future)
                     state, score = settle(study, trial, *future.result(), trial_dir(tune_dir, trial.number))
                     counts[state] = counts.get(state, 0) + 1
-                    print(f"trial {trial.number}: {state}" + (f", score {score:.2f}" if score is not None else ""),
-                          flush=True)  # fmt: skip
+                    scored = f", score {fmt_return(score)}" if score is not None else ""
+                    print(f"trial {trial.number}: {state}{scored}", flush=True)
         except KeyboardInterrupt:
             # Local trials' seeds checkpoint and exit; Ray trials are cancelled, and restart next time. Either
             # way their trials stay running, for the next run of the command to continue.

@@ -1,14 +1,19 @@
 """A study's report, rebuilt from its storage and trial folders: tune.md, tune.html, preset.yaml, plots/.
 
-It holds the best trial and its values, the whole trial history (with the env steps each trial spent,
-so two studies' budgets can be compared), Optuna's parameter importances, the optimization history,
-slice and parallel-coordinate plots, and a preset block ready to paste under ``envs:`` in
-``agents/presets/<algo>.yaml``. ``preset.yaml`` holds the same block: ``testbed train --preset`` takes it.
+It holds the best trial and its values, the whole trial history (with the env steps each trial trained
+per seed and spent in all, so trials and two studies' budgets can be compared), Optuna's parameter
+importances, the optimization history, slice plots, a parallel-coordinate plot of the most important
+parameters, and a preset block ready to paste under ``envs:`` in ``agents/presets/<algo>.yaml``.
+``preset.yaml`` holds the same block with its values in full: ``testbed train --preset`` takes it. The
+report prints tuned values to 4 significant digits (``fmt_sig``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +23,60 @@ import yaml
 from agents import registry, rundir
 from agents.config import PRESET_DIR, parse_overrides, read_yaml
 from envs.errors import BadInput
-from lab.document import Block, Bullets, Code, Heading, Image, Para, Table, fmt_steps, render_html, render_markdown
+from lab.document import (
+    Block,
+    Bullets,
+    Code,
+    Heading,
+    Image,
+    Para,
+    Table,
+    fmt_return,
+    fmt_sig,
+    fmt_steps,
+    render_html,
+    render_markdown,
+)
 from lab.plot import new_figure, save_figure
 from lab.results import read_progress
 from lab.study import TUNE_FILE, storage_for, trial_dir
+
+SEEDS_LISTED = 6
+"""A trial's seeds are listed in full up to this many; beyond, by their first two and last."""
+PARALLEL_PARAMS = 6
+"""The parallel-coordinate plot's parameters: the most important ones, beside the score."""
+
+
+def seeds_text(seeds: Sequence[int]) -> str:
+    """How many seeds a trial trains, and which: ``1 seed per trial: 100``, ``2 seeds per trial: 100, 101``."""
+    listed = ", ".join(map(str, seeds)) if len(seeds) <= SEEDS_LISTED else f"{seeds[0]}, {seeds[1]}, …, {seeds[-1]}"
+    return f"{len(seeds)} seed{'' if len(seeds) == 1 else 's'} per trial: {listed}"
+
+
+def budget_text(requested: int | None, steps: int, sizes: Sequence[int] | None) -> str:
+    """What every trial trains per seed, and why that many (``lab.space.iteration_sizes``): ``sizes``, the env steps
+    an iteration of a trial can take, or None where they vary (GRPO's groups end with their episodes)."""
+    asked = f"--total-steps {requested:,}" if requested is not None else "the preset's budget"
+    if sizes is None:
+        return (f"{steps:,} env steps per seed ({asked}); a run stops after the iteration that reaches it, and this "
+                "algo's iterations vary in length, so a trial may train up to one iteration more: the trial history "
+                "gives each trial's steps per seed")  # fmt: skip
+    listed = ", ".join(f"{n:,}" for n in sizes) if len(sizes) <= SEEDS_LISTED else f"{sizes[0]:,} … {sizes[-1]:,}"
+    why = f"{asked}, rounded up to" if steps != requested else f"{asked}:"
+    return (f"{steps:,} env steps per seed in every trial ({why} a multiple of every iteration size n_steps · n_envs "
+            f"the space allows: {listed})")  # fmt: skip
+
+
+def fmt_param(value: Any) -> str:
+    """A config value as the report prints it: a float to 4 significant digits, anything else as YAML writes it."""
+    if isinstance(value, float):
+        return fmt_sig(value)
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def pairs_text(overrides: Sequence[str]) -> str:
+    """A trial's ``key=value`` pairs (full precision, as ``train --set`` takes them) as the report prints them."""
+    return " ".join(f"{k}={fmt_param(yaml.safe_load(v))}" for k, _, v in (pair.partition("=") for pair in overrides))
 
 
 def load_study(tune_dir: Path) -> tuple[Any, dict[str, Any]]:
@@ -36,9 +91,10 @@ def load_study(tune_dir: Path) -> tuple[Any, dict[str, Any]]:
     return optuna.load_study(study_name=saved["name"], storage=storage_for(saved.get("storage"), tune_dir)), saved
 
 
-def trial_cost(tune_dir: Path, number: int) -> tuple[int, float]:
-    """(env steps, wall-clock s) a trial spent: steps summed over its seeds; time of its slowest seed."""
-    steps, seconds = 0, 0.0
+def trial_cost(tune_dir: Path, number: int) -> tuple[int, int, float]:
+    """(env steps, env steps per seed, wall-clock s) of a trial: all steps it spent, summed over its seeds and
+    failed attempts; the most that one seed trained; the time of its slowest seed."""
+    steps, per_seed, seconds = 0, 0, 0.0
     folder = trial_dir(tune_dir, number)
     for progress in sorted(folder.rglob("progress.csv")) if folder.exists() else []:
         _, _, _, last_step, last_time = read_progress(progress)
@@ -46,17 +102,19 @@ def trial_cost(tune_dir: Path, number: int) -> tuple[int, float]:
             steps += last_step  # a failed attempt, set aside: its steps count, its time is not the trial's
             continue
         summary = rundir.read_summary(progress.parent) or {}
-        steps += int(summary.get("total_steps") or last_step)
+        trained = int(summary.get("total_steps") or last_step)
+        steps, per_seed = steps + trained, max(per_seed, trained)
         seconds = max(seconds, float(summary.get("wall_time_s") or last_time))
-    return steps, seconds
+    return steps, per_seed, seconds
 
 
 def _params_text(trial: Any) -> str:
-    return " ".join(trial.user_attrs.get("overrides", [])) or "—"
+    return pairs_text(trial.user_attrs.get("overrides", [])) or "—"
 
 
-def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int) -> str:
-    """The env's preset entry with the best trial's values: YAML for ``agents/presets/<algo>.yaml``."""
+def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int, digits: int | None = None) -> str:
+    """The env's preset entry with the best trial's values: YAML for ``agents/presets/<algo>.yaml``. ``digits``:
+    floats rounded to that many significant digits (the report's copy), else in full (``preset.yaml``)."""
 
     algo, env_id = saved["algo"], saved["env_id"]
     preset_name = registry.preset_of(algo)
@@ -64,22 +122,24 @@ def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int) -> st
     fixed = {k: yaml.safe_load(v) for k, v in parse_overrides(saved.get("sets") or []).items()}
     tuned = {k: yaml.safe_load(v) for k, v in parse_overrides(best.user_attrs.get("overrides", [])).items()}
     entry = {**packaged, **fixed, **tuned}
+    trained = saved.get("steps_per_seed") or saved.get("total_steps")  # an older study's tune.yaml lacks the first
     if saved.get("total_steps") is not None and "total_steps" not in entry:
-        entry["total_steps"] = saved["total_steps"]
-    seeds = ", ".join(map(str, saved["seeds"]))
+        entry["total_steps"] = trained
     lines = [
         (f"# testbed tune {saved['name']}: trial {best.number} of {len(study.trials)}, mean final return "
-         f"{best.value:.2f} over seeds {seeds}; the study spent {spent:,} env steps."),
+         f"{fmt_return(best.value)}, {seeds_text(saved['seeds'])}; the study spent {spent:,} env steps."),
         f"# Paste the entry under `envs:` in agents/presets/{preset_name}.yaml, or train with --preset on this file.",
         "envs:",
         f"  {env_id}:",
     ]
     for key, value in entry.items():
-        text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+        # Rounded through float(), so YAML still reads a number (it reads "1e-8" as a string, "1.0e-08" not).
+        shown = float(fmt_sig(value, digits)) if digits and isinstance(value, float) and math.isfinite(value) else value
+        text = yaml.safe_dump(shown, default_flow_style=True).strip().removesuffix("...").strip()
         source = ("tuned" + ("; the preset's value" if packaged.get(key) == value else "") if key in tuned
                   else "--set in the study" if key in fixed else "kept from the preset")  # fmt: skip
-        if key == "total_steps" and saved.get("total_steps") not in (None, value):
-            source += f"; the study trained {saved['total_steps']:,} per seed"
+        if key == "total_steps" and trained not in (None, value):
+            source += f"; the study trained {trained:,} per seed"
         lines.append(f"    {key}: {text}  # {source}")
     return "\n".join(lines) + "\n"
 
@@ -120,6 +180,40 @@ def plot_slices(complete: list[Any], out: Path) -> Path:
     return save_figure(fig, out)[0]
 
 
+def param_importances(study: Any) -> tuple[dict[str, float], str]:
+    """Optuna's parameter importances, most important first, and the evaluator's name: fANOVA, Optuna's default,
+    where scikit-learn is installed (it fits a random forest), else PED-ANOVA, which needs nothing more."""
+    import optuna
+
+    if importlib.util.find_spec("sklearn") is None:
+        evaluator, name = optuna.importance.PedAnovaImportanceEvaluator(), "PED-ANOVA evaluator"
+    else:
+        evaluator, name = optuna.importance.FanovaImportanceEvaluator(seed=0), "fANOVA evaluator (its default)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. "importances will be equal" when trials tie; PED-ANOVA is experimental
+        importances = optuna.importance.get_param_importances(study, evaluator=evaluator)
+    return {k: v for k, v in importances.items() if math.isfinite(v)}, name
+
+
+def plot_parallel(study: Any, importances: dict[str, float], out: Path) -> tuple[Path, list[str]]:
+    """Optuna's parallel-coordinate plot of the score and the ``PARALLEL_PARAMS`` most important parameters
+    (all of them would be a dozen overlapping axes); without importances, the first in name order.
+    (the file, the axes' labels from left to right: the score, then the parameters in name order)."""
+    import matplotlib
+    from optuna.visualization import matplotlib as optuna_plots
+
+    names = sorted({name for t in study.get_trials(deepcopy=False) for name in t.params})
+    shown = [name for name in importances if name in names][:PARALLEL_PARAMS] or names[:PARALLEL_PARAMS]
+    with warnings.catch_warnings(), matplotlib.rc_context():  # as in build_tune_report
+        warnings.simplefilter("ignore")
+        ax = optuna_plots.plot_parallel_coordinate(study, params=shown, target_name="score")
+        ax.set_title(f"Parallel coordinates: the score and the {len(shown)} most important parameters", y=1.03)
+        ax.tick_params(axis="x", labelrotation=20, labelsize=9)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+        return _save(ax, out), [label.get_text() for label in ax.get_xticklabels()]
+
+
 def build_tune_report(tune_dir: Path) -> dict[str, Path]:
     """Write tune.md, tune.html, preset.yaml and plots/ for the study in ``tune_dir``; returns the paths."""
     import matplotlib
@@ -136,16 +230,19 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
         raise BadInput(f"{tune_dir}: no trial has completed yet; nothing to report")
     best = study.best_trial
     costs = {t.number: trial_cost(tune_dir, t.number) for t in trials}
-    spent = sum(steps for steps, _ in costs.values())
+    spent = sum(steps for steps, _, _ in costs.values())
     written = {"markdown": tune_dir / "tune.md", "html": tune_dir / "tune.html", "preset": tune_dir / "preset.yaml"}
 
     by_state = {s.name.lower(): sum(t.state == s for t in trials) for s in states if any(t.state == s for t in trials)}
-    budget = fmt_steps(saved["total_steps"]) if saved.get("total_steps") else "the preset's"
+    steps = saved.get("steps_per_seed")  # None: a study from before budgets were made equal
+    asked = f"{fmt_steps(saved['total_steps'])} env steps" if saved.get("total_steps") else "the preset's budget"
+    budget = (budget_text(saved.get("total_steps"), steps, saved.get("iteration_sizes")) if steps
+              else f"{asked} per seed asked; each trial trained whole iterations past it, see the trial history")
     facts = [
         f"Algo: {saved['algo']}; env: {saved['env_id']}",
         f"Trials: {len(trials)} of {saved.get('trials')} ({', '.join(f'{n} {s}' for s, n in by_state.items())})",
-        (f"Budget per seed: {budget} env steps; seeds per trial: {', '.join(map(str, saved['seeds']))} (a trial's "
-         "score is the mean of their final evaluations)"),
+        f"Budget: {budget}",
+        f"{seeds_text(saved['seeds'])} (a trial's score is the mean of their final evaluations)",
         f"Env steps spent by the whole study, pruned and failed trials included: {spent:,}",
         (f"Sampler: TPE (seed {saved.get('sampler_seed')}); pruner: {saved.get('pruner')} (after "
          f"{saved.get('startup_trials')} trials, from a third of the budget on)"),
@@ -156,50 +253,58 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
     starts = {("env" if t.user_attrs["preset"] is True else t.user_attrs["preset"]): t
               for t in trials if t.user_attrs.get("preset")}  # fmt: skip
     names = {"env": "the env's preset", "default": "the algo's default for this action space"}
-    against = [f"{t.value:.2f} for {names.get(label, label)} (trial {t.number})" if t.state == states.COMPLETE
+    against = [f"{fmt_return(t.value)} for {names.get(label, label)} (trial {t.number})" if t.state == states.COMPLETE
                else f"{names.get(label, label)} (trial {t.number}) {t.state.name.lower()}"
                for label, t in starts.items() if t.state != states.RUNNING]  # fmt: skip
-    best_rows = [[k.partition("=")[0], k.partition("=")[2]] for k in best.user_attrs.get("overrides", [])]
-    block = preset_block(study, saved, best, spent)
+    pairs = (pair.partition("=") for pair in best.user_attrs.get("overrides", []))
+    best_rows = [[key, fmt_param(yaml.safe_load(value))] for key, _, value in pairs]
+    best_steps = costs[best.number][1]
+    trained = f"; it trained {best_steps:,} env steps per seed" if steps is None or best_steps != steps else ""
     blocks: list[Block] = [
         Heading(1, f"Tuning report: {saved['name']}"),
         Heading(2, "What was run"),
         Bullets(facts),
         Heading(2, "Best trial"),
-        Para(f"Trial {best.number}: mean final return {best.value:.2f}"
+        Para(f"Trial {best.number}: mean final return {fmt_return(best.value)}{trained}"
              + (f", against {' and '.join(against)}." if against else ".")),
         Table(["parameter", "value"], best_rows),
         Heading(2, "Preset block"),
-        Para(f"Also in `preset.yaml`: `testbed train --algo {saved['algo']} --env {saved['env_id']} --preset "
+        Para("Also in `preset.yaml`, with the values in full (here to 4 significant digits): "
+             f"`testbed train --algo {saved['algo']} --env {saved['env_id']} --preset "
              f"{tune_dir.as_posix()}/preset.yaml` trains with it. Validate it on seeds the study never used "
              "(`testbed bench` runs seeds 0 …) before you commit it."),
-        Code(block, "yaml"),
+        Code(preset_block(study, saved, best, spent, digits=4), "yaml"),
     ]
-    written["preset"].write_text(block)
+    written["preset"].write_text(preset_block(study, saved, best, spent))
 
     blocks.append(Heading(2, "Parameter importances"))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. "importances will be equal" when trials tie
-            importances = optuna.importance.get_param_importances(study)
-        blocks.append(Para("Optuna's default evaluator over the completed trials: the share of the score's variation "
+        importances, evaluator = param_importances(study)
+        blocks.append(Para(f"Optuna's {evaluator} over the completed trials: the share of the score's variation "
                            "that each parameter explains."))  # fmt: skip
-        blocks.append(Table(["parameter", "importance"], [[k, f"{v:.3f}"] for k, v in importances.items()]))
+        blocks.append(Table(["parameter", "importance"], [[k, fmt_sig(v, 3)] for k, v in importances.items()]))
     except (RuntimeError, ValueError) as error:
+        importances = {}
         blocks.append(Para(f"Not computed: {error}"))
 
     rows = []
     for t in trials:
-        steps, seconds = costs[t.number]
+        spent_t, per_seed, seconds = costs[t.number]
         last = max(t.intermediate_values, default=None)
         pruned = t.state == states.PRUNED and last is not None
-        rows.append([str(t.number), t.state.name.lower(), f"{t.value:.2f}" if t.state == states.COMPLETE else "—",
-                     f"{last:,} (return {t.intermediate_values[last]:.2f})" if pruned else "—",
-                     f"{steps:,}", f"{seconds:.0f} s", _params_text(t), t.user_attrs.get("error", "")])  # fmt: skip
+        rows.append([str(t.number), t.state.name.lower(), fmt_return(t.value) if t.state == states.COMPLETE else "—",
+                     f"{last:,} (return {fmt_return(t.intermediate_values[last])})" if pruned else "—",
+                     f"{per_seed:,}", f"{spent_t:,}", f"{seconds:.0f} s", _params_text(t),
+                     t.user_attrs.get("error", "")])  # fmt: skip
     blocks.append(Heading(2, "Trial history"))
     blocks.append(Para("Score: the mean final return over the trial's seeds. A pruned trial stopped at the step shown, "
-                       "where its mean evaluation fell below the median of earlier trials at that step."))  # fmt: skip
-    blocks.append(Table(["trial", "state", "score", "pruned at step", "env steps", "wall-clock", "values", "error"], rows))
+                       "where its mean evaluation fell below the median of earlier trials at that step (an evaluation "
+                       "counts at the multiple of eval_interval its run had just passed, so that trials whose "
+                       "iterations differ are compared at the same steps). Steps per "
+                       "seed: what one seed of the trial trained; env steps: all the trial spent, over its seeds and "
+                       "failed attempts."))  # fmt: skip
+    blocks.append(Table(["trial", "state", "score", "pruned at step", "steps per seed", "env steps", "wall-clock",
+                         "values", "error"], rows))  # fmt: skip
 
     plots = tune_dir / "plots"
     images = []
@@ -208,8 +313,7 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
         warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
         images.append(("history", _save(optuna_plots.plot_optimization_history(study), plots / "history.png")))
         if study.best_trial.params and len(complete) >= 2:
-            images.append(("parallel coordinates",
-                           _save(optuna_plots.plot_parallel_coordinate(study), plots / "parallel.png")))  # fmt: skip
+            images.append(("parallel coordinates", plot_parallel(study, importances, plots / "parallel.png")[0]))
     if study.best_trial.params and len(complete) >= 2:
         images.insert(1, ("slice", plot_slices(complete, plots / "slice.png")))
     blocks.append(Heading(2, "Plots"))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from agents.runlog import Progress
 from envs.errors import BadInput
-from lab import bench
+from lab import bench, report
+from lab.cells import Cell, Outcome, Stop, live_progress
 from lab.cli import main
+from lab.executor import Board
 from tests.conftest import REPO, read_csv, wait_for
 
 # Small budgets: PPO's CartPole preset does 256 steps an iteration; GRPO with B = G = 2 at most 4·500 steps.
@@ -27,6 +33,12 @@ TINY = ["ppo.eval_episodes=2", "grpo.eval_episodes=2", "grpo.num_groups=2", "grp
 def _importable_project(monkeypatch: pytest.MonkeyPatch) -> None:
     # The cells are `python -m lab` processes started from the test's scratch directory.
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+
+
+HEARTBEAT = re.compile(r"^\[\S+\] (?P<where>processes \d+/\d+|Ray tasks \d+) · runs (?P<running>\d+) running, "
+                       r"(?P<done>\d+)/(?P<total>\d+) done(?: \(\d+ failed\))? · (?P<rate>[\d,]+ steps/s|steps/s n/a) · "
+                       r"ETA (?P<eta>\S+)$", re.MULTILINE)  # fmt: skip
+"""A heartbeat line of a bench's board, as printed where stdout is not a terminal."""
 
 
 def tiny_grid(name: str, envs: list[str] | None = None, algos: list[str] | None = None, seeds: int = 2,
@@ -70,6 +82,64 @@ def test_a_crashing_run_is_recorded_retried_once_and_the_others_finish(tmp_path:
     assert rows["CartPole-v1"]["status"] == "completed" and rows["tests.toy_envs:testbed-toy/Crash-v0"]["status"] == "failed"
 
 
+def test_a_bench_beats_with_runs_and_processes_apart_and_says_when_it_builds_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def slow_report(bench_dir: Path) -> dict[str, Path]:  # the report's heartbeat, without building one
+        time.sleep(2.5)
+        return {}
+
+    monkeypatch.setattr(report, "build_report", slow_report)
+    # Two seeds stacked in one process, with room for two: one process, two runs.
+    grid = tiny_grid("beat", algos=["ppo"], seeds=2)
+    bench.run_grid(grid, workers=2, backend="local", ray_address=None, root=tmp_path, stack=2, heartbeat_s=1.0)
+    out = capsys.readouterr().out
+    beats = [m.groupdict() for m in HEARTBEAT.finditer(out)]
+    assert len(beats) >= 2, out  # the trainer process alone takes seconds to start
+    assert {"where": "processes 1/2", "running": "2", "done": "0", "total": "2"}.items() <= beats[0].items()
+    for beat in beats:  # never more processes than slots, nor more runs than the grid has
+        assert int(beat["where"].split()[1].split("/")[0]) <= 2 and int(beat["running"]) + int(beat["done"]) <= 2
+    end = {"where": "processes 0/2", "running": "0", "done": "2", "total": "2", "eta": "0s"}
+    assert end.items() <= beats[-1].items()  # the last heartbeat, as the grid ends
+    assert "started  CartPole-v1 ppo seeds 0,1" in out
+    assert out.index("building the report …") > out.index(next(HEARTBEAT.finditer(out)).group(0))
+    assert "building the report …\nbuilding the report … 1s\nbuilding the report … 2s\n" in out
+
+
+def test_the_heartbeat_reads_each_seeds_latest_progress_line_and_estimates_the_time_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "seed0.log"
+    log.write_text("[ppo CartPole-v1 seed 0] step 9000/10000  999 steps/s  recent return 1.0\n")  # an earlier session
+    start = log.stat().st_size
+    lines = io.StringIO()
+    with contextlib.redirect_stdout(lines):  # the progress lines a trainer prints when its output is a file
+        seed0 = Progress(10000, 0, "ppo CartPole-v1 seed 0", every_s=0.0)
+        seed1 = Progress(10000, 0, "ppo CartPole-v1 seed 1", every_s=0.0)
+        seed0.update(1024, 500.0, None)
+        seed1.update(1024, 498.0, None)
+        seed0.update(2048, 512.4, 20.5)
+    with open(log, "a") as f:
+        f.write("$ train --seeds 0,1\n" + lines.getvalue() + "[ppo CartPole-v1 seed 1] step 20")  # still being written
+    stop = Stop()
+    stop.logs[object()] = (log, start)  # type: ignore[index]  # a running trainer's log
+    assert sorted(live_progress(stop)) == [(1024, 498.0), (2048, 512.0)]
+
+    cells = [Cell("ppo", "CartPole-v1", seed, 10000, ()) for seed in (0, 1)]
+    board = Board(cells, slots=2, probe=lambda: live_progress(stop))
+    board.launched(cells)
+    # 1,010 steps/s; 20,000 − 3,072 steps left → 16.8 s.
+    assert board.status() == "processes 1/2 · runs 2 running, 0/2 done · 1,010 steps/s · ETA 17s"
+    board.finished(Outcome(cells[0], "failed", "boom"))  # its stack still trains seed 1
+    # Seed 0's 10,000 are no longer left; the trainer still reports its 3,072 steps: 6,928 / 1,010 → 6.9 s.
+    assert board.status() == "processes 1/2 · runs 1 running, 1/2 done (1 failed) · 1,010 steps/s · ETA 7s"
+    board.exited([Outcome(cells[1], "completed")])
+    stop.logs.clear()  # the trainer has ended: the last rate measured stays
+    board.close()  # a last heartbeat, as a line: stdout is not a terminal here
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.endswith("] processes 0/2 · runs 0 running, 2/2 done (1 failed) · 1,010 steps/s · ETA 0s")
+
+
 def test_an_interrupted_grid_resumes(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "lab", "bench", "--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "1",
             "--total-steps", "30000", "--set", "ppo.eval_episodes=2", "--workers", "1", "--name", "stop"]  # fmt: skip
@@ -98,7 +168,7 @@ def test_an_interrupted_grid_resumes(tmp_path: Path) -> None:
     assert steps == sorted(set(steps)) and steps[0] == 256
 
 
-def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path) -> None:
+def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ray = pytest.importorskip("ray")
     grid = tiny_grid("ray", algos=["ppo"], seeds=2)
     try:
@@ -106,6 +176,8 @@ def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path) -> None:
         bench_dir, outcomes = bench.run_grid(grid, workers=2, backend="ray", ray_address=None, root=tmp_path, stack=2)
     finally:
         ray.shutdown()
+    last = [m.groupdict() for m in HEARTBEAT.finditer(capsys.readouterr().out)][-1]  # the board's last word
+    assert {"where": "Ray tasks 0", "running": "0", "done": "2", "total": "2", "eta": "0s"}.items() <= last.items()
     assert sorted((o.cell.seed, o.status) for o in outcomes) == [(0, "completed"), (1, "completed")]
     for seed in (0, 1):
         run_dir = bench_dir / "CartPole-v1" / "ppo" / f"seed{seed}"

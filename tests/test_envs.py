@@ -1,11 +1,14 @@
 """Tests for envs/factory.py and envs/vector_state.py: vectorization, NEXT_STEP autoreset, episode
-statistics, action clipping, normalization, exact save/restore of a running vector env, and errors."""
+statistics, action clipping, normalization, exact save/restore of a running vector env, and errors; and
+every env and wrapper the testbed adds (its tasks, DelayedReward) against gymnasium's and SB3's env checkers
+and recreation from its spec."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +17,15 @@ os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.wrappers import vector as vector_wrappers
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from envs import (
     BadInput,
+    DelayedReward,
     EnvOptions,
     freeze_normalizers,
     load_normalizer_state,
@@ -443,6 +450,75 @@ def test_discrete_observations_become_one_hot_vectors(closing: list[VectorEnv]) 
         assert set(np.unique(as_float)) <= {0.0, 1.0}
         assert np.array_equal(as_float.sum(axis=1), np.ones(3))
     assert np.array_equal(seen[0][:, 0], np.ones(3)), "FrozenLake starts in state 0"
+
+
+# ── every env and wrapper the testbed adds, as users get them ────────────────────────────────────
+
+WRAPPED_REMARK = ".*different from the unwrapped version"
+"""gymnasium's checker remarks that an env is wrapped. Every env from ``gymnasium.make`` is (OrderEnforcing,
+PassiveEnvChecker), and users get ours that way, so this one remark is no failure; every other warning is."""
+
+# The wrapper goes around envs the checkers pass on their own: CartPole's unbounded observation space draws
+# gymnasium's "-infinity" warning, a remark on CartPole, not on the wrapper.
+USER_ENVS: dict[str, Callable[[list[VectorEnv]], gym.Env]] = {
+    "Chain-v0": lambda closing: gym.make("testbed/Chain-v0"),
+    "KeyDoor-v0, kwargs": lambda closing: gym.make("testbed/KeyDoor-v0", horizon=5, key_cost=0.25),
+    "DelayedReward(MountainCar-v0, 3)": lambda closing: DelayedReward(gym.make("MountainCar-v0"), 3),
+    "DelayedReward(Chain-v0, end)": lambda closing: DelayedReward(gym.make("testbed/Chain-v0", horizon=4), "end"),
+    # A sub-env of a delayed vector env, as the factory builds it for training.
+    "make_vector sub-env, reward_delay=4": lambda closing: _sub_env(
+        closing, make_vector("Acrobot-v1", 2, EnvOptions(reward_delay=4))
+    ),
+}
+
+
+def _sub_env(closing: list[VectorEnv], env: VectorEnv) -> gym.Env:
+    closing.append(env)
+    return env.unwrapped.envs[0]
+
+
+def _rewards_until_done(env: gym.Env, seed: int, actions: list[int]) -> list[float]:
+    """Rewards of ``actions`` after ``reset(seed)``, stopping at the episode's end (stepping past it warns)."""
+    env.reset(seed=seed)
+    rewards = []
+    for action in actions:
+        _, reward, terminated, truncated, _ = env.step(action)
+        rewards.append(float(reward))
+        if terminated or truncated:
+            break
+    return rewards
+
+
+@pytest.mark.parametrize("name", list(USER_ENVS))
+def test_env_passes_both_checkers_and_is_remade_from_its_spec(name: str, closing: list[VectorEnv]) -> None:
+    env = USER_ENVS[name](closing)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message=WRAPPED_REMARK)
+        gymnasium_check_env(env, skip_render_check=True)  # its close check makes env.spec again
+        sb3_check_env(env, warn=True)
+        remade = gym.make(env.spec)
+        try:
+            assert remade.spec == env.spec
+            assert EnvSpec.from_json(env.spec.to_json()) == env.spec, "the spec serialises, wrappers included"
+            first, again = env.reset(seed=11)[0], remade.reset(seed=11)[0]
+            assert np.array_equal(first, again) and first.dtype == again.dtype
+            actions = [0, 1, 1, 0, 1, 0]
+            rewards = _rewards_until_done(env, 11, actions)
+            assert _rewards_until_done(remade, 11, actions) == rewards, "the same env, its delay included"
+        finally:
+            remade.close()
+            env.close()
+
+
+def test_a_remade_delayed_env_delays_as_the_original() -> None:
+    """MountainCar pays −1 a step and lasts 200 steps: k = 3 releases −3 at steps 3 and 6."""
+    env = DelayedReward(gym.make("MountainCar-v0"), 3)
+    remade = gym.make(env.spec)
+    assert isinstance(remade, DelayedReward) and remade.delay == 3
+    assert env.spec.additional_wrappers[-1].kwargs == {"delay": 3}
+    assert _rewards_until_done(remade, 11, [0, 1, 2, 0, 1, 2]) == [0.0, 0.0, -3.0, 0.0, 0.0, -3.0]
+    env.close(), remade.close()
 
 
 # ── errors ───────────────────────────────────────────────────────────────────────────────────────

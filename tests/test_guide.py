@@ -1,7 +1,9 @@
-"""The guide (docs/ppo_and_grpo.md): its figure command in quick mode, and every link it makes."""
+"""The guide (docs/ppo_and_grpo.md): its figure command in quick mode, and every link it makes, code links included
+(through the API reference's anchors)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -57,21 +59,61 @@ def test_quick_tables_hold_the_measured_facts(quick_figures: Path) -> None:
     assert "| constant | 0.00067 / 0.013 | 0.00067 / 0.067 | 0.00067 / 0.333 |" in weights
 
 
-def test_every_link_from_the_guide_resolves_and_names_its_line() -> None:
+def documented(path: Path, dotted: list[str]) -> ast.AST | None:
+    """The definition ``dotted`` (``["Class", "field"]``, ``["function"]``) in the module at ``path``, if it and every
+    parent have a docstring, which is what gives it an anchor in the API reference (mkdocstrings renders only
+    documented objects); None otherwise."""
+    node: ast.AST = ast.parse(path.read_text())
+    for name in dotted:
+        body = list(getattr(node, "body", []))
+        found = None
+        for i, child in enumerate(body):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.name == name:
+                found = child if ast.get_docstring(child) else None
+            elif isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name) and child.target.id == name:
+                # A field's docstring is the string literal that follows it.
+                after = body[i + 1] if i + 1 < len(body) else None
+                has_doc = isinstance(after, ast.Expr) and isinstance(getattr(after, "value", None), ast.Constant)
+                found = child if has_doc else None
+            if found is not None:
+                break
+        if found is None:
+            return None
+        node = found
+    return node
+
+
+def test_every_link_from_the_guide_resolves_and_names_its_target() -> None:
+    """Code is linked through the API reference, `reference/<package>.md#<module>.<object>`, whose anchors
+    mkdocstrings makes from the objects' paths: the page must render the module, the object must exist with a
+    docstring, and the link's text must name the object or something its source holds (a local variable such as
+    `kl_ref` links to the function that computes it)."""
     checked = 0
     for text, target in links(GUIDE):
         path, _, anchor = target.partition("#")
+        assert not path.endswith(".py"), f"{target}: link code through the API reference, reference/<package>.md#<path>"
         file = (GUIDE.parent / path).resolve()
         assert file.exists(), f"{target} does not exist"
-        if anchor:
-            assert re.fullmatch(r"L\d+", anchor), f"{target}: link code lines as #L<number>"
-            lines = file.read_text().splitlines()
-            number = int(anchor[1:])
-            assert 1 <= number <= len(lines), f"{target}: {file.name} has {len(lines)} lines"
-            # The link's text names what the line holds: [`k3_kl`](../agents/losses.py#L77).
-            symbol = text.strip("`").removesuffix("()").split(".")[-1]
-            assert symbol in lines[number - 1], f"{target}: line {number} does not hold {symbol!r}"
-            checked += 1
+        if not path.startswith("reference/"):
+            continue
+        assert anchor, f"{target}: name the object, e.g. reference/agents.md#agents.losses.k3_kl"
+        parts = anchor.split(".")
+        module = next((parts[:i] for i in range(len(parts), 0, -1)
+                       if (ROOT / Path(*parts[:i])).with_suffix(".py").is_file()), None)  # fmt: skip
+        assert module is not None, f"{target}: no module of {anchor!r} in the repository"
+        name = ".".join(module)
+        assert path == f"reference/{module[0]}.md", f"{target}: {name} is documented in reference/{module[0]}.md"
+        rendered = re.search(rf"^::: {re.escape(name)}\s*$", file.read_text(), re.MULTILINE)
+        assert rendered, f"{target}: {path} lacks {name}"
+        source_file = (ROOT / Path(*module)).with_suffix(".py")
+        node = documented(source_file, parts[len(module) :])
+        assert node is not None, f"{target}: {anchor} is not a documented object of {source_file.name}"
+        symbol = text.strip("`").removesuffix("()").split(".")[-1]
+        source = ast.get_source_segment(source_file.read_text(), node) or ""
+        assert symbol == parts[-1] or re.search(rf"\b{re.escape(symbol)}\b", source), (
+            f"{target}: {anchor} neither is nor holds {symbol!r}"
+        )
+        checked += 1
     assert checked >= 20
 
 

@@ -7,6 +7,7 @@ progress.csv), so every figure in a report can be checked against a hand computa
 from __future__ import annotations
 
 import csv
+import html as html_text
 import json
 import math
 from pathlib import Path
@@ -15,8 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from matplotlib.figure import Figure
 
 from envs.errors import BadInput
+from lab import plot
 from lab.plot import mean_curve, plot_runs
 from lab.report import build_report, load_reference_scores
 from lab.results import find_runs
@@ -172,7 +175,7 @@ def _check_images(paths: list[Path]) -> None:
 def test_plot_runs_one_run_with_the_default_output(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path / "r", "CartPole-v1", "ppo", 0, linear_evals(4))
     paths = plot_runs([run_dir])
-    assert paths == [Path("plots/curves-steps.png"), Path("plots/curves-steps.svg")]
+    assert paths == [run_dir / "plots" / "curves-steps.png", run_dir / "plots" / "curves-steps.svg"]
     _check_images(paths)
 
 
@@ -266,6 +269,64 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     # No absolute path leaks into the outputs.
     for key in ("summary", "markdown", "html"):
         assert str(bench.parent) not in written[key].read_text()
+
+
+def test_every_plot_has_a_title_and_a_caption_and_its_axes_cover_every_algos_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures: dict[str, Figure] = {}
+    save = plot.save_figure
+
+    def keep(fig: Figure, out: Path) -> list[Path]:
+        figures[out.stem] = fig
+        return save(fig, out)
+
+    monkeypatch.setattr(plot, "save_figure", keep)
+    # ppo evaluates every 10k steps up to 100k, grpo every 50k up to 500k.
+    bench = tmp_path / "b"
+    for seed in (0, 1):
+        make_run(bench / "CartPole-v1" / "ppo" / f"seed{seed}", "CartPole-v1", "ppo", seed,
+                 linear_evals(10, every=10_000, start=100.0, slope=30.0 + seed))  # fmt: skip
+        make_run(bench / "CartPole-v1" / "grpo" / f"seed{seed}", "CartPole-v1", "grpo", seed,
+                 linear_evals(10, every=50_000, start=50.0, slope=40.0 + seed))  # fmt: skip
+    written = build_report(bench)
+    assert sorted(figures) == ["CartPole-v1-steps", "CartPole-v1-time", "normalized-scores", "performance-profiles",
+                               "sample-efficiency"]  # fmt: skip
+    for name, fig in figures.items():
+        assert fig.get_suptitle() or all(ax.get_title() for ax in fig.axes if ax.get_visible()), name
+
+    # The x-axis runs to grpo's 500k; ppo's line ends at its own last evaluation, 100k.
+    (efficiency,) = figures["sample-efficiency"].axes
+    assert efficiency.get_title() == "Sample efficiency" and efficiency.get_xlim()[1] >= 500_000
+    ends = {line.get_label(): line.get_xdata()[np.isfinite(line.get_ydata())].max() for line in efficiency.get_lines()}
+    assert ends == {"grpo": 500_000, "ppo": 100_000}
+    assert figures["performance-profiles"].axes[0].get_title() == "Performance profiles"
+
+    # The four interval panels side by side in one row, each naming the algos of its rows.
+    intervals = figures["normalized-scores"]
+    assert intervals.get_suptitle() == "Aggregate normalized scores"
+    assert [ax.get_title() for ax in intervals.axes] == ["IQM", "median", "mean", "optimality gap"]
+    for ax in intervals.axes:
+        assert ax.get_subplotspec().rowspan.start == 0
+        assert [label.get_text() for label in ax.get_yticklabels()] == ["ppo", "grpo"]  # bottom to top
+
+    markdown, html = written["markdown"].read_text(), written["html"].read_text()
+    runs = "runs: grpo 2 (2 per env × 1 env), ppo 2 (2 per env × 1 env)."
+    captions = [
+        "*CartPole-v1: evaluation return (deterministic policy, raw env return) against env steps; line: mean over "
+        "runs, band: 95% percentile bootstrap CI over runs, where at least two cover the point; runs: grpo 2, ppo 2.*",
+        "*Aggregate normalized scores: IQM, median, mean and optimality gap (lower is better) of the normalized final "
+        f"scores; tick: point estimate, bar: 95% stratified bootstrap CI (2000 resamples); {runs}*",
+        "*Performance profiles: the fraction of runs whose normalized final score exceeds τ, per algo; band: 95% "
+        f"stratified bootstrap CI (2000 resamples); {runs}*",
+        "*Sample efficiency: the IQM over runs and envs of the normalized evaluation return at each env step; band: "
+        "95% stratified bootstrap CI (2000 resamples). The axis runs to the longest run's last step; each algo's line "
+        f"covers the steps all of its runs reached, ending at grpo 500,000, ppo 100,000 steps; {runs}*",
+    ]  # fmt: skip
+    for caption in captions:
+        assert f".png)\n\n{caption}\n" in markdown
+        assert f"<figcaption>{html_text.escape(caption.strip('*'))}</figcaption></figure>" in html
+    assert markdown.count("](plots/") == html.count("<figcaption>") == 5
 
 
 def test_build_report_is_idempotent(bench: Path) -> None:

@@ -70,6 +70,16 @@ def test_prepare_run_dir_starts_again_where_no_checkpoint_was_written(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # released on an empty folder, the lock leaves too
 
 
+def test_prepare_run_dir_keeps_the_plots_of_a_start_that_stopped(tmp_path: Path) -> None:
+    # `testbed plot RUN_DIR` draws into RUN_DIR/plots; the same train command must still start the run again.
+    (tmp_path / "progress.csv").write_text("x")
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "curves-steps.png").write_bytes(b"png")
+    prepare_run_dir(tmp_path, resume=False).release()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".lock") == ["plots"]  # progress.csv cleared
+    assert (tmp_path / "plots" / "curves-steps.png").read_bytes() == b"png"
+
+
 def test_prepare_run_dir_refuses_resume_without_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "progress.csv").write_text("")
     with pytest.raises(BadInput, match=CHECKPOINT):

@@ -85,6 +85,20 @@ def test_sample_efficiency_is_the_iqm_at_each_step() -> None:
     assert np.all(cis["a"][0] <= points["a"] + 1e-12) and np.all(points["a"] <= cis["a"][1] + 1e-12)
 
 
+def test_sample_efficiency_spans_every_algos_steps_and_each_line_only_its_own() -> None:
+    runs = [run("short", "E", seed, 1.0, [0, 100], [0.0, 1.0]) for seed in range(2)]  # evaluated at 0 and 100
+    runs += [run("long", "E", seed, 1.0, [100, 500], [1.0, 5.0]) for seed in range(2)]  # first evaluated at 100
+    grid, curves = stats.normalized_curves(runs, ["E"], lambda r, value: value, points=3)
+    np.testing.assert_allclose(grid, [0, 100, 250, 500])  # three even steps over 0…500, and each algo's ends
+    np.testing.assert_allclose(curves["short"][1, 0], [0.0, 1.0, np.nan, np.nan])
+    np.testing.assert_allclose(curves["long"][0, 0], [np.nan, 1.0, 2.5, 5.0])
+    points, cis = stats.sample_efficiency(curves)
+    np.testing.assert_allclose(points["long"], [np.nan, 1.0, 2.5, 5.0])
+    np.testing.assert_allclose(points["short"], [0.0, 1.0, np.nan, np.nan])
+    assert cis["short"].shape == (2, 4) and np.isnan(cis["short"][:, 2:]).all()
+    np.testing.assert_allclose(cis["short"][:, :2], [[0.0, 1.0], [0.0, 1.0]])  # two equal runs: no spread
+
+
 def test_the_interval_plot_leaves_room_around_every_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     limits: list[tuple[float, float]] = []
     monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: limits.append(self.axes[0].get_xlim()))

@@ -9,7 +9,6 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.utils.env_checker import check_env
 
 import tests.toy_envs  # noqa: F401 - registers testbed-toy/… ids
 from envs import (
@@ -154,24 +153,13 @@ def test_horizon_sets_the_episode_length(env_id: str, horizon: int) -> None:
         assert terminated.all() == (t == horizon) and not truncated.any()
 
 
-@pytest.mark.parametrize("env_id", [CHAIN, KEY_DOOR])
-def test_env_checker_passes(env_id: str) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        check_env(gym.make(env_id, horizon=5).unwrapped)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_env(gym.make(env_id, horizon=5))
-    # The checker's one remark on a made env: it is wrapped (OrderEnforcing, PassiveEnvChecker).
-    assert [w for w in caught if "different from the unwrapped" not in str(w.message)] == []
-
-
 def test_registration_is_idempotent() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tasks.register()
     spec = gym.spec(CHAIN)
-    assert spec.entry_point is ChainEnv and spec.vector_entry_point is ChainVectorEnv
+    # Import paths, as gymnasium's own ids: the spec serialises. The env checkers: tests/test_envs.py.
+    assert spec.entry_point == "envs.tasks:ChainEnv" and spec.vector_entry_point == "envs.tasks:ChainVectorEnv"
     assert spec.max_episode_steps is None
 
 

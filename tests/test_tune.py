@@ -136,6 +136,8 @@ def test_the_default_spaces_are_valid_for_their_algos() -> None:
         ([], "gamma: []\n", "has no choices"),
         ([], "- 1\n- 2\n", "must map config keys"),
         (["--set", "gamma=0.9"], "gamma: [0.99, 0.9]\n", "--set gamma fixes what the space tunes"),
+        ([], "n_steps: {low: 256, high: 1024, int: true}\n", "n_steps changes n_steps · n_envs"),
+        ([], "n_steps: [96, 100]\n", "budget would be a multiple of 19,200"),
         (["--algo", "ppo-lambda0"], "gae_lambda: [0.9, 0.95]\n", "ppo-lambda0 fixes gae_lambda"),
         (["--trials", "0"], None, "--trials must be at least 1"),
         (["--space", "missing.yaml"], None, "no such file"),
@@ -266,7 +268,8 @@ def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None
               ["final_eval_return_mean"] for seed in (100, 101)]  # fmt: skip
     trial = optuna.load_study(study_name="two", storage=tune.storage_for(None, tune_dir)).trials[0]
     assert trial.value == pytest.approx(sum(finals) / 2)
-    # What the pruner was told: at each evaluation step, the mean of both seeds' evaluations there.
+    assert "- 2 seeds per trial: 100, 101 (a trial's score is the mean" in (tune_dir / "tune.md").read_text()
+    # What the pruner was told: at each evaluation (at 2,048 and 4,096, multiples of 256), both seeds' mean.
     curve = trials.mean_curve([tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" for seed in (100, 101)])
     assert trial.intermediate_values == pytest.approx(curve) and len(curve) >= 2
     # The trial's two seeds trained side by side in one process (`--stack`, default 16).
@@ -293,3 +296,104 @@ def test_a_study_in_a_database_given_by_storage(in_tmp: Path) -> None:
     assert not (in_tmp / "runs" / "tune" / "db" / "study.log").exists()
     assert [t.state.name for t in optuna.load_study(study_name="db", storage=url).trials] == ["COMPLETE"]
     assert main(["report", str(in_tmp / "runs" / "tune" / "db")]) == 0  # the report finds the study through tune.yaml
+
+
+# ── what the report and the console say: seeds, budgets, values ─────────────────────────────────────
+
+
+def test_values_print_to_4_significant_digits_and_seeds_with_their_count() -> None:
+    from lab.document import fmt_sig
+    from lab.tune_report import pairs_text, seeds_text
+
+    assert fmt_sig(0.000123456789) == "0.0001235"
+    assert (fmt_sig(1e-8), fmt_sig(0.95), fmt_sig(2.0), fmt_sig(123456.7)) == ("1e-8", "0.95", "2", "1.235e+5")
+    assert pairs_text(["learning_rate=0.000123456789", "hidden_sizes=[64, 64]", "anneal_lr=true", "n_steps=512"]) == (
+        "learning_rate=0.0001235 hidden_sizes=[64, 64] anneal_lr=true n_steps=512")  # fmt: skip
+    assert seeds_text([100]) == "1 seed per trial: 100"
+    assert seeds_text([100, 101]) == "2 seeds per trial: 100, 101"
+    assert seeds_text(list(range(100, 110))) == "10 seeds per trial: 100, 101, …, 109"
+    plan = tune.plan_tune("ppo", "CartPole-v1", 4, 2048, 2, None, [], "seeds")
+    assert plan.describe().startswith("4 trials; 2 seeds per trial: 100, 101; budget ")
+
+
+def test_a_study_rounds_its_budget_up_so_that_every_trial_trains_the_same_steps(in_tmp: Path) -> None:
+    (in_tmp / "space.yaml").write_text("n_steps: [256, 512, 1024]\nn_envs: [4, 8]\nlearning_rate: [1.0e-3, 3.0e-4]\n")
+    # minibatch_size 64: the preset's 256 exceeds n_steps 32 · n_envs 4 (this space's smallest n_envs end).
+    plan = tune.plan_tune("ppo", "CartPole-v1", 4, 10000, 1, str(in_tmp / "space.yaml"), ["minibatch_size=64"], "equal")
+    # Iterations of n_steps · n_envs = 1,024 … 8,192 env steps (learning_rate does not change them): a run
+    # stops at the first multiple of its own that reaches its budget: 10,240 to 16,384 for 10,000. Every trial
+    # now trains ⌈10,000 / 8,192⌉ · 8,192 = 16,384, a multiple of all of them.
+    assert plan.iteration_sizes == (1024, 2048, 4096, 8192)
+    assert plan.steps_per_seed == 16384
+    assert {cell.total_steps for cell in plan.cells(["n_steps=256", "n_envs=4"])} == {16384}
+    for n_steps, n_envs, iterations in ((256, 4, 16), (1024, 8, 2), (512, 8, 4)):
+        cfg = plan.config({"n_steps": n_steps, "n_envs": n_envs})
+        assert (cfg.total_steps, cfg.num_iterations, cfg.num_iterations * cfg.batch_size) == (16384, iterations, 16384)
+    assert "16,384 env steps per seed in every trial (--total-steps 10,000, rounded up to" in plan.describe()
+    # The default space: n_steps 256 … 4,096 × the preset's 8 envs, so multiples of 32,768; one already stays.
+    assert tune.plan_tune("ppo", "CartPole-v1", 4, 4096, 1, None, [], "p").steps_per_seed == 32768
+    assert tune.plan_tune("ppo", "CartPole-v1", 4, 65536, 1, None, [], "p").steps_per_seed == 65536
+    # GRPO's iterations vary in length: its budget stays as asked, and the report lists what each trial trained.
+    grpo = tune.plan_tune("grpo", "CartPole-v1", 4, 10000, 1, None, [], "g")
+    assert (grpo.iteration_sizes, grpo.steps_per_seed) == (None, 10000)
+
+
+@pytest.mark.slow
+def test_two_trials_of_different_iterations_train_equal_budgets_and_the_report_says_so(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    # Trial 0: the env's preset, n_steps 32 × n_envs 8 = 256 env steps an iteration; trial 1: the algo's
+    # discrete default, 128 × 4 = 512. Asked 1,100 steps, they used to train 5 · 256 = 1,280 and 3 · 512 = 1,536.
+    (in_tmp / "space.yaml").write_text("n_steps: [32, 128]\nn_envs: [4, 8]\n")
+    assert main(["tune", "--algo", "ppo", "--env", "CartPole-v1", "--trials", "2", "--total-steps", "1100", "--seeds", "1",
+                 "--first-seed", "100", "--space", str(in_tmp / "space.yaml"), "--pruner", "none", "--name", "equal",
+                 "--set", "eval_interval=0", "--set", "eval_episodes=2", "--set", "minibatch_size=64"]) == 0  # fmt: skip
+    assert "2 trials; 1 seed per trial: 100; budget 2,048 env steps per seed in every trial" in capsys.readouterr().out
+    tune_dir = in_tmp / "runs" / "tune" / "equal"
+    configs, trained = [], []
+    for number in (0, 1):
+        run_dir = tune_dir / f"trial000{number}" / "CartPole-v1" / "ppo" / "seed100"
+        configs.append((rundir.read_config(run_dir)["n_steps"], rundir.read_config(run_dir)["n_envs"]))
+        trained.append(json.loads((run_dir / "summary.json").read_text())["total_steps"])
+    # Sizes 32·4, 32·8, 128·4, 128·8 = 128 … 1,024: ⌈1,100 / 1,024⌉ · 1,024 = 2,048, 8 · 256 and 4 · 512.
+    assert configs == [(32, 8), (128, 4)] and trained == [2048, 2048]
+    report = (tune_dir / "tune.md").read_text()
+    assert "- 1 seed per trial: 100 (a trial's score" in report
+    assert ("- Budget: 2,048 env steps per seed in every trial (--total-steps 1,100, rounded up to a multiple of every "
+            "iteration size n_steps · n_envs the space allows: 128, 256, 512, 1,024)") in report  # fmt: skip
+    assert "| 0 | complete |" in report and report.count("| 2,048 | 2,048 |") == 2  # steps per seed, env steps
+
+
+def test_the_pruner_compares_trials_at_the_eval_interval_marks_their_runs_passed() -> None:
+    # eval_interval 10,000: iterations of 256 steps evaluate at 10,240 and 20,224, then the final one at 25,600,
+    # past the mark 20,000 that 20,224 took; iterations of 4,096 at 12,288, 20,480 and 32,768.
+    assert trials.eval_marks([10240, 20224, 25600], 10000) == [10000, 20000, 25600]
+    assert trials.eval_marks([12288, 20480, 32768], 10000) == [10000, 20000, 30000]
+    assert trials.eval_marks([4096, 8192], 0) == [4096, 8192]  # only final evaluations: their own steps
+
+
+def test_the_parallel_coordinate_plot_shows_the_score_and_the_most_important_parameters(tmp_path: Path) -> None:
+    import matplotlib
+    import numpy as np
+    import optuna
+
+    from lab.tune_report import PARALLEL_PARAMS, param_importances, plot_parallel
+
+    matplotlib.use("Agg")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    rng = np.random.default_rng(0)
+    names = [f"param_{i:02d}" for i in range(15)]
+    for _ in range(20):
+        params = {name: float(rng.uniform()) for name in names}
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions={n: optuna.distributions.FloatDistribution(0, 1) for n in names},
+            value=10 * params["param_03"] + params["param_07"]))  # fmt: skip
+    importances, _ = param_importances(study)  # the evaluator there is: fANOVA, or PED-ANOVA without scikit-learn
+    path, labels = plot_parallel(study, importances, tmp_path / "parallel.png")
+    # The score, then the 6 most important parameters of 15 (Optuna draws them in name order).
+    assert PARALLEL_PARAMS == 6 and labels == ["score", *sorted(list(importances)[:6])]
+    assert "param_03" in labels and path.stat().st_size > 0
+    assert plot_parallel(study, {}, tmp_path / "p.png")[1] == ["score", *names[:6]]  # no importances: name order

@@ -1,0 +1,198 @@
+"""The result pages of the site and the README's generated blocks, made from the manifest and its files.
+
+Nothing here is typed by hand: ``render_all`` reads ``benchmarks/manifest.yaml`` and the files each entry
+keeps, and returns the text of every generated page and of the README. ``testbed results pages`` writes
+them; a test checks that the committed ones are what ``render_all`` gives, so a page never disagrees
+with the files it shows.
+
+The site reaches the kept files through ``docs/results/files``, a link to ``benchmarks/results``, so a
+page shows a report's figures where they are committed instead of a copy of them.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+
+from envs.errors import BadInput
+from lab.document import DASH, Table, fmt_ci, fmt_return, render_markdown
+from lab.manifest import Entry, Manifest, load, pytest_line
+from lab.stats import bootstrap_ci
+
+PAGES = Path("docs/results")
+FILES = "files"  # docs/results/files -> ../../benchmarks/results
+RESULTS = Path("benchmarks/results")
+README = Path("README.md")
+BUSY = "a busy machine is slower"
+HEADLINE = "classic"  # the README's table and figure
+FIGURE = "plots/LunarLander-v3-steps.png"
+LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
+
+
+def _demote(markdown: str) -> str:
+    """Headings one level down (the page's own title is the only ``#``), code blocks left alone."""
+    lines, fenced = [], False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        lines.append("#" + line if not fenced and re.match(r"#{1,5} ", line) else line)
+    return "\n".join(lines)
+
+
+def _relink(markdown: str, root: Path, source: Path) -> str:
+    """Point relative links of a kept file at the files under ``docs/results/files``.
+
+    A link that leaves ``benchmarks/results`` or names a Markdown file (kept files are not pages) keeps
+    only its text, so the site never has a broken link.
+    """
+
+    def one(match: re.Match[str]) -> str:
+        label, target = match.group(1), match.group(2)
+        if re.match(r"[a-z]+:|#|/", target):
+            return match.group(0)
+        path, _, anchor = target.partition("#")
+        resolved = (root / source.parent / path).resolve()
+        results = (root / RESULTS).resolve()
+        if not resolved.is_relative_to(results) or resolved.suffix == ".md" or not resolved.exists():
+            return label.lstrip("!").strip("[]")
+        return f"{label}({FILES}/{resolved.relative_to(results).as_posix()}{'#' + anchor if anchor else ''})"
+
+    return LINK.sub(one, markdown)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return render_markdown([Table(header, rows)]).rstrip("\n")
+
+
+def _provenance(manifest: Manifest, entry: Entry) -> list[str]:
+    p = entry.produced
+    rows = [("command", f"`{entry.command}`"), ("seeds", entry.seeds), ("budget", entry.budget),
+            ("machine", p.get("machine", "not recorded")), ("code", f"commit {p.get('commit', 'not recorded')}"),
+            ("date", str(p.get("date", "not recorded")))]  # fmt: skip
+    if "wall_s" in p:
+        reused = "; it reused runs an earlier invocation had finished" if p.get("reused_runs") else ""
+        rows.append(("wall time", f"{p['wall_s']:,.0f} s (the whole command, as last run{reused})"))
+    lines = [_table(["", ""], [list(r) for r in rows])]
+    if entry.produced and not manifest.current(entry):
+        lines += ["", f"!!! warning \"From older code\"\n    Produced at commit {p.get('commit', 'not recorded')}, "
+                  "before a change to what the algorithms compute: the numbers may differ from today's code "
+                  "by more than seed noise. It is left out of the headline tables until it is rerun with "
+                  f"`testbed results run {entry.name}`."]  # fmt: skip
+    return lines
+
+
+def result_page(root: Path, manifest: Manifest, entry: Entry) -> str:
+    """One result's page: what it is, how it was produced, and the kept report itself."""
+    source = Path(entry.folder) / (entry.page or entry.last_line or "")
+    body = ""
+    if (entry.page or entry.last_line) and not (root / source).exists():
+        if entry.produced:
+            raise BadInput(f"{entry.name}: {source} does not exist; make it again with `testbed results run {entry.name}`")
+        body = f"Not produced yet: `testbed results run {entry.name}` makes it."
+    elif entry.page or entry.last_line:
+        body = (root / source).read_text()
+    if body.startswith("# "):  # the page has its own title
+        body = body.split("\n", 1)[1] if "\n" in body else ""
+    lines = [f"# {entry.title}", "", entry.about, "", *_provenance(manifest, entry), "",
+             f"Kept files: {', '.join(f'`{entry.folder}/{k}`' for k in entry.keep)}.", "",
+             _demote(_relink(body.strip(), root, source)), ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def index_page(manifest: Manifest) -> str:
+    """Every committed result, today's first, each with its command and where it was produced."""
+    lines = ["# Results", "",
+             "Every result the project commits, generated from `benchmarks/manifest.yaml` and the files each "
+             "entry keeps. `testbed results run NAME` reruns one (finished runs are reused), "
+             "`testbed results run --cheap` the cheap ones, `testbed results pages` rebuilds these pages and "
+             "the README's tables. Final results use seeds that tuning and sweeps never saw.", ""]  # fmt: skip
+    groups = (("Produced by today's algorithms", lambda e: manifest.current(e)),
+              ("From older code", lambda e: bool(e.produced) and not manifest.current(e)),
+              ("Not produced yet", lambda e: not e.produced))  # fmt: skip
+    for heading, belongs in groups:
+        chosen = [e for e in manifest.entries if belongs(e)]
+        if not chosen:
+            continue
+        rows = [[f"[{e.title}]({e.name}.md)", f"`{e.command}`", e.seeds, str(e.produced.get("machine", DASH)).split(";")[0],
+                 f"{e.produced.get('commit', DASH)}, {e.produced.get('date', DASH)}"] for e in chosen]  # fmt: skip
+        lines += [f"## {heading}", "", _table(["result", "command", "seeds", "machine", "commit, date"], rows), ""]
+    return "\n".join(lines)
+
+
+def headline_table(root: Path, manifest: Manifest) -> str:
+    """The README's table: final return per env and algo, mean over seeds and its 95% bootstrap CI."""
+    entry = manifest.entry(HEADLINE)
+    with open(root / entry.folder / "summary.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "completed"]
+    algos = sorted({r["algo"] for r in rows})
+    table = []
+    for env in sorted({r["env_id"] for r in rows}):
+        cells = [env]
+        for algo in algos:
+            scores = np.array([float(r["final_eval_return_mean"]) for r in rows if r["env_id"] == env and r["algo"] == algo])
+            cells.append(f"{fmt_return(float(scores.mean()))} {fmt_ci(*bootstrap_ci(scores))}" if scores.size else DASH)
+        table.append(cells)
+    lines = [_table(["env", *algos], table)]
+    p = entry.produced
+    caveat = "" if manifest.current(entry) else f" **From older code (commit {p.get('commit')}).**"
+    lines += ["", f"Final evaluation return, mean over seeds {entry.seeds} [95% bootstrap CI], each algo at its "
+              f"preset's budget; `{entry.command}` on {p.get('machine', 'an unrecorded machine')}, "
+              f"{p.get('date', 'undated')}, commit {p.get('commit', 'not recorded')}.{caveat} "
+              f"[Every result](docs/results/index.md)."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
+    """The text of each generated block of the README, by block name."""
+    quick, tests, headline = manifest.entry("quick"), manifest.entry("tests"), manifest.entry(HEADLINE)
+    summary = root / quick.folder / "summary.csv"
+    runs = sum(1 for _ in csv.DictReader(summary.open(newline=""))) if summary.exists() else 0
+    qp, tp = quick.produced, tests.produced
+    closing = root / tests.folder / (tests.last_line or "")
+    counted = pytest_line(closing.read_text()) if tests.last_line and closing.exists() and "wall_s" in tp else None
+    tests_text = f"the {counted[0]} tests took {counted[1]:.0f} s, {tp['wall_s']:.0f} s with the install" if counted else ""
+    return {
+        "first-screen-bench": (f"The {runs} runs took {qp['wall_s']:.0f} s on {qp['machine']} ({qp['date']}); {BUSY}."
+                               if "wall_s" in qp else "Not timed yet: `testbed results run quick` times it."),
+        "first-screen-tests": (f"With `.ci/run` (a fresh virtual environment), {tests_text} on {tp['machine']} "
+                               f"({tp['date']}); {BUSY}." if counted else "Not timed yet: `testbed results run tests` times it."),
+        "results-table": headline_table(root, manifest),
+        "results-figure": f"![LunarLander-v3: evaluation return against env steps]({headline.folder}/{FIGURE})\n\n"
+                          f"LunarLander-v3, evaluation return against env steps: mean over seeds {headline.seeds}, "
+                          f"shaded 95% bootstrap CI ([the report](docs/results/{headline.name}.md)).",
+    }  # fmt: skip
+
+
+def fill_blocks(text: str, blocks: dict[str, str]) -> str:
+    """Replace what stands between ``<!-- BEGIN generated: NAME -->`` and its END marker."""
+    for name, content in blocks.items():
+        pattern = re.compile(rf"(<!-- BEGIN generated: {re.escape(name)} -->\n).*?(\n<!-- END generated: {re.escape(name)} -->)", re.S)
+        if not pattern.search(text):
+            raise BadInput(f"README.md lacks the block `<!-- BEGIN generated: {name} -->` … `<!-- END generated: {name} -->`")
+        text = pattern.sub(lambda m: m.group(1) + content + m.group(2), text)
+    return text
+
+
+def render_all(root: Path) -> dict[Path, str]:
+    """Every generated file (relative to ``root``) and the text it must hold."""
+    manifest = load(root)
+    out = {PAGES / "index.md": index_page(manifest)}
+    for entry in manifest.entries:
+        out[PAGES / f"{entry.name}.md"] = result_page(root, manifest, entry)
+    out[README] = fill_blocks((root / README).read_text(), readme_blocks(root, manifest))
+    return out
+
+
+def write_all(root: Path) -> list[Path]:
+    """Write every generated file whose text changed; return those written."""
+    written = []
+    for path, text in render_all(root).items():
+        target = root / path
+        if not target.exists() or target.read_text() != text:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            written.append(path)
+    return written

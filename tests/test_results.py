@@ -1,0 +1,114 @@
+"""The results manifest: committed pages match the files, reruns keep files and record where they ran."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from envs.errors import BadInput
+from lab import manifest, pages
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_generated_page_and_readme_block_is_what_the_manifest_files_say() -> None:
+    rendered = pages.render_all(ROOT)
+    stale = [str(p) for p, text in rendered.items() if not (ROOT / p).exists() or (ROOT / p).read_text() != text]
+    assert not stale, f"rerun `testbed results pages`: these differ from what the manifest's files say: {stale}"
+    names = {e.name for e in manifest.load(ROOT).entries}
+    orphans = {p.stem for p in (ROOT / pages.PAGES).glob("*.md")} - names - {"index"}
+    assert not orphans, f"pages of results the manifest no longer lists: {orphans}"
+
+
+def test_every_manifest_entry_keeps_files_that_exist_and_names_its_provenance() -> None:
+    found = manifest.load(ROOT)
+    for entry in found.entries:
+        if not entry.produced:
+            continue
+        assert {"commit", "date", "machine", "code_version"} <= set(entry.produced), entry.name
+        for kept in entry.keep:
+            assert (ROOT / entry.folder / kept).exists(), f"{entry.name}: {entry.folder}/{kept} is missing"
+    headline = found.entry(pages.HEADLINE)
+    assert found.current(headline), "the README's headline table must come from today's algorithms"
+
+
+def _toy(tmp_path: Path, command: str, **extra: object) -> manifest.Manifest:
+    entry = {"name": "toy", "title": "Toy", "about": "a toy result", "command": command, "output": "out",
+             "folder": "benchmarks/results/toy", "keep": ["report.md", "plots"], "page": "report.md",
+             "seeds": "0", "budget": "none", "cost": "cheap", **extra}  # fmt: skip
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump({"code_version": 3, "results": [entry]}))
+    return manifest.load(tmp_path)
+
+
+WRITE = ("python -c \"import pathlib; p = pathlib.Path('out/plots'); p.mkdir(parents=True); "
+         "(p / 'curve.png').write_bytes(b'png'); pathlib.Path('out/report.md').write_text("
+         "'# Report\\n\\n![curve](plots/curve.png) and [the code](../../agents/ppo.py)\\n'); print('7 passed in 1.50s')\"")
+
+
+def test_a_rerun_keeps_the_files_records_provenance_and_the_page_shows_them(tmp_path: Path) -> None:
+    found = _toy(tmp_path, WRITE, last_line="closing.txt", keep=["report.md", "plots", "closing.txt"])
+    updated = manifest.rerun(tmp_path, found, found.entry("toy"))
+    kept = tmp_path / "benchmarks/results/toy"
+    assert (kept / "plots/curve.png").read_bytes() == b"png"
+    assert (kept / "closing.txt").read_text() == "7 passed in 1.50s\n"
+    assert manifest.pytest_line((kept / "closing.txt").read_text()) == (7, 1.5)
+    produced = manifest.load(tmp_path).entry("toy").produced  # written to the file, not only returned
+    assert produced == updated.entry("toy").produced
+    assert produced["code_version"] == 3 and produced["wall_s"] >= 0 and produced["machine"]
+    assert updated.current(updated.entry("toy"))
+    page = pages.result_page(tmp_path, updated, updated.entry("toy"))
+    assert page.startswith("# Toy\n")
+    assert "![curve](files/toy/plots/curve.png)" in page  # through docs/results/files -> benchmarks/results
+    body = page.split("Kept files")[1]
+    assert "[the code]" not in body and "and the code" in body  # a link out of the results keeps only its text
+    assert "From older code" not in page
+
+
+def test_a_failed_rerun_changes_neither_the_kept_files_nor_the_manifest(tmp_path: Path) -> None:
+    found = _toy(tmp_path, "python -c \"import sys; sys.exit(3)\"")
+    before = (tmp_path / manifest.MANIFEST).read_text()
+    with pytest.raises(BadInput, match="exited with status 3"):
+        manifest.rerun(tmp_path, found, found.entry("toy"))
+    assert (tmp_path / manifest.MANIFEST).read_text() == before
+    assert not (tmp_path / "benchmarks/results/toy").exists()
+
+
+def test_an_older_result_is_marked_and_a_missing_one_says_how_to_make_it(tmp_path: Path) -> None:
+    found = _toy(tmp_path, WRITE)
+    assert "Not produced yet: `testbed results run toy`" in pages.result_page(tmp_path, found, found.entry("toy"))
+    assert "## Not produced yet" in pages.index_page(found)
+    older = manifest.Manifest(found.code_version, tuple(
+        manifest.Entry(**{**e.__dict__, "produced": {"commit": "abc1234", "code_version": 2}}) for e in found.entries))  # fmt: skip
+    (tmp_path / "benchmarks/results/toy").mkdir(parents=True)
+    (tmp_path / "benchmarks/results/toy/report.md").write_text("# R\n\n## Part\n\n```\n# not a heading\n```\n")
+    page = pages.result_page(tmp_path, older, older.entry("toy"))
+    assert "!!! warning \"From older code\"" in page and "commit abc1234" in page
+    assert "### Part" in page and "\n# not a heading\n" in page  # headings demoted, code left alone
+    assert "## From older code" in pages.index_page(older)
+
+
+def test_bad_manifests_and_selections_are_refused_before_any_work(tmp_path: Path) -> None:
+    found = _toy(tmp_path, WRITE)
+    with pytest.raises(BadInput, match="one of the three"):
+        manifest.select(found, [], False, False)
+    with pytest.raises(BadInput, match="no result named 'nope'.*toy"):
+        manifest.select(found, ["nope"], False, False)
+    assert [e.name for e in manifest.select(found, [], False, True)] == ["toy"]
+    (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump({"code_version": 1, "results": [{"name": "x", "cost": "huge"}]}))
+    with pytest.raises(BadInput, match="lacks"):
+        manifest.load(tmp_path)
+    with pytest.raises(BadInput, match="README.md lacks the block"):
+        pages.fill_blocks("no markers here", {"results-table": "x"})
+    assert pages.fill_blocks("a\n<!-- BEGIN generated: t -->\nold\n<!-- END generated: t -->\nb", {"t": "new"}) == \
+        "a\n<!-- BEGIN generated: t -->\nnew\n<!-- END generated: t -->\nb"
+
+
+def test_the_results_command_answers_bad_input_with_status_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "lab.cli", "results", "run", "no-such-result"], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "no result named 'no-such-result'" in done.stderr
