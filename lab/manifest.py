@@ -142,11 +142,16 @@ def argv_of(command: str) -> list[str]:
 
 
 def git_commit(root: Path) -> str:
-    """The checked-out commit, with ``+changes`` when the working tree differs from it."""
+    """The checked-out commit, with ``+changes`` when its code differs from it.
+
+    Code is what can change a number: Python files, YAML presets and spaces, setup.cfg. Results and pages
+    that other reruns are writing meanwhile (benchmarks/results/, docs/) do not count.
+    """
+    code = ["*.py", "*.yaml", "setup.cfg", ":(exclude)benchmarks/results", ":(exclude)benchmarks/manifest.yaml"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *code], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,20 @@ def test_the_results_command_answers_bad_input_with_status_2() -> None:
     done = subprocess.run([sys.executable, "-m", "lab.cli", "results", "run", "no-such-result"], cwd=ROOT,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and "no result named 'no-such-result'" in done.stderr
+
+
+def test_the_recorded_commit_says_changes_only_when_code_differs(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "agent.py").write_text("x = 1\n")
+    (tmp_path / "page.md").write_text("a page\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = manifest.git_commit(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{7,}", head)
+    (tmp_path / "page.md").write_text("rewritten by a rerun\n")  # results and pages being written meanwhile
+    assert manifest.git_commit(tmp_path) == head
+    (tmp_path / "agent.py").write_text("x = 2\n")
+    assert manifest.git_commit(tmp_path) == f"{head}+changes"
