@@ -156,9 +156,9 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
     tests_text = f"the {counted[0]} tests took {counted[1]:.0f} s, {tp['wall_s']:.0f} s with the install" if counted else ""
     return {
         "first-screen-bench": (f"The {runs} runs took {qp['wall_s']:.0f} s on {qp['machine']} ({qp['date']}); {BUSY}."
-                               if "wall_s" in qp else "Not timed yet: `testbed results run quick` times it."),
+                               if "wall_s" in qp else f"Not timed yet: `testbed results run quick` times it ({BUSY})."),
         "first-screen-tests": (f"With `.ci/run` (a fresh virtual environment), {tests_text} on {tp['machine']} "
-                               f"({tp['date']}); {BUSY}." if counted else "Not timed yet: `testbed results run tests` times it."),
+                               f"({tp['date']}); {BUSY}." if counted else f"Not timed yet: `testbed results run tests` times it ({BUSY})."),
         "results-table": headline_table(root, manifest),
         "results-figure": f"![LunarLander-v3: evaluation return against env steps]({headline.folder}/{FIGURE})\n\n"
                           f"LunarLander-v3, evaluation return against env steps: mean over seeds {headline.seeds}, "
