@@ -267,7 +267,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     if args.action == "list":
         for e in found.entries:
             p = e.produced
-            state = "" if found.current(e) else ", older code" if p else ""
+            state = ", older code" if found.older(e) else ""
             print(f"{e.name:<32} {e.cost:<5} {p.get('date', 'not produced yet')}, commit {p.get('commit', '—')}{state}\n"
                   f"    {e.command}")  # fmt: skip
         return 0

@@ -80,6 +80,10 @@ class Manifest:
         """Whether the entry was produced by the algorithms as they compute today."""
         return entry.produced.get("code_version") == self.code_version
 
+    def older(self, entry: Entry) -> bool:
+        """Whether the entry was produced, but by algorithms that computed otherwise than today's."""
+        return bool(entry.produced) and not self.current(entry)
+
 
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict) or "name" not in raw:

@@ -76,7 +76,7 @@ def _provenance(manifest: Manifest, entry: Entry) -> list[str]:
         reused = "; it reused runs an earlier invocation had finished" if p.get("reused_runs") else ""
         rows.append(("wall time", f"{p['wall_s']:,.0f} s (the whole command, as last run{reused})"))
     lines = [_table(["", ""], [list(r) for r in rows])]
-    if entry.produced and not manifest.current(entry):
+    if manifest.older(entry):
         lines += ["", f"!!! warning \"From older code\"\n    Produced at commit {p.get('commit', 'not recorded')}, "
                   "before a change to what the algorithms compute: the numbers may differ from today's code "
                   "by more than seed noise. It is left out of the headline tables until it is rerun with "
@@ -109,8 +109,8 @@ def index_page(manifest: Manifest) -> str:
              "entry keeps. `testbed results run NAME` reruns one (finished runs are reused), "
              "`testbed results run --cheap` the cheap ones, `testbed results pages` rebuilds these pages and "
              "the README's tables. Final results use seeds that tuning and sweeps never saw.", ""]  # fmt: skip
-    groups = (("Produced by today's algorithms", lambda e: manifest.current(e)),
-              ("From older code", lambda e: bool(e.produced) and not manifest.current(e)),
+    groups = (("Produced by today's algorithms", manifest.current),
+              ("From older code", manifest.older),
               ("Not produced yet", lambda e: not e.produced))  # fmt: skip
     for heading, belongs in groups:
         chosen = [e for e in manifest.entries if belongs(e)]
