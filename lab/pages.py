@@ -1,7 +1,9 @@
-"""The result pages of the site and the README's generated blocks, made from the manifest and its files.
+"""The result pages of the site and the generated blocks of the README and the guide, made from the manifest
+and its files.
 
-Nothing here is typed by hand: ``render_all`` reads ``benchmarks/manifest.yaml`` and the files each entry
-keeps, and returns the text of every generated page and of the README. ``testbed results pages`` writes
+Nothing here is typed by hand: ``render_all`` reads ``benchmarks/manifest.yaml``, the files each entry
+keeps and the figures ``testbed docs`` wrote, and returns the text of every generated page, of the README
+and of the guide. ``testbed results pages`` writes
 them; a test checks that the committed ones are what ``render_all`` gives, so a page never disagrees
 with the files it shows.
 
@@ -26,6 +28,8 @@ PAGES = Path("docs/results")
 FILES = "files"  # docs/results/files -> ../../benchmarks/results
 RESULTS = Path("benchmarks/results")
 README = Path("README.md")
+GUIDE = Path("docs/ppo_and_grpo.md")
+FIGURES = Path("docs/figures")
 BUSY = "a busy machine is slower"
 HEADLINE = "classic"  # the README's table and figure
 FIGURE = "plots/LunarLander-v3-steps.png"
@@ -166,12 +170,92 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
     }  # fmt: skip
 
 
-def fill_blocks(text: str, blocks: dict[str, str]) -> str:
+def figure_tables(markdown: str) -> list[str]:
+    """The tables of a figure's Markdown file, each with the paragraph under it (its caption); headings and
+    the title stay behind, since the page that shows a table has its own."""
+    parts: list[str] = []
+    for block in re.split(r"\n\s*\n", markdown.strip()):
+        if block.startswith("|"):
+            parts.append(block)
+        elif parts and not block.startswith("#") and not parts[-1].count("\n\n"):
+            parts[-1] += "\n\n" + block
+    return parts
+
+
+def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
+    """Final evaluation return by algo (rows) and task variant (columns: horizon, reward delay), the mean over
+    the seeds of the studies ``names``, whose commands, seeds and commits the caption gives."""
+    rows: list[dict[str, str]] = []
+    entries = [manifest.entry(name) for name in names]
+    for entry in entries:
+        with open(root / entry.folder / "summary.csv", newline="") as f:
+            rows += [{**r, "study": entry.name} for r in csv.DictReader(f) if r["status"] == "completed"]
+    studies_of = {a: {r["study"] for r in rows if r["algo"] == a} for a in {r["algo"] for r in rows}}
+    for r in rows:  # an algo that two studies ran is two rows: their settings may differ
+        r["label"] = r["algo"] if len(studies_of[r["algo"]]) == 1 else f"{r['algo']} ({r['study']})"
+    if not rows:
+        raise BadInput(f"{', '.join(names)}: no completed run; produce it with `testbed results run {' '.join(names)}`")
+
+    def variant(row: dict[str, str]) -> str:
+        match = re.search(r"\[(\w+)=([^\]]+)\]", row["env_id"])
+        return f"{match.group(1).replace('_', ' ')} {match.group(2)}" if match else row["env_id"]
+
+    def order(name: str) -> tuple[float, str]:
+        value = name.rsplit(" ", 1)[-1]
+        return (float(value), name) if value.replace(".", "", 1).isdigit() else (float("inf"), name)
+
+    variants = sorted({variant(r) for r in rows}, key=order)
+    table = []
+    for label in sorted({r["label"] for r in rows}):
+        cells = [label]
+        for v in variants:
+            scores = [float(r["final_eval_return_mean"]) for r in rows if r["label"] == label and variant(r) == v]
+            cells.append(f"{fmt_return(sum(scores) / len(scores))} ({len(scores)})" if scores else DASH)
+        table.append(cells)
+    sources = []
+    for entry in entries:
+        p = entry.produced
+        caveat = ", **older code**" if manifest.older(entry) else ""
+        sources.append(f"[{entry.name}](results/{entry.name}.md): `{entry.command}`, seeds {entry.seeds}, "
+                       f"commit {p.get('commit', 'not recorded')}{caveat}")  # fmt: skip
+    return (f"{_table(['algo', *variants], table)}\n\nFinal evaluation return, the mean over seeds (their number in "
+            f"brackets). From {'; '.join(sources)}.")  # fmt: skip
+
+
+def guide_blocks(root: Path, manifest: Manifest, text: str) -> dict[str, str]:
+    """The guide's generated blocks, by the name each marker gives:
+
+    - ``figures/NAME.md`` or ``figures/NAME.md table K``: the tables (or the K-th, from 1) of a figure's
+      Markdown file that ``testbed docs`` wrote;
+    - ``credit NAME …``: :func:`credit_table` of the credit studies named.
+    """
+    blocks = {}
+    for name in re.findall(r"<!-- BEGIN generated: (.+?) -->", text):
+        figure = re.fullmatch(r"figures/([\w-]+\.md)(?: table (\d+))?", name)
+        if figure:
+            source = root / FIGURES / figure.group(1)
+            if not source.exists():
+                raise BadInput(f"{GUIDE}: the block {name!r} names {source.relative_to(root)}, which `testbed docs` "
+                               "did not write; name one of docs/figures/*.md")  # fmt: skip
+            tables = figure_tables(source.read_text())
+            k = int(figure.group(2) or 0)
+            if k > len(tables):
+                raise BadInput(f"{GUIDE}: {name!r}: {figure.group(1)} has {len(tables)} tables")
+            blocks[name] = tables[k - 1] if k else "\n\n".join(tables)
+        elif name.startswith("credit "):
+            blocks[name] = credit_table(root, manifest, name.split()[1:])
+        else:
+            raise BadInput(f"{GUIDE}: unknown generated block {name!r}; use `figures/NAME.md [table K]` or "
+                           "`credit STUDY …`")  # fmt: skip
+    return blocks
+
+
+def fill_blocks(text: str, blocks: dict[str, str], where: Path = README) -> str:
     """Replace what stands between ``<!-- BEGIN generated: NAME -->`` and its END marker."""
     for name, content in blocks.items():
         pattern = re.compile(rf"(<!-- BEGIN generated: {re.escape(name)} -->\n).*?(\n<!-- END generated: {re.escape(name)} -->)", re.S)
         if not pattern.search(text):
-            raise BadInput(f"README.md lacks the block `<!-- BEGIN generated: {name} -->` … `<!-- END generated: {name} -->`")
+            raise BadInput(f"{where} lacks the block `<!-- BEGIN generated: {name} -->` … `<!-- END generated: {name} -->`")
         text = pattern.sub(lambda m: m.group(1) + content + m.group(2), text)
     return text
 
@@ -183,6 +267,8 @@ def render_all(root: Path) -> dict[Path, str]:
     for entry in manifest.entries:
         out[PAGES / f"{entry.name}.md"] = result_page(root, manifest, entry)
     out[README] = fill_blocks((root / README).read_text(), readme_blocks(root, manifest))
+    guide = (root / GUIDE).read_text()
+    out[GUIDE] = fill_blocks(guide, guide_blocks(root, manifest, guide), GUIDE)
     return out
 
 

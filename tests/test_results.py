@@ -12,6 +12,7 @@ import yaml
 
 from envs.errors import BadInput
 from lab import manifest, pages
+from lab.document import DASH
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,6 +108,34 @@ def test_bad_manifests_and_selections_are_refused_before_any_work(tmp_path: Path
         pages.fill_blocks("no markers here", {"results-table": "x"})
     assert pages.fill_blocks("a\n<!-- BEGIN generated: t -->\nold\n<!-- END generated: t -->\nb", {"t": "new"}) == \
         "a\n<!-- BEGIN generated: t -->\nnew\n<!-- END generated: t -->\nb"
+
+
+def test_the_guide_blocks_copy_a_figure_s_tables_and_average_a_credit_study(tmp_path: Path) -> None:
+    figure = "# Title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nCaption one.\n\nA note.\n\n## Part\n\n| c |\n|---|\n| 3 |\n"
+    assert pages.figure_tables(figure) == ["| a | b |\n|---|---|\n| 1 | 2 |\n\nCaption one.", "| c |\n|---|\n| 3 |"]
+    found = _toy(tmp_path, WRITE, folder="benchmarks/results/study", produced={"commit": "abc1234", "code_version": 3})
+    (tmp_path / "benchmarks/results/study").mkdir(parents=True)
+    header = "algo,env_id,seed,status,final_eval_return_mean\n"
+    runs = ["ppo,testbed/Chain-v0[horizon=100],0,completed,1.0", "ppo,testbed/Chain-v0[horizon=100],1,completed,0.5",
+            "ppo,testbed/Chain-v0[horizon=20],0,completed,0.25", "ppo,testbed/Chain-v0[horizon=20],1,failed,",
+            "grpo,testbed/Chain-v0[horizon=20],0,completed,-1.0"]  # fmt: skip
+    (tmp_path / "benchmarks/results/study/summary.csv").write_text(header + "\n".join(runs) + "\n")
+    (tmp_path / "docs/figures").mkdir(parents=True)
+    (tmp_path / "docs/figures/f.md").write_text(figure)
+    guide = ("<!-- BEGIN generated: figures/f.md table 2 -->\n<!-- END generated: figures/f.md table 2 -->\n"
+             "<!-- BEGIN generated: credit toy -->\n<!-- END generated: credit toy -->")  # fmt: skip
+    blocks = pages.guide_blocks(tmp_path, found, guide)
+    assert blocks["figures/f.md table 2"] == "| c |\n|---|\n| 3 |"
+    table = blocks["credit toy"].split("\n\n")[0].splitlines()
+    assert table[0] == "| algo | horizon 20 | horizon 100 |"  # variants in numeric order
+    assert table[2:] == [f"| grpo | -1.00 (1) | {DASH} |", "| ppo | 0.25 (1) | 0.75 (2) |"]  # a failed run is left out
+    assert "commit abc1234" in blocks["credit toy"]
+    with pytest.raises(BadInput, match="has 2 tables"):
+        pages.guide_blocks(tmp_path, found, "<!-- BEGIN generated: figures/f.md table 3 -->")
+    with pytest.raises(BadInput, match="did not write"):
+        pages.guide_blocks(tmp_path, found, "<!-- BEGIN generated: figures/none.md -->")
+    with pytest.raises(BadInput, match="unknown generated block"):
+        pages.guide_blocks(tmp_path, found, "<!-- BEGIN generated: tables -->")
 
 
 def test_the_results_command_answers_bad_input_with_status_2() -> None:
