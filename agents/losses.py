@@ -60,6 +60,11 @@ def k1_kl(log_ratio: Tensor) -> Tensor:
         k1 = −log r,     r = q(x) / p(x),     ``log_ratio`` = log q(x) − log p(x)
 
     E_{x~p}[k1] = E_p[log p − log q] = KL(p ‖ q) exactly.
+
+    As a penalty *in the loss* (p = π_θ, q = π_ref, x ~ π_old) its gradient is E_{x~π_old}[∇ log π_θ(x)]:
+    zero at π_θ = π_old, and π_ref does not enter it, so it exerts no pull toward the reference. An unbiased
+    value is not an unbiased gradient; k1 does its work in the reward, as in RLHF PPO (Tang & Munos 2025,
+    arXiv 2506.09477).
     """
     return -log_ratio
 
@@ -72,6 +77,9 @@ def k2_kl(log_ratio: Tensor) -> Tensor:
 
     E_{x~p}[k2] is an f-divergence that agrees with KL(p ‖ q) to second order as q → p and departs from it
     further away: for p = N(0, 1), q = N(μ, 1), E[k2] = μ²/2 + μ⁴/8 against KL = μ²/2.
+
+    As a penalty in the loss (p = π_θ, q = π_ref, x ~ π_θ) its gradient E[(log π_θ − log π_ref) ∇ log π_θ] is
+    exactly ∇ KL(π_θ ‖ π_ref): biased as a value, exact as an on-policy gradient.
     """
     return 0.5 * log_ratio.pow(2)
 

@@ -75,7 +75,7 @@ FIGURES = (
     "clip_objective.png", "clip_runaway.png", "clip_runaway.md", "tied_group.md", "dynamic_sampling.png",
     "dynamic_sampling.md", "aggregation_weights.png", "aggregation_weights.md", "aggregation_training.png",
     "aggregation_training.md", "kl_estimators.png", "kl_estimators.md", "diagnostics.png", "diagnostics.md",
-    "group_advantages.png", "cost.md", "HOW_MADE.md",
+    "group_advantages.png", "length_bias.png", "length_bias.md", "cost.md", "HOW_MADE.md",
 )  # fmt: skip
 """Every file ``testbed docs`` writes into its output folder."""
 
@@ -200,6 +200,12 @@ def steps_to(runs: list[Run], threshold: float) -> str:
     return f"{len(reached)}/{len(runs)}, " + (f"{int(np.median(reached)):,}" if reached else "–")
 
 
+def iterations(run: Run) -> int:
+    """The iterations a run made: progress.csv holds one row per iteration. Tables that give env steps per
+    iteration take each run's own ratio, then the mean over runs, so that they agree with each other."""
+    return max(1, read_series(run.run_dir / "progress.csv", "charts/SPS")[0].size)
+
+
 def dynamic_sampling(plain: list[Run], dynamic: list[Run], label: str, out_png: Path, out_md: Path) -> list[Path]:
     """GRPO with and without DAPO's dynamic sampling, on the same seeds."""
     named = {"without": plain, "with dynamic sampling": dynamic}
@@ -216,10 +222,9 @@ def dynamic_sampling(plain: list[Run], dynamic: list[Run], label: str, out_png: 
                 ax.plot(series[0], smooth(series[1]), style, color=palette[name], label=name,
                         marker="o" if series[0].size < 30 else None)  # fmt: skip
         dropped = [read_series(r.run_dir / "progress.csv", "grpo/dropped_groups")[1] for r in runs]
-        iterations = np.mean([d.size for d in dropped])
         rows.append([name, finals(runs), steps_to(runs, 475), f"{quarter_means(runs, 'grpo/frac_zero_std_groups')[1]:.3f}",
-                     f"{np.mean([d.mean() for d in dropped]):.2f}", f"{iterations:.0f}",
-                     f"{np.mean([r.last_step for r in runs]) / max(iterations, 1):,.0f}",
+                     f"{np.mean([d.mean() for d in dropped]):.2f}", f"{np.mean([iterations(r) for r in runs]):.0f}",
+                     f"{np.mean([r.last_step / iterations(r) for r in runs]):,.0f}",
                      f"{np.mean([r.summary.get('wall_time_s', np.nan) for r in runs]):.1f}"])  # fmt: skip
     for ax, title in zip(axes[0], (f"{label}: eval return", "tied groups among those collected",
                                    "groups collected but not used, per iteration"), strict=True):  # fmt: skip
@@ -269,8 +274,7 @@ def cost(groups: dict[str, list[Run]], out_md: Path) -> Path:
             s = own[0].summary
             params = (f"{s.get('parameters_actor_critic', 0):,} (actor + critic)" if algo == "ppo" else
                       f"{s.get('parameters_actor', 0):,} actor + {s.get('parameters_reference', 0):,} reference")  # fmt: skip
-            # progress.csv holds a row per iteration
-            steps = [r.last_step / max(1, read_series(r.run_dir / "progress.csv", "charts/SPS")[0].size) for r in own]
+            steps = [r.last_step / iterations(r) for r in own]
             length = "charts/episodic_length" if algo == "ppo" else "grpo/episode_length_mean"
             per_start = np.mean([read_series(r.run_dir / "progress.csv", length)[1].mean() for r in own])
             G = own[0].config.get("group_size", 1) if algo == "grpo" else 1
@@ -346,6 +350,7 @@ def make_figures(out: Path, runs_root: Path, quick: bool, workers: int) -> list[
     written += ex.kl_estimators(b.kl_samples, SEED, out / "kl_estimators.png", out / "kl_estimators.md")
     written.append(ex.group_advantages_picture(model, SEED, b.group_horizon, 0.98, (0.0, 0.8, 1.0),
                                                out / "group_advantages.png"))  # fmt: skip
+    written += ex.length_bias(out / "length_bias.png", out / "length_bias.md")
     small = time.perf_counter() - started
     chain_label = f"Chain (horizon {b.chain_horizon})"
     envs = {"CartPole-v1": found["cartpole-ppo"] + found["cartpole-grpo"], LUNAR: found["lunar"],

@@ -3,8 +3,8 @@
 Each one measures the testbed's own functions on a small, seeded problem and writes a figure (PNG) and,
 where there are numbers to quote, a Markdown table: the clipped objective and one update without its
 minimum, the update of a group whose returns tie, the weight each aggregation gives a step, the k1/k2/k3
-estimators of a known KL, and one group's advantages under every estimator. ``lab/guide.py`` runs them
-beside the training runs and names every file.
+estimators of a known KL, one group's advantages under every estimator, and the length bias of each
+aggregation. ``lab/guide.py`` runs them beside the training runs and names every file.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import Tensor
 
 from agents import advantages as adv
 from agents import grpo, losses
-from agents.groups import Groups, collected, group_advantages
 from agents.config import resolve_config
+from agents.groups import Groups, collected, group_advantages
 from agents.networks import Actor, ActorCritic, StackedNetworks
 from agents.seeds import SeedAdam
 from lab.plot import new_figure
@@ -356,3 +356,44 @@ def group_advantages_picture(model: ActorCritic, seed: int, H: int, gamma: float
     axes[0].legend(fontsize="x-small", ncol=2)
     fig.suptitle(f"One CartPole start state (seed {seed}), G = {M} members, γ = {gamma}, H = {H}")
     return save_png(fig, out_png)
+
+
+# ── 7. length bias: the push on a token, by its response's length and the sign of its advantage ───
+
+
+def token_push(rewards: list[float], lengths: list[int], mode: str, H: int) -> Tensor:
+    """−∂L/∂log π_{i,t} = Â_i · w_{i,t}, the push on each token of response i (M,), by autograd for L = aggregate(x),
+    x_{i,t} = −Â_i · log π_{i,t}, Â = group_outcome(R): R_i the reward of response i (one group), ``lengths[i]`` its
+    tokens; w_{i,t} the weight of token t under ``mode`` (H: the horizon of "constant"). Negative: a penalty."""
+    A = adv.group_outcome(torch.tensor([rewards], dtype=torch.float64))[0]  # (M,)
+    mask = torch.arange(max(lengths)).unsqueeze(1) < torch.tensor(lengths)  # (T, M)
+    log_probs = torch.zeros(mask.shape, dtype=torch.float64, requires_grad=True)  # L is linear in it: any point does
+    losses.aggregate(-A * log_probs, mask, mode, H).backward()
+    return -log_probs.grad[0]  # every token of a response has the same Â_i and weight
+
+
+def length_bias(out_png: Path, out_md: Path) -> list[Path]:
+    """Dr. GRPO's length bias (arXiv 2503.20783 §3.1) by ``token_push``: G = 4 responses, R = (1, 1, 0, 0); the
+    push on a correct and the penalty on a wrong response, per token and in all (× L_i), as lengths change."""
+    R, rows, sweep = [1.0, 1.0, 0.0, 0.0], [], np.arange(10, 501)
+    for case, (good, bad) in (("correct short, wrong long", (20, 200)), ("correct long, wrong short", (200, 20))):
+        for mode in losses.AGGREGATIONS:
+            up, down = token_push(R, [good, good, bad, bad], mode, 200)[[0, 2]].tolist()
+            rows.append([case, mode, *(f"{v:.4g}" for v in (up, -down, up * good, -down * bad))])
+    fig, axes = new_figure(2, (5.0, 3.6))
+    for mode in losses.AGGREGATIONS:
+        per_token = np.array([-float(token_push(R, [20, 20, int(L), 20], mode, 500)[2]) for L in sweep])
+        axes[0].plot(sweep, per_token * sweep, label=mode)
+        axes[1].plot(sweep, per_token, label=mode)
+    axes[0].set(ylabel="total penalty |Â|·w·L", title="penalty on the whole wrong response")
+    axes[1].set(ylabel="penalty per token |Â|·w", title="penalty on each of its tokens", yscale="log")
+    fig.supxlabel("length L of one wrong response (the other three: 20 tokens; H = 500)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        legend(ax)
+    note = (f"G = 4 responses, rewards (1, 1, 0, 0), Â = ±{float(adv.group_outcome(torch.tensor([R]))[0, 0]):.4f} "
+            "(`group_outcome`, ε = 1e-6) on each token; lengths 20, 200 as named; H = 200; push = Â·w.")  # fmt: skip
+    header = ["case", "aggregation", "push per token, correct", "penalty per token, wrong",
+              "total push, one correct response", "total penalty, one wrong response"]  # fmt: skip
+    title = "Length bias: the push each aggregation gives a token, by the sign of its advantage"
+    return [save_png(fig, out_png), write_table(out_md, title, header, rows, note)]

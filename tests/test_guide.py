@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from agents import losses
 from lab import guide
 from lab import guide_experiments as ex
 from lab.cli import main
@@ -45,6 +46,15 @@ def test_quick_mode_writes_every_file_the_guide_links(quick_figures: Path) -> No
     assert "(quick mode)" in (quick_figures / "HOW_MADE.md").read_text()
 
 
+def test_the_cost_and_dynamic_sampling_tables_count_steps_per_iteration_alike(quick_figures: Path) -> None:
+    # The same GRPO CartPole runs appear in both tables: their env steps per iteration must be one number.
+    cost = next(line for line in (quick_figures / "cost.md").read_text().splitlines()
+                if line.startswith("| CartPole-v1 | grpo |"))  # fmt: skip
+    plain = next(line for line in (quick_figures / "dynamic_sampling.md").read_text().splitlines()
+                 if line.startswith("| without |"))  # fmt: skip
+    assert cost.split(" | ")[4] == plain.split(" | ")[6]
+
+
 def test_quick_tables_hold_the_measured_facts(quick_figures: Path) -> None:
     tied = (quick_figures / "tied_group.md").read_text().splitlines()
     # β = 0 and no entropy bonus: a wholly tied batch has no gradient at all, and the policy stays put.
@@ -57,6 +67,57 @@ def test_quick_tables_hold_the_measured_facts(quick_figures: Path) -> None:
     assert "| trajectory | 0.01667 / 0.333 | 0.00333 / 0.333 | 0.00067 / 0.333 |" in weights
     assert "| step | 0.00161 / 0.032 | 0.00161 / 0.161 | 0.00161 / 0.806 |" in weights
     assert "| constant | 0.00067 / 0.013 | 0.00067 / 0.067 | 0.00067 / 0.333 |" in weights
+
+
+# Rewards (1, 1, 0, 0): mean 0.5, deviations ±0.5; Bessel's variance (4 · 0.25) / 3 = 1/3, std 1/√3 = 0.577350;
+# group_outcome's Â = ±0.5 / (0.577350 + 1e-6) = ±0.866024 (ε moves only the seventh digit). M = 4 responses.
+A_HAND = 0.5 / (3**-0.5 + 1e-6)
+
+
+def test_quick_length_bias_table_holds_the_hand_computed_pushes(quick_figures: Path) -> None:
+    table = (quick_figures / "length_bias.md").read_text()
+    # Correct 20 tokens, wrong 200. Per response (trajectory): a correct token gets Â/(M·20) = 0.866024/80 =
+    # 0.01083, a wrong token Â/(M·200) = 0.866024/800 = 0.001083; in all, each response gets Â/M = 0.2165: the
+    # long wrong response costs no more than the short correct one earns.
+    assert "| correct short, wrong long | trajectory | 0.01083 | 0.001083 | 0.2165 | 0.2165 |" in table
+    # Per token (step): every weight is 1/ΣL = 1/440, so a token gets 0.866024/440 = 0.001968 either way; in all
+    # 20 · 0.001968 = 0.03936 for a correct response and 200 · 0.001968 = 0.3936 for a wrong one.
+    assert "| correct short, wrong long | step | 0.001968 | 0.001968 | 0.03936 | 0.3936 |" in table
+    # Constant, H = 200: every weight 1/(M·H) = 1/800, a token 0.001083; in all 20 · that = 0.02165, 200 · that = 0.2165.
+    assert "| correct short, wrong long | constant | 0.001083 | 0.001083 | 0.02165 | 0.2165 |" in table
+    # Swapped: the per-response mean now favours the short wrong response's tokens (Â/(M·20) = 0.01083 each);
+    # per token and constant make the long correct response earn ten times the short wrong one's penalty.
+    assert "| correct long, wrong short | trajectory | 0.001083 | 0.01083 | 0.2165 | 0.2165 |" in table
+    assert "| correct long, wrong short | step | 0.001968 | 0.001968 | 0.3936 | 0.03936 |" in table
+    assert "| correct long, wrong short | constant | 0.001083 | 0.001083 | 0.2165 | 0.02165 |" in table
+    assert "Â = ±0.8660" in table
+
+
+@pytest.mark.parametrize(
+    ("mode", "per_token"),
+    [("trajectory", [1 / 80, 1 / 80, -1 / 800, -1 / 800]),  # 1/(M·L_i), M = 4, L = 20, 20, 200, 200
+     ("step", [1 / 440] * 2 + [-1 / 440] * 2),  # 1/ΣL, ΣL = 440
+     ("constant", [1 / 800] * 2 + [-1 / 800] * 2)],  # 1/(M·H), H = 200
+)  # fmt: skip
+def test_token_push_is_the_advantage_times_the_aggregation_weight(mode: str, per_token: list[float]) -> None:
+    lengths = [20, 20, 200, 200]
+    push = ex.token_push([1.0, 1.0, 0.0, 0.0], lengths, mode, 200)
+    assert push.tolist() == pytest.approx([A_HAND * w for w in per_token], rel=1e-9)
+    mask = torch.arange(200).unsqueeze(1) < torch.tensor(lengths)
+    # The testbed's closed-form weights agree (float32 there, so to about 1e-6).
+    weights = losses.aggregation_weights(mask, mode, 200)[0].double()  # (M,): one token of each response
+    assert push.tolist() == pytest.approx((A_HAND * torch.tensor([1.0, 1.0, -1.0, -1.0]) * weights).tolist(), rel=1e-6)
+
+
+def test_a_wrong_response_costs_the_same_at_any_length_only_under_the_per_response_mean() -> None:
+    # The figure's sweep: three responses of 20 tokens, one wrong one of L, H = 500. Its total penalty |Â|·w·L:
+    # trajectory |Â|/M = |Â|/4 at every L; step |Â|·L/(60 + L); constant |Â|·L/(M·H) = |Â|·L/2000.
+    for L in (10, 100, 500):
+        total = {mode: -float(ex.token_push([1.0, 1.0, 0.0, 0.0], [20, 20, L, 20], mode, 500)[2]) * L
+                 for mode in losses.AGGREGATIONS}  # fmt: skip
+        assert total["trajectory"] == pytest.approx(A_HAND / 4, rel=1e-9)
+        assert total["step"] == pytest.approx(A_HAND * L / (60 + L), rel=1e-9)
+        assert total["constant"] == pytest.approx(A_HAND * L / 2000, rel=1e-9)
 
 
 def documented(path: Path, dotted: list[str]) -> ast.AST | None:
@@ -83,12 +144,29 @@ def documented(path: Path, dotted: list[str]) -> ast.AST | None:
     return node
 
 
+def defined_names(node: ast.AST) -> set[str]:
+    """The names ``node``'s source defines: assignment targets (tuple unpacking, ``for`` and ``with`` targets,
+    augmented and annotated assignments, a dataclass's fields included), functions and classes defined inside it, and
+    its arguments and theirs. Attributes (``self.x = …``) and names only read do not count."""
+    names: set[str] = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+            names.add(child.id)
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(child.name)
+        elif isinstance(child, ast.arg):
+            names.add(child.arg)
+    return names
+
+
 def test_every_link_from_the_guide_resolves_and_names_its_target() -> None:
     """Code is linked through the API reference, `reference/<package>.md#<module>.<object>`, whose anchors
     mkdocstrings makes from the objects' paths: the page must render the module, the object must exist with a
-    docstring, and the link's text must name the object or something its source holds (a local variable such as
-    `kl_ref` links to the function that computes it)."""
+    docstring, and the link's text must be the object's name or a name the object defines (a local variable such as
+    `kl_ref` links to the function that assigns it, a field to its class); a name the object only reads or mentions
+    belongs to another object."""
     checked = 0
+    failures = []
     for text, target in links(GUIDE):
         path, _, anchor = target.partition("#")
         assert not path.endswith(".py"), f"{target}: link code through the API reference, reference/<package>.md#<path>"
@@ -109,12 +187,34 @@ def test_every_link_from_the_guide_resolves_and_names_its_target() -> None:
         node = documented(source_file, parts[len(module) :])
         assert node is not None, f"{target}: {anchor} is not a documented object of {source_file.name}"
         symbol = text.strip("`").removesuffix("()").split(".")[-1]
-        source = ast.get_source_segment(source_file.read_text(), node) or ""
-        assert symbol == parts[-1] or re.search(rf"\b{re.escape(symbol)}\b", source), (
-            f"{target}: {anchor} neither is nor holds {symbol!r}"
-        )
+        if symbol != parts[-1] and symbol not in defined_names(node):
+            failures.append(f"[{text}]({target}): {anchor} neither is nor defines {symbol!r}; link the object that "
+                            "defines it")  # fmt: skip
         checked += 1
+    assert not failures, "\n".join(failures)
     assert checked >= 20
+
+
+def test_defined_names_counts_what_an_object_defines_not_what_it_reads() -> None:
+    source = """
+@dataclass
+class Config:
+    horizon: int = 5
+    \"\"\"A field.\"\"\"
+
+def loss(ratio, *extra, clip=0.2, **options):
+    a, (b, c) = ratio, (1, 2)
+    for step in range(3):
+        total += step
+    kept = [item for item in extra]
+    def inner(x): return x
+    self.attribute = mentioned_only
+    return {"grpo/tag": a}
+"""
+    tree = ast.parse(source)
+    assert defined_names(tree.body[0]) == {"Config", "horizon"}
+    assert defined_names(tree.body[1]) == {"loss", "ratio", "extra", "clip", "options", "a", "b", "c", "step",
+                                           "total", "kept", "item", "inner", "x"}  # fmt: skip
 
 
 def test_the_readme_links_the_guide_from_its_top() -> None:

@@ -171,6 +171,26 @@ def test_k1_unbiased_k2_biased_on_a_known_pair() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def test_as_loss_terms_k1_has_no_pull_k2_is_the_kl_gradient_and_k3_the_reverse_kl_gradient() -> None:
+    # A 3-action softmax π_θ at θ = θ_old, π_ref fixed. The expectation over x ~ π_old is a sum weighted by
+    # π_old (exact, no sampling). GRPO's penalty takes r = π_ref/π_θ, so log_ratio = log π_ref − log π_θ.
+    theta = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64, requires_grad=True)
+    log_ref = torch.log_softmax(torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64), 0)
+    log_pi = torch.log_softmax(theta, 0)
+    pi_old = log_pi.exp().detach()
+
+    def grad(f: Tensor) -> Tensor:
+        return torch.autograd.grad(f, theta, retain_graph=True)[0]
+
+    k1, k2, k3 = (grad((pi_old * k(log_ref - log_pi)).sum()) for k in (k1_kl, k2_kl, k3_kl))
+    forward_kl = grad((log_pi.exp() * (log_pi - log_ref)).sum())  # ∇ KL(π_θ ‖ π_ref)
+    reverse_kl = grad((log_ref.exp() * (log_ref - log_pi)).sum())  # ∇ KL(π_ref ‖ π_θ)
+    assert torch.allclose(k1, torch.zeros(3, dtype=torch.float64), atol=1e-15)  # E_old[∇ log π_θ] = 0: no pull toward π_ref
+    assert torch.allclose(k2, forward_kl, atol=1e-15)
+    assert torch.allclose(k3, reverse_kl, atol=1e-15)
+    assert not torch.allclose(forward_kl, reverse_kl, atol=1e-3)  # the two directions differ here
+
+
 def test_clip_fraction_counts_below_and_above() -> None:
     ratio = t([0.5, 0.7, 0.9, 1.0, 1.1, 1.3, 2.0, 3.0])
     # ε = 0.2: below 0.8 → {0.5, 0.7} = 2/8; above 1.2 → {1.3, 2.0, 3.0} = 3/8
