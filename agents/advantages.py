@@ -216,6 +216,51 @@ def group_step_baseline(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return (to_go - others).masked_fill(tied, 0.0) * mask
 
 
+def group_step_alive(rewards: Tensor, mask: Tensor, gamma: float, eps: float = 1e-6) -> Tensor:
+    """Per-step group advantage over the members still alive, normalized per time index (the group-relative
+    treatment of dense-reward control: compare a member only with the members that reached the same step).
+
+        Q̂_{b,i,t} = Σ_{t'=t}^{L_{b,i} − 1} γ^{t'−t} r_{b,i,t'}
+        𝒜_{b,t}   = {j : t < L_{b,j}}                                        members alive at step t
+        A_{b,i,t} = (Q̂_{b,i,t} − mean_{j∈𝒜} Q̂_{b,j,t}) / (std_{j∈𝒜} Q̂_{b,j,t} + ε)     for i ∈ 𝒜_{b,t}
+
+    Symbols:
+        r_{b,i,t}   reward of step t of member i of group b                ``rewards``  (T, B, G)
+        L_{b,i}     its episode's length (the valid steps)                 ``mask``     (T, B, G) bool
+        γ           discount                                               ``gamma``
+        std         population std over the alive members (divisor |𝒜|)
+        ε           keeps a near-tied step finite                          ``eps``
+
+    What it estimates, against ``group_step_baseline``: that one counts an ended member as reward-to-go 0,
+    so with a reward for staying alive (Hopper's healthy reward) every survivor is credited for outliving
+    the others, and a policy that only stands still earns the largest advantages. Here an ended member
+    leaves the comparison: at step t a member is scored against those that also reached t, on the
+    rewards still to come, so surviving longer than the others earns nothing by itself; what the members
+    alive at t did differently from then on does. The cost: the baseline includes the member's own Q̂ and
+    depends on which members are alive, which its own earlier actions helped decide, so it is not an
+    unbiased advantage estimate; dividing by the std makes every time index weigh the same, late steps
+    with few survivors included. A step with fewer than two members alive has no one to compare with and
+    gets 0, as does a step where the alive members' Q̂ all tie.
+
+    Returns (T, B, G), zero on invalid steps.
+    """
+    if rewards.shape != mask.shape or rewards.dim() != 3 or rewards.shape[2] < 2:
+        raise ValueError("group_step_alive: rewards and mask must share one (T, B, G) shape with G >= 2")
+    alive = mask.to(rewards.dtype)  # (T, B, G)
+    earned = rewards * alive
+    to_go = torch.zeros_like(earned)  # Q̂ (T, B, G)
+    running = torch.zeros_like(earned[0])  # (B, G)
+    for t in range(earned.shape[0] - 1, -1, -1):
+        running = earned[t] + gamma * running
+        to_go[t] = running
+    count = alive.sum(dim=2, keepdim=True)  # |𝒜| (T, B, 1)
+    mean = (to_go * alive).sum(dim=2, keepdim=True) / count.clamp(min=1)
+    centered = (to_go - mean) * alive
+    std = (centered.pow(2).sum(dim=2, keepdim=True) / count.clamp(min=1)).sqrt()
+    scored = (count >= 2) & (std > 0)  # (T, B, 1)
+    return torch.where(scored, centered / (std + eps), 0.0) * alive
+
+
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     """R_i = Σ_t γ^t r_{i,t} over each trajectory's valid steps.  rewards, mask (T, M) → (M,)."""
     if rewards.shape != mask.shape:

@@ -67,7 +67,16 @@ class RunConfig:
     """k: release the rewards accumulated every k steps, or ``end``: only at the episode's end
     (``envs/delay.py``); none: as the env gives them. Training only: the return evaluation reports is
     the same sum either way."""
+    reward_offset: float = 0.0
+    """c: subtracted from every training reward, r − c (ARS's alive-bonus offset, Mania et al. 2018 §4.1:
+    with Hopper's healthy reward of 1 per step, c = 1 stops a policy from earning by standing still).
+    Training only: evaluation and the logged episode returns use the env's own reward."""
     total_steps: int = 1_000_000
+    budget_seconds: float | None = None
+    """A wall-clock budget: the run ends after the iteration in which its wall time reaches it, or at
+    total_steps, whichever comes first. Wall time is counted alike for every algo: the run's whole
+    training loop, evaluations and checkpoints included, earlier sessions of a resumed run too; in a stack,
+    each seed counts the stack's time. The learning-rate schedule still runs over total_steps."""
     """Env steps to train for; every sub-env step counts."""
     gamma: float = 0.99
     """γ: discount."""
@@ -106,6 +115,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         check(0 <= self.seed < SEED_LIMIT, f"seed must be in [0, 2**32 - 1], got {self.seed}")
         check(self.total_steps > 0, f"total_steps must be positive, got {self.total_steps}")
+        check(self.budget_seconds is None or self.budget_seconds > 0,
+              f"budget_seconds must be positive (or none), got {self.budget_seconds}")
         check(self.reward_delay in (None, "end") or self.reward_delay >= 1,
               f"reward_delay must be a number of steps >= 1, end or none; got {self.reward_delay}")  # fmt: skip
         check(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")

@@ -151,7 +151,8 @@ def group_steps(
         rounds.append(episodes)
         returns = adv.discounted_returns(episodes.rewards, episodes.mask, cfg.gamma).view(B, G)  # (B, G)
         group_returns.append(returns)
-        raw_returns = (episodes.rewards * episodes.mask).sum(0).numpy()  # (B·G,)
+        # The env's own return: a reward offset c shifted each of the L steps by −c.
+        raw_returns = ((episodes.rewards * episodes.mask).sum(0) + cfg.reward_offset * episodes.mask.sum(0)).numpy()
         episode_returns += (np.repeat(prefix_returns, G) + raw_returns).tolist()
         informative = returns.amax(1) != returns.amin(1) if cfg.dynamic_sampling else torch.ones(B, dtype=torch.bool)
         groups = informative.nonzero().squeeze(1)[: B - kept]
@@ -173,7 +174,7 @@ def open_member_envs(cfg: Any, H: int) -> tuple[Envs, MemberEnvs, SegmentBuffers
     """A seed's envs: the B·G members as one vector env (train) and the evaluation envs, the B trunks
     (start_mode=branch), and its (H, B·G) buffers. ``cfg``: a GRPO config."""
     options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization,
-                         reward_delay=cfg.reward_delay)  # fmt: skip
+                         reward_delay=cfg.reward_delay, reward_offset=cfg.reward_offset)  # fmt: skip
     envs = open_envs(cfg, cfg.batch_trajectories, options, **time_limit(cfg))
     mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs) if cfg.start_mode == "branch" else None
     trunk_options = EnvOptions(vectorization="sync", reward_delay=cfg.reward_delay)  # B raw envs, no normalization
@@ -204,6 +205,8 @@ def group_advantages(cfg: GroupSettings, batch: Episodes, returns: Tensor, vine_
     by_group = (T, -1, cfg.group_size)  # (T, B, G)
     if cfg.advantage == "process":
         return adv.group_process(batch.rewards.view(by_group), batch.mask.view(by_group)).view(T, M)
+    if cfg.advantage == "step_alive":  # already on one scale: per time index
+        return adv.group_step_alive(batch.rewards.view(by_group), batch.mask.view(by_group), cfg.gamma).view(T, M)
     if cfg.advantage == "step_baseline":
         A = adv.group_step_baseline(batch.rewards.view(by_group), batch.mask.view(by_group), cfg.gamma).view(T, M)
         # One positive scale for the whole batch, which keeps tied groups at 0 and every sign as it is.

@@ -227,9 +227,9 @@ class Learner:
 
 
 def env_options(cfg: PPOConfig) -> EnvOptions:
-    """How PPO's training envs are wrapped: normalization, vectorization, a delayed reward."""
+    """How PPO's training envs are wrapped: normalization, vectorization, a delayed reward, a reward offset."""
     return EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward, gamma=cfg.gamma,
-                      vectorization=cfg.vectorization, reward_delay=cfg.reward_delay)
+                      vectorization=cfg.vectorization, reward_delay=cfg.reward_delay, reward_offset=cfg.reward_offset)
 
 
 def finish(steps: Any, last_values: Tensor) -> Segment:

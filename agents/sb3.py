@@ -90,6 +90,7 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 def validate(cfg: PPOConfig) -> None:
     """Checks that need the env, before anything is written (``lab.cli``'s ``Algo.validate``)."""
     check(not cfg.shared_trunk, "sb3-ppo: SB3 2.x has no shared actor-critic trunk; use shared_trunk=false")
+    check(cfg.reward_offset == 0.0, "sb3-ppo trains on the env's own reward; drop reward_offset or use --algo ppo")
     obs_space, action_space = _spaces(cfg.env_id)
     # Our eval envs flatten other observation spaces (Discrete → one-hot), which SB3's policy would re-encode.
     check(
@@ -110,6 +111,7 @@ def sb3_arguments(cfg: PPOConfig, continuous: bool | None = None) -> dict[str, A
     whether ``log_std_init`` is passed. Annealed values become :class:`LinearSchedule`.
     """
     check(not cfg.shared_trunk, "sb3-ppo: SB3 2.x has no shared actor-critic trunk; use shared_trunk=false")
+    check(cfg.reward_offset == 0.0, "sb3-ppo trains on the env's own reward; drop reward_offset or use --algo ppo")
     if continuous is None:
         continuous = isinstance(_spaces(cfg.env_id)[1], gym.spaces.Box)
     hidden = list(cfg.hidden_sizes)

@@ -171,6 +171,7 @@ class RunTracker:
             "status": status,
             "total_steps": step,
             "requested_steps": self.cfg.total_steps,
+            "budget_seconds": self.cfg.budget_seconds,
             "wall_time_s": round(wall_time_s, 3),
             "sps": round(sps, 1),
             "final_eval_return_mean": final.get("eval/return_mean"),

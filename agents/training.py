@@ -138,6 +138,13 @@ class LaneRun:
     def running(self) -> bool:
         return self.status is None
 
+    @property
+    def budget_spent(self) -> bool:
+        """total_steps trained, or the wall-clock budget (``budget_seconds``) spent."""
+        budget = self.cfg.budget_seconds
+        timed_out = budget is not None and self.tracker is not None and self.tracker.wall_time() >= budget
+        return self.global_step >= self.cfg.total_steps or timed_out
+
     def resume(self, name: str) -> tuple[float, int | None, int | None]:
         """Weights, optimizer, the seed's own state and its random number generators from the checkpoint;
         returns what the tracker continues from: (wall time so far, progress.csv's size, last evaluation step)."""
@@ -236,7 +243,7 @@ def train_lanes(
 ) -> None:
     """The iterations of :func:`run_stack`, until every lane has completed, failed or been interrupted."""
     for lane_run in runs:
-        if lane_run.global_step >= lane_run.cfg.total_steps:  # resumed at or past its budget
+        if lane_run.budget_spent:  # resumed at or past its budget
             try:
                 lane_run.checkpoint(name)
                 lane_run.end("completed")
@@ -280,14 +287,15 @@ def train_lanes(
                                     lane_run.lane.model)  # fmt: skip
                 assert lane_run.tracker is not None
                 # The last iteration's row carries the final evaluation, unless the run is being stopped.
-                final = lane_run.global_step >= lane_run.cfg.total_steps and not stopping
+                spent = lane_run.budget_spent  # read once: the clock moves between two reads
+                final = spent and not stopping
                 stopping |= not lane_run.tracker.record(lane_run.global_step, lane_metrics, batch.episode_returns,
                                                         batch.episode_lengths, final)  # fmt: skip
                 if lane_run.tracker.checkpoint_due(lane_run.global_step, stopping):
                     lane_run.checkpoint(name)
                 if stopping:
                     lane_run.end("interrupted")
-                elif lane_run.global_step >= lane_run.cfg.total_steps:
+                elif spent:
                     lane_run.checkpoint(name)
                     lane_run.end("completed")
             except Exception as exc:  # noqa: BLE001  recorded in this lane's summary.json

@@ -57,6 +57,9 @@ class EnvOptions:
     """``auto``: native if the env has it (see the module docstring) and no reward delay, else sync."""
     reward_delay: Delay | None = None
     """Release each sub-env's rewards every k steps or at the episode's end (``"end"``); None or 1: as given."""
+    reward_offset: float = 0.0
+    """c, subtracted from every step's reward before any normalization: r' = r − c (ARS's alive-bonus
+    offset). The episode statistics keep the env's own return."""
 
     def __post_init__(self) -> None:
         if self.reward_delay is not None:
@@ -139,6 +142,27 @@ def is_continuous(env: VectorEnv | gym.Env) -> bool:
     return isinstance(space, gym.spaces.Box)
 
 
+class RewardOffset(VectorWrapper):
+    """r' = r − c on every step of an episode (ARS's alive-bonus offset). The step that a NEXT_STEP autoreset
+    spends on the reset belongs to no episode and keeps its reward of 0, which gymnasium's TransformReward
+    would shift too."""
+
+    def __init__(self, env: VectorEnv, offset: float) -> None:
+        super().__init__(env)
+        self.offset = offset
+        self.resetting = np.zeros(self.num_envs, dtype=np.bool_)  # (N,) this step is a sub-env's autoreset
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self.resetting[:] = False
+        return self.env.reset(**kwargs)
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        obs, rewards, terminated, truncated, info = self.env.step(actions)
+        shifted = np.where(self.resetting, rewards, rewards - self.offset)
+        self.resetting = np.logical_or(terminated, truncated)
+        return obs, shifted, terminated, truncated, info
+
+
 def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), **env_kwargs: Any) -> VectorEnv:
     """Make ``num_envs`` copies of ``env_id`` as one vector env (NEXT_STEP autoreset), wrapped as above.
 
@@ -189,6 +213,8 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
         env = vector_wrappers.NormalizeObservation(env)
         bound = options.clip_obs
         env = vector_wrappers.TransformObservation(env, lambda obs: np.clip(obs, -bound, bound))
+    if options.reward_offset:
+        env = RewardOffset(env, options.reward_offset)
     if options.normalize_reward:
         env = vector_wrappers.NormalizeReward(env, gamma=options.gamma)
         env = vector_wrappers.ClipReward(env, -options.clip_reward, options.clip_reward)

@@ -11,8 +11,8 @@ steps only the live ones:
 Either way the vector env's wrappers see only the live members: actions go through the chain's action
 transforms (``ClipAction``), observations through its observation transforms (``FlattenObservation``,
 ``NormalizeObservation`` whose running statistics are updated with the live members' observations only,
-the clip ``TransformObservation``). Episode statistics (``RecordEpisodeStatistics``) are bypassed: the
-caller sums rewards itself.
+the clip ``TransformObservation``), and rewards through its reward offset (``RewardOffset``). Episode
+statistics (``RecordEpisodeStatistics``) are bypassed: the caller sums rewards itself.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from gymnasium.vector import SyncVectorEnv, VectorActionWrapper, VectorEnv, Vect
 from gymnasium.wrappers import vector as vector_wrappers
 from gymnasium.wrappers.vector.vectorize_observation import VectorizeTransformObservation
 
-from envs.factory import vector_layers
+from envs.factory import RewardOffset, find_wrapper, vector_layers
 
 
 def observe(env: VectorEnv, raw_obs: np.ndarray, update: bool = False) -> np.ndarray:
@@ -116,6 +116,9 @@ def step_members(env: VectorEnv, actions: np.ndarray, live: np.ndarray) -> Membe
             all_truncated[index],
         )
         idle = M - len(index)
+    offset = find_wrapper(env, RewardOffset)  # the chain's reward transform, which stepping the sub-envs skips
+    if offset is not None:
+        rewards[index] -= offset.offset
     obs = np.zeros((M, *env.single_observation_space.shape), dtype=env.single_observation_space.dtype)  # (M, obs_dim)
     if len(index):
         obs[index] = observe(env, np.stack(raw), update=True)

@@ -177,9 +177,15 @@ def _run_grid(
     return 1 if failed else 0
 
 
+def grid_sets(args: argparse.Namespace) -> list[str]:
+    """A grid's ``--set`` overrides, ``--budget-seconds`` among them: every run of the grid gets the same."""
+    budget = getattr(args, "budget_seconds", None)
+    return [*args.set, *([f"budget_seconds={budget}"] if budget is not None else [])]
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     workers = _workers(args)
-    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, args.set, args.name,
+    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, grid_sets(args), args.name,
                            first_seed=args.first_seed)  # fmt: skip
     cells = len(grid.cells())
     print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {len(grid.seeds)} seeds = {cells} runs, "
@@ -193,7 +199,7 @@ def cmd_credit(args: argparse.Namespace) -> int:
     workers = _workers(args)
     study = credit.plan_study(args.task, args.horizons, args.env_kwargs)
     name = args.name or "credit-" + args.task.replace(":", "-").replace("/", "_")
-    grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, args.set, name,
+    grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, grid_sets(args), name,
                            variants=study.variants(), first_seed=args.first_seed)  # fmt: skip
     bench_dir = bench.BENCH_ROOT / grid.name
     print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × {len(grid.algos)} algos "

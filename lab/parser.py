@@ -39,6 +39,8 @@ def grid_options(seeds_default: int | None, seeds_help: str) -> argparse.Argumen
     options.add_argument("--first-seed", type=int, default=0, help="seeds run FIRST … FIRST+N−1; sweeps use seeds "
                          "that final results never do")  # fmt: skip
     options.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
+    options.add_argument("--budget-seconds", type=float, default=None, help="also end each run once its wall time "
+                         "reaches this (config key budget_seconds); compare algos at equal time")  # fmt: skip
     options.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
                          help="override a config key of one algo (ALGO.KEY=VALUE) or of all (KEY=VALUE); repeatable")
     return options
@@ -55,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--env", required=True, help="any registered gymnasium id, e.g. CartPole-v1")
     train.add_argument("--seed", type=int, default=None, help="run seed (default: the preset's, 0)")
     train.add_argument("--total-steps", type=int, default=None, help="env steps (default: the preset's)")
+    train.add_argument("--budget-seconds", type=float, default=None,
+                       help="also end the run once its wall time reaches this (config key budget_seconds)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key; repeatable. Keys: the fields of the algo's config")  # fmt: skip
     train.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE",

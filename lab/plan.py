@@ -102,6 +102,8 @@ def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | 
     algo = registry.get(args.algo)
     if args.total_steps is not None:
         overrides["total_steps"] = args.total_steps
+    if getattr(args, "budget_seconds", None) is not None:
+        overrides["budget_seconds"] = args.budget_seconds
     if args.device is not None:
         overrides["device"] = device_of(args.device)
     if args.resume and args.run_dir is None:
@@ -210,7 +212,8 @@ def plan_run(
     if cfg.total_steps < trained and cfg.total_steps != saved.get("total_steps"):
         raise BadInput(f"{run_dir} has already trained {trained} steps; --total-steps must be at least that")
     status = (rundir.read_summary(run_dir) or {}).get("status")
-    done = status == "completed" and trained >= cfg.total_steps
+    timed_out = cfg.budget_seconds is not None and ckpt["wall_time_s"] >= cfg.budget_seconds
+    done = status == "completed" and (trained >= cfg.total_steps or timed_out)
     return PlannedRun(cfg, run_dir, "resumed", "done" if done else "resume", saved)
 
 

@@ -494,3 +494,36 @@ def test_step_baseline_ties_are_exact_where_rounding_would_leave_noise() -> None
     mask[1:, 0, 0] = False
     partly = adv.group_step_baseline(rewards, mask, 0.99)
     assert partly[0, 0, 0] < 0 and (partly[0, 0, 1:] > 0).all()
+
+
+# ── group_step_alive: the per-step baseline over the members still alive, normalized per time index ──
+
+
+def test_group_step_alive_hand_values_with_unequal_lengths() -> None:
+    # γ = 0.5, one group of 3. Member 0 lives 2 steps with rewards (1, 4), member 1 one step (3), member 2 two
+    # steps (0, 2). Q̂: m0 = (1 + 0.5·4, 4) = (3, 4); m1 = (3, –); m2 = (0 + 0.5·2, 2) = (1, 2).
+    # t = 0, all alive: Q̂ = (3, 3, 1), mean 7/3, centred (2/3, 2/3, −4/3), population std √(24/27) = 0.942809;
+    #   A = (0.707107, 0.707107, −1.414214).
+    # t = 1, alive {0, 2}: Q̂ = (4, 2), mean 3, std 1: A = (1, −1); member 1 has ended: 0.
+    rewards = torch.tensor([[[1.0, 3.0, 0.0]], [[4.0, 0.0, 2.0]]])  # (T=2, B=1, G=3)
+    mask = torch.tensor([[[True, True, True]], [[True, False, True]]])
+    expected = torch.tensor([[[0.707107, 0.707107, -1.414214]], [[1.0, 0.0, -1.0]]])
+    torch.testing.assert_close(adv.group_step_alive(rewards, mask, 0.5), expected, atol=1e-5, rtol=0)
+
+
+def test_group_step_alive_does_not_credit_outliving_the_others_once_the_survival_reward_is_offset() -> None:
+    # Hopper's case: 1 per step for staying alive. Lengths 3, 2, 1 (γ = 1).
+    mask = torch.tensor([[[True, True, True]], [[True, True, False]], [[True, False, False]]])  # (3, 1, 3)
+    alive_bonus = mask.float()
+    # The per-step baseline over all members counts the ended one as 0: at t = 1 the survivors get
+    # Q̂ − mean of the others = (2 − (1 + 0)/2, 1 − (2 + 0)/2) = (1.5, 0): surviving is what earns.
+    torch.testing.assert_close(adv.group_step_baseline(alive_bonus, mask, 1.0)[1, 0, :2], torch.tensor([1.5, 0.0]))
+    # Over the alive members, t = 1 compares only members 0 and 1 on what is still to come: (2, 1) → (1, −1);
+    # t = 2 has one member alive, no one to compare with: 0.
+    alive = adv.group_step_alive(alive_bonus, mask, 1.0)
+    torch.testing.assert_close(alive[1, 0, :2], torch.tensor([1.0, -1.0]), atol=1e-5, rtol=0)
+    assert alive[2].abs().sum() == 0
+    # With the bonus offset away (r − 1 = 0 on every step) nothing is left to credit at all.
+    assert adv.group_step_alive(alive_bonus - 1.0, mask, 1.0).abs().sum() == 0
+    with pytest.raises(ValueError, match="G >= 2"):
+        adv.group_step_alive(torch.zeros(2, 1, 1), torch.ones(2, 1, 1, dtype=torch.bool), 1.0)

@@ -563,3 +563,17 @@ def test_bad_num_envs_and_vectorization() -> None:
         make_vector("Pendulum-v1", 2, EnvOptions(vectorization="native"))
     with pytest.raises(BadInput, match="vectorization must be one of"):
         make_vector("CartPole-v1", 2, EnvOptions(vectorization="threads"))  # type: ignore[arg-type]
+
+
+def test_a_reward_offset_shifts_every_training_reward_but_not_the_recorded_return() -> None:
+    env = make_vector("CartPole-v1", 2, EnvOptions(reward_offset=1.0, vectorization="sync"))
+    env.reset(seed=0)
+    rewards, finished = [], []
+    for _ in range(200):
+        _, reward, terminated, truncated, info = env.step(np.zeros(2, dtype=np.int64))  # always left: falls fast
+        rewards.append(reward)
+        if "_episode" in info:
+            finished += info["episode"]["r"][info["_episode"]].tolist()
+    env.close()
+    assert np.all(np.concatenate(rewards) == 0.0)  # CartPole's +1 per step, less the offset of 1
+    assert finished and all(r >= 8 for r in finished)  # the episode statistics keep the env's own return

@@ -242,3 +242,13 @@ def test_continuous_control_improves_inverted_pendulum(tmp_path: Path) -> None:
     assert float(rows[0]["charts/episodic_return"]) < 20
     assert float(rows[-1]["charts/episodic_return"]) >= 80
     assert summary["final_eval_return_mean"] >= 80  # evaluated on the full 1000-step episodes
+
+
+def test_a_reward_offset_trains_on_shifted_rewards_but_logs_the_env_s_own_return(tmp_path: Path) -> None:
+    cfg = grpo_config(total_steps=4_000, eval_interval=0, eval_episodes=2, reward_offset=1.0)
+    assert run_training(grpo, cfg, tmp_path / "run")["status"] == "completed"
+    rows = read_progress(tmp_path / "run")
+    returns = [float(r["charts/episodic_return"]) for r in rows if r.get("charts/episodic_return")]
+    # CartPole pays 1 a step; with the offset every training reward is 0, but the logged return is the
+    # env's: at least the 8 steps the fastest fall takes.
+    assert returns and min(returns) >= 8.0

@@ -47,6 +47,14 @@ def test_sync_steps_only_live_members_and_normalizes_with_their_observations() -
     twin.close()
 
 
+def test_members_get_the_chain_s_reward_offset() -> None:
+    env = make_vector("CartPole-v1", 3, EnvOptions(reward_offset=0.25, vectorization="sync"))
+    env.reset(seed=[1, 2, 3])
+    result = step_members(env, np.array([1, 0, 1]), np.array([True, False, True]))
+    assert result.rewards.tolist() == [0.75, 0.0, 0.75]  # CartPole's 1 less 0.25; the ended member earns nothing
+    env.close()
+
+
 def test_async_steps_every_member_and_reports_the_ended_ones_as_idle() -> None:
     env = make_vector("CartPole-v1", 2, EnvOptions(vectorization="async"))
     env.reset(seed=[5, 6])

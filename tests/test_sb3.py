@@ -71,6 +71,8 @@ def test_what_sb3_cannot_run_is_refused_before_any_work() -> None:
     # Our eval envs one-hot a Discrete observation, which SB3's policy would one-hot again.
     with pytest.raises(BadInput, match="flat Box observations"):
         sb3.validate(ppo_config("FrozenLake-v1"))
+    with pytest.raises(BadInput, match="reward_offset"):
+        sb3.validate(ppo_config("CartPole-v1", reward_offset=1.0))
 
 
 # ── short real runs ─────────────────────────────────────────────────────────────────────────────────
