@@ -55,9 +55,12 @@ def ended_or_checkpointed(process: subprocess.Popen[bytes], checkpoint: Path, mt
 
 
 def scalar_steps(run_dir: Path, tag: str) -> list[int]:
+    """The steps at which ``tag`` was logged, each as often as it was, in step order. Sorted because the
+    loader reads a resumed run's event files in name order, and two sessions started in the same second by
+    one test process differ only in a per-process counter, which sorts as text (".10" before ".9")."""
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    return [e.step for e in events.Scalars(tag)]
+    return sorted(e.step for e in events.Scalars(tag))
 
 
 def fails_cleanly(argv: list[str], capsys: pytest.CaptureFixture[str], *fragments: str) -> str:
