@@ -7,9 +7,9 @@ episode ends (``groups.group_steps``) → score each trajectory against its own 
 lower and upper clips, a k3 KL penalty to a reference policy and an optional entropy bonus, averaged by
 the chosen aggregation (``losses``). ``training.run_stack`` logs, evaluates and checkpoints around it.
 
-Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process, per-step group
-baselines over all members (step_baseline) or the alive ones (step_alive), vine), the aggregation (trajectory = GRPO, step = DAPO, constant = Dr. GRPO),
-ε_low/ε_high (DAPO's clip-higher), β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of truncated
+Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process, step_baseline
+and step_alive: per-step group baselines, vine), the aggregation (trajectory = GRPO, step = DAPO, constant =
+Dr. GRPO), ε_low/ε_high (DAPO's clip-higher), β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of truncated
 trajectories, the reference refresh, and a per-iteration KL target that adapts the step size (``kl_target``).
 
 Written once, for S seeds side by side (the seed axis beside the group axis); a single run is a stack of
@@ -81,7 +81,8 @@ class GRPOConfig(RunConfig):
     """reset: groups start from a seeded reset; branch: from a state part-way along a trunk episode."""
     branch_max_depth: int = 100
     """branch: the trunk runs a uniformly drawn 0 … branch_max_depth steps before the branch point."""
-    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process", "step_baseline", "step_alive", "vine"] = "outcome"
+    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process", "step_baseline", "step_alive",
+                       "vine"] = "outcome"
     """How a trajectory is scored against its group (see agents/advantages.py); vine: from Monte-Carlo
     values of branches at states along it instead (agents/vine.py, the ``grpo-vine`` algo)."""
     vine_points: int = 4

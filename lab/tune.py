@@ -47,7 +47,7 @@ from lab.document import fmt_return
 from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
 from lab.space import Param, as_list, default_space_file, iteration_sizes, parse_space
 from lab.study import STUDY_FILE, TUNE_FILE, TUNE_ROOT, check_journal, set_aside_stale, storage_for, trial_dir
-from lab.trials import Reporter, reporter_for, run_trial, run_trial_remote, settle
+from lab.trials import Reporter, reporter_for, run_trial, run_trial_remote, settle, study_heartbeat
 from lab.tune_report import budget_text, build_tune_report, pairs_text, seeds_text
 
 FIRST_TUNING_SEED = 100
@@ -298,13 +298,11 @@ class RayReporter:
 
 
 def _started(study: optuna.Study) -> int:
-
     return sum(t.state != optuna.trial.TrialState.WAITING for t in study.get_trials(deepcopy=False))
 
 
 def _resumable(study: optuna.Study, driver: str) -> list[Any]:
     """Trials this driver's folder left running (its process was killed): they continue from checkpoints."""
-
     return [t for t in study.get_trials(deepcopy=False)
             if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs.get("driver") == driver]  # fmt: skip
 
@@ -369,7 +367,8 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
         return [receive_cell(o, f, bench_dir) for o, f in zip(outcomes, files)], pruned
 
     pending: dict[Future[tuple[list[Outcome], bool]], Any] = {}
-    with stop_signals(), ThreadPoolExecutor(max_workers=workers) as pool:
+    beat = study_heartbeat(counts, plan.trials, pending, stop, len(plan.seeds), plan.steps_per_seed)
+    with stop_signals(), ThreadPoolExecutor(max_workers=workers) as pool, beat:
         try:
             while True:
                 while len(pending) < workers and (resumable or _started(study) < plan.trials):
