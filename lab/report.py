@@ -131,12 +131,29 @@ def write_summary_csv(runs: Sequence[Run], bench_dir: Path, path: Path) -> None:
     path.write_text(buffer.getvalue())
 
 
+def equal_time(runs: Sequence[Run]) -> tuple[float, str] | None:
+    """The wall-clock time at which one env's algos are compared on equal time, and the algo it comes from:
+    the median run time (its last evaluation) of the algo whose completed runs ended soonest."""
+    ends = {algo: float(np.median([r.wall_time_s[-1] for r in runs if r.algo == algo and r.status == "completed"
+                                   and r.wall_time_s.size])) for algo in {r.algo for r in runs}
+            if any(r.algo == algo and r.status == "completed" and r.wall_time_s.size for r in runs)}  # fmt: skip
+    return min((t, algo) for algo, t in ends.items()) if ends else None
+
+
+def return_at(run: Run, seconds: float) -> float | None:
+    """The run's last evaluation return at or before ``seconds`` of wall-clock time; None if none was by then."""
+    by_then = np.flatnonzero(run.wall_time_s <= seconds)
+    return float(run.eval_return[by_then[-1]]) if by_then.size else None
+
+
 def env_table(runs: Sequence[Run], threshold: float | None) -> Table:
     """One env's table: a row per algo, statistics over its seeds."""
     header = [
         "algo", "seeds completed", "final return (mean)", "95% CI", "IQM",
         "steps to threshold (median)", "wall-clock to threshold (median)", "seeds reaching threshold", "steps/s",
+        "return at equal wall-clock (mean)",
     ]  # fmt: skip
+    same_time = equal_time(runs)
     rows = []
     for algo in sorted({r.algo for r in runs}):
         mine = [r for r in runs if r.algo == algo]
@@ -154,9 +171,10 @@ def env_table(runs: Sequence[Run], threshold: float | None) -> Table:
             to_steps = fmt_steps(float(np.median([h[0] for h in hits]))) if hits else DASH
             to_time = fmt_seconds(float(np.median([h[1] for h in hits]))) if hits else DASH
         sps = [float(r.summary["sps"]) for r in mine if r.summary.get("sps") is not None]
+        at_time = [v for v in (return_at(r, same_time[0]) for r in completed) if v is not None] if same_time else []
         rows.append([
             algo, f"{len(completed)}/{len(mine)}", mean, ci, middle, to_steps, to_time, reached,
-            f"{np.mean(sps):,.0f}" if sps else DASH,
+            f"{np.mean(sps):,.0f}" if sps else DASH, fmt_return(float(np.mean(at_time))) if at_time else DASH,
         ])  # fmt: skip
     return Table(header, rows)
 
@@ -331,6 +349,10 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
             else "Threshold: none (gymnasium's spec has no `reward_threshold` for this env)."
         ))  # fmt: skip
         blocks.append(env_table(env_runs, threshold))
+        same_time = equal_time(env_runs)
+        if same_time is not None:
+            blocks.append(Para(f"Equal wall-clock: {fmt_seconds(same_time[0])}, the median run time of {same_time[1]}, "
+                               "whose runs ended soonest; each completed run's last evaluation by then."))  # fmt: skip
         counts = ", ".join(f"{a} {sum(r.algo == a for r in env_runs)}" for a in sorted({r.algo for r in env_runs}))
         for x in ("steps", "time"):
             png = add_plots(plot_env_runs(env_runs, x, plots_dir / f"{safe_name(env_id)}-{x}.png", colors))

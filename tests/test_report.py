@@ -238,13 +238,16 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     # ppo: mean and IQM of 500 and 480 are 490; the bootstrap CI is [480, 500] (see the two-value case).
     # Threshold 475 first reached at 2048 (2.0 s) and 3072 (3.5 s): medians 2560 steps and 2.75 s.
     # steps/s: mean of 2000 and 1000.
+    # Equal wall-clock: grpo's completed runs end at 4.0 s, ppo's at 4.0 and 4.5 s (median 4.25): 4.0 s. By then
+    # ppo seed 0 logged 500 (at 4.0 s) and seed 1 475 (at 3.5 s): 487.5; grpo 50 and 50 (20 + 3 · 10).
     assert _table_row(markdown, "CartPole-v1", "ppo") == [
-        "ppo", "2/2", "490.00", "[480.00, 500.00]", "490.00", "2,560", "2.8 s", "2/2", "1,500",
+        "ppo", "2/2", "490.00", "[480.00, 500.00]", "490.00", "2,560", "2.8 s", "2/2", "1,500", "487.50",
     ]  # fmt: skip
+    assert "Equal wall-clock: 4.0 s, the median run time of grpo, whose runs ended soonest" in markdown
     # grpo: 2 of 3 seeds completed, mean 250; its curves top out at 50, far below the threshold.
     grpo = _table_row(markdown, "CartPole-v1", "grpo")
     assert grpo[:3] == ["grpo", "2/3", "250.00"] and grpo[4] == "250.00"
-    assert grpo[5:8] == ["—", "—", "0/3"]
+    assert grpo[5:8] == ["—", "—", "0/3"] and grpo[9] == "50.00"
     assert "Threshold: 475" in markdown
     assert "non-finite values in losses/policy_loss; training stopped" in markdown
     assert "10 episodes per evaluation" in markdown and "1000000+i" in markdown
@@ -348,8 +351,9 @@ def test_build_report_leaves_out_envs_without_references(tmp_path: Path) -> None
     assert "Left out (no reference scores in `lab/reference_scores.yaml`): MyNS/Toy-v0." in markdown
     assert "nothing to aggregate" in markdown
     assert "Threshold: none" in markdown
+    # One algo: equal wall-clock is its own run time (3.0 s), where its one completed run logged 120.
     assert _table_row(markdown, "MyNS/Toy-v0", "ppo") == ["ppo", "1/2", "120.00", "[120.00, 120.00]", "120.00",
-                                               "—", "—", "—", "1,000"]  # fmt: skip
+                                               "—", "—", "—", "1,000", "120.00"]  # fmt: skip
     assert "no summary.json yet" in markdown
     assert (bench / "plots" / "MyNS_Toy-v0-steps.png").stat().st_size > 0
     assert "plots/normalized-scores.png" not in written
