@@ -188,7 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, grid_sets(args), args.name,
                            first_seed=args.first_seed)  # fmt: skip
     cells = len(grid.cells())
-    print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {len(grid.seeds)} seeds = {cells} runs, "
+    print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {grid.seeds_text()} = {cells} runs, "
           f"{args.backend} backend, {workers} processes at a time → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
     return _run_grid(grid, workers, args, "report: {0}/report.md")
 
