@@ -233,3 +233,15 @@ def test_the_mujoco_suite_runs_every_v5_task_with_five_seeds_of_ours_and_three_o
     assert grid.seeds_text() == "5 seeds (sb3-ppo 3)"
     # --seeds gives every algo the same seeds.
     assert {c.seed for c in bench.plan_grid("mujoco", None, None, 2, None, [], None).cells()} == {0, 1}
+
+
+def test_every_task_of_the_mujoco_suite_trains_a_few_steps_with_ppo_and_grpo(tmp_path: Path) -> None:
+    # A smoke run: one iteration of 64 steps per task for PPO, one group of 2 members cut at 16 steps for GRPO,
+    # one evaluation episode. The presets load, the envs build, both agents step and evaluate every task.
+    sets = ["ppo.n_steps=64", "ppo.minibatch_size=32", "ppo.n_epochs=1", "grpo.group_size=2", "grpo.num_groups=1",
+            "grpo.max_episode_steps=16", "grpo.n_epochs=1", "grpo.num_minibatches=1", "grpo.vine_branches=2",
+            "eval_episodes=1",
+            "eval_interval=0", "checkpoint_interval=0"]  # fmt: skip
+    grid = bench.plan_grid("mujoco", ["ppo", "grpo"], None, 1, 64, sets, "smoke")
+    _, outcomes = bench.run_grid(grid, workers=2, backend="local", ray_address=None, root=tmp_path, report=False)
+    assert len(outcomes) == 22 and [o for o in outcomes if o.status != "completed"] == []
