@@ -27,14 +27,15 @@ Reporter = Callable[[int, float], bool]
 """``report(step, value) → prune?``: hands the pruner the mean evaluation over seeds at ``step``."""
 
 
-def study_status(elapsed: float, counts: dict[str, int], trials: int, running: int,
+def study_status(elapsed: float, counts: dict[str, int], finished: int, trials: int, running: int,
                  live: list[tuple[int, float]], seeds: int, steps_per_seed: int | None) -> str:
     """One heartbeat of a study: ``[2m10s] trials 3/24 done, 2 running · 5,200 steps/s · ETA 1h30m``.
 
-    ``live``: (env steps so far, env steps/s) of each seed the running trials have reported. ETA: the env
-    steps left, (trials not done) × seeds × steps per seed less what the running seeds trained, over their
-    current rate; n/a until a seed has reported or where the budget varies."""
-    done = sum(counts.values())
+    Done: the trials ``finished`` before this run of the study, plus this run's ``counts`` by state. ``live``:
+    (env steps so far, env steps/s) of each seed the running trials have reported. ETA: the env steps left,
+    (trials not done) × seeds × steps per seed less what the running seeds trained, over their current rate;
+    n/a until a seed has reported or where the budget varies."""
+    done = finished + sum(counts.values())
     rate = sum(sps for _, sps in live)
     eta = "n/a"
     if steps_per_seed and rate > 0:
@@ -44,11 +45,11 @@ def study_status(elapsed: float, counts: dict[str, int], trials: int, running: i
             f"{f'{rate:,.0f} steps/s' if live else 'steps/s n/a'} · ETA {eta}")
 
 
-def study_heartbeat(counts: dict[str, int], trials: int, pending: dict[Any, Any], stop: Stop, seeds: int,
-                    steps_per_seed: int | None) -> Heartbeat:  # fmt: skip
+def study_heartbeat(counts: dict[str, int], finished: int, trials: int, pending: dict[Any, Any], stop: Stop,
+                    seeds: int, steps_per_seed: int | None) -> Heartbeat:  # fmt: skip
     """A :class:`~lab.executor.Heartbeat` that prints :func:`study_status` every 10 s, in logs as on terminals."""
-    return Heartbeat(lambda elapsed: print(study_status(elapsed, counts, trials, len(pending), live_progress(stop),
-                                                        seeds, steps_per_seed), flush=True))  # fmt: skip
+    return Heartbeat(lambda elapsed: print(study_status(elapsed, counts, finished, trials, len(pending),
+                                                        live_progress(stop), seeds, steps_per_seed), flush=True))  # fmt: skip
 
 
 def eval_marks(steps: list[int], interval: int) -> list[int]:

@@ -367,7 +367,8 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
         return [receive_cell(o, f, bench_dir) for o, f in zip(outcomes, files)], pruned
 
     pending: dict[Future[tuple[list[Outcome], bool]], Any] = {}
-    beat = study_heartbeat(counts, plan.trials, pending, stop, len(plan.seeds), plan.steps_per_seed)
+    finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))  # by earlier runs of the study
+    beat = study_heartbeat(counts, finished, plan.trials, pending, stop, len(plan.seeds), plan.steps_per_seed)
     with stop_signals(), ThreadPoolExecutor(max_workers=workers) as pool, beat:
         try:
             while True:

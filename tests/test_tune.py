@@ -402,10 +402,10 @@ def test_the_parallel_coordinate_plot_shows_the_score_and_the_most_important_par
 def test_a_study_heartbeat_says_trials_done_running_rate_and_eta() -> None:
     from lab.trials import study_status
 
-    # 24 trials of 2 seeds × 1,000,000 steps; 3 done (2 complete, 1 pruned), 2 running whose 4 seeds trained
-    # 250,000 steps each at 500 steps/s: left = 21 · 2 · 10⁶ − 4 · 250,000 = 41,000,000 steps at 2,000 steps/s
-    # = 20,500 s = 5h41m.
+    # 24 trials of 2 seeds × 1,000,000 steps; 3 done (1 by an earlier run of the study, then 1 complete and 1
+    # pruned), 2 running whose 4 seeds trained 250,000 steps each at 500 steps/s: left = 21 · 2 · 10⁶ −
+    # 4 · 250,000 = 41,000,000 steps at 2,000 steps/s = 20,500 s = 5h41m.
     live = [(250_000, 500.0)] * 4
-    assert study_status(130.0, {"complete": 2, "pruned": 1}, 24, 2, live, 2, 1_000_000) == \
+    assert study_status(130.0, {"complete": 1, "pruned": 1}, 1, 24, 2, live, 2, 1_000_000) == \
         "[2m10s] trials 3/24 done, 2 running · 2,000 steps/s · ETA 5h41m"
-    assert study_status(5.0, {}, 4, 1, [], 1, None) == "[5s] trials 0/4 done, 1 running · steps/s n/a · ETA n/a"
+    assert study_status(5.0, {}, 0, 4, 1, [], 1, None) == "[5s] trials 0/4 done, 1 running · steps/s n/a · ETA n/a"
