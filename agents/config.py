@@ -72,12 +72,12 @@ class RunConfig:
     with Hopper's healthy reward of 1 per step, c = 1 stops a policy from earning by standing still).
     Training only: evaluation and the logged episode returns use the env's own reward."""
     total_steps: int = 1_000_000
+    """Env steps to train for; every sub-env step counts."""
     budget_seconds: float | None = None
     """A wall-clock budget: the run ends after the iteration in which its wall time reaches it, or at
     total_steps, whichever comes first. Wall time is counted alike for every algo: the run's whole
     training loop, evaluations and checkpoints included, earlier sessions of a resumed run too; in a stack,
     each seed counts the stack's time. The learning-rate schedule still runs over total_steps."""
-    """Env steps to train for; every sub-env step counts."""
     gamma: float = 0.99
     """γ: discount."""
     n_epochs: int = 10

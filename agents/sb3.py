@@ -87,10 +87,15 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         env.close()
 
 
-def validate(cfg: PPOConfig) -> None:
-    """Checks that need the env, before anything is written (``lab.cli``'s ``Algo.validate``)."""
+def check_expressible(cfg: PPOConfig) -> None:
+    """Settings of our PPO that SB3's cannot run, refused by name."""
     check(not cfg.shared_trunk, "sb3-ppo: SB3 2.x has no shared actor-critic trunk; use shared_trunk=false")
     check(cfg.reward_offset == 0.0, "sb3-ppo trains on the env's own reward; drop reward_offset or use --algo ppo")
+
+
+def validate(cfg: PPOConfig) -> None:
+    """Checks that need the env, before anything is written (``lab.cli``'s ``Algo.validate``)."""
+    check_expressible(cfg)
     obs_space, action_space = _spaces(cfg.env_id)
     # Our eval envs flatten other observation spaces (Discrete → one-hot), which SB3's policy would re-encode.
     check(
@@ -110,8 +115,7 @@ def sb3_arguments(cfg: PPOConfig, continuous: bool | None = None) -> dict[str, A
     ``continuous`` (whether the actions are a Box) is looked up from the env id when not given; it decides
     whether ``log_std_init`` is passed. Annealed values become :class:`LinearSchedule`.
     """
-    check(not cfg.shared_trunk, "sb3-ppo: SB3 2.x has no shared actor-critic trunk; use shared_trunk=false")
-    check(cfg.reward_offset == 0.0, "sb3-ppo trains on the env's own reward; drop reward_offset or use --algo ppo")
+    check_expressible(cfg)
     if continuous is None:
         continuous = isinstance(_spaces(cfg.env_id)[1], gym.spaces.Box)
     hidden = list(cfg.hidden_sizes)

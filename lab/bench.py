@@ -159,7 +159,7 @@ def write_bench_yaml(bench_dir: Path, grid: Grid) -> None:
         **grid.definition(),
         "algos": sorted(set(saved.get("algos", [])) | set(grid.algos)),
         "envs": sorted(set(saved.get("envs", [])) | set(grid.envs)),
-        "seeds": sorted(set(saved.get("seeds", [])) | set(grid.seeds) | {s for own in grid.algo_seeds.values() for s in own}),
+        "seeds": sorted(set(saved.get("seeds", [])) | {cell.seed for cell in grid.cells()}),
         "commands": [*saved.get("commands", []), " ".join(["testbed", *sys.argv[1:]])],
     }
     bench_dir.mkdir(parents=True, exist_ok=True)

@@ -179,8 +179,7 @@ def _run_grid(
 
 def grid_sets(args: argparse.Namespace) -> list[str]:
     """A grid's ``--set`` overrides, ``--budget-seconds`` among them: every run of the grid gets the same."""
-    budget = getattr(args, "budget_seconds", None)
-    return [*args.set, *([f"budget_seconds={budget}"] if budget is not None else [])]
+    return [*args.set, *([f"budget_seconds={args.budget_seconds}"] if args.budget_seconds is not None else [])]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -102,7 +102,7 @@ def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | 
     algo = registry.get(args.algo)
     if args.total_steps is not None:
         overrides["total_steps"] = args.total_steps
-    if getattr(args, "budget_seconds", None) is not None:
+    if args.budget_seconds is not None:
         overrides["budget_seconds"] = args.budget_seconds
     if args.device is not None:
         overrides["device"] = device_of(args.device)

@@ -134,10 +134,11 @@ def write_summary_csv(runs: Sequence[Run], bench_dir: Path, path: Path) -> None:
 def equal_time(runs: Sequence[Run]) -> tuple[float, str] | None:
     """The wall-clock time at which one env's algos are compared on equal time, and the algo it comes from:
     the median run time (its last evaluation) of the algo whose completed runs ended soonest."""
-    ends = {algo: float(np.median([r.wall_time_s[-1] for r in runs if r.algo == algo and r.status == "completed"
-                                   and r.wall_time_s.size])) for algo in {r.algo for r in runs}
-            if any(r.algo == algo and r.status == "completed" and r.wall_time_s.size for r in runs)}  # fmt: skip
-    return min((t, algo) for algo, t in ends.items()) if ends else None
+    ends: dict[str, list[float]] = {}
+    for run in runs:
+        if run.status == "completed" and run.wall_time_s.size:
+            ends.setdefault(run.algo, []).append(float(run.wall_time_s[-1]))
+    return min((float(np.median(times)), algo) for algo, times in ends.items()) if ends else None
 
 
 def return_at(run: Run, seconds: float) -> float | None:
@@ -146,14 +147,13 @@ def return_at(run: Run, seconds: float) -> float | None:
     return float(run.eval_return[by_then[-1]]) if by_then.size else None
 
 
-def env_table(runs: Sequence[Run], threshold: float | None) -> Table:
-    """One env's table: a row per algo, statistics over its seeds."""
+def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[float, str] | None) -> Table:
+    """One env's table: a row per algo, statistics over its seeds; ``same_time``: :func:`equal_time`."""
     header = [
         "algo", "seeds completed", "final return (mean)", "95% CI", "IQM",
         "steps to threshold (median)", "wall-clock to threshold (median)", "seeds reaching threshold", "steps/s",
         "return at equal wall-clock (mean)",
     ]  # fmt: skip
-    same_time = equal_time(runs)
     rows = []
     for algo in sorted({r.algo for r in runs}):
         mine = [r for r in runs if r.algo == algo]
@@ -348,8 +348,8 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
             f"Threshold: {threshold:g} (gymnasium `reward_threshold`)." if threshold is not None
             else "Threshold: none (gymnasium's spec has no `reward_threshold` for this env)."
         ))  # fmt: skip
-        blocks.append(env_table(env_runs, threshold))
         same_time = equal_time(env_runs)
+        blocks.append(env_table(env_runs, threshold, same_time))
         if same_time is not None:
             blocks.append(Para(f"Equal wall-clock: {fmt_seconds(same_time[0])}, the median run time of {same_time[1]}, "
                                "whose runs ended soonest; each completed run's last evaluation by then."))  # fmt: skip
