@@ -126,11 +126,16 @@ def index_page(manifest: Manifest) -> str:
     return "\n".join(lines)
 
 
+def completed_runs(root: Path, entry: Entry) -> list[dict[str, str]]:
+    """The rows of an entry's kept summary.csv (one per run) whose run completed."""
+    with open(root / entry.folder / "summary.csv", newline="") as f:
+        return [r for r in csv.DictReader(f) if r["status"] == "completed"]
+
+
 def headline_table(root: Path, manifest: Manifest) -> str:
     """The README's table: final return per env and algo, mean over seeds and its 95% bootstrap CI."""
     entry = manifest.entry(HEADLINE)
-    with open(root / entry.folder / "summary.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["status"] == "completed"]
+    rows = completed_runs(root, entry)
     algos = sorted({r["algo"] for r in rows})
     table = []
     for env in sorted({r["env_id"] for r in rows}):
@@ -188,8 +193,7 @@ def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
     rows: list[dict[str, str]] = []
     entries = [manifest.entry(name) for name in names]
     for entry in entries:
-        with open(root / entry.folder / "summary.csv", newline="") as f:
-            rows += [{**r, "study": entry.name} for r in csv.DictReader(f) if r["status"] == "completed"]
+        rows += [{**r, "study": entry.name} for r in completed_runs(root, entry)]
     studies_of = {a: {r["study"] for r in rows if r["algo"] == a} for a in {r["algo"] for r in rows}}
     for r in rows:  # an algo that two studies ran is two rows: their settings may differ
         r["label"] = r["algo"] if len(studies_of[r["algo"]]) == 1 else f"{r['algo']} ({r['study']})"
