@@ -106,6 +106,9 @@ class RunConfig:
     """Episodes per evaluation, on separate envs with fixed seeds."""
     checkpoint_interval: int = 100_000
     """Env steps between checkpoints (one is also written at the end and on SIGINT/SIGTERM)."""
+    keep_checkpoints: tuple[int, ...] = ()
+    """Env steps s at which to keep the policy for later study (``testbed audit``): the first checkpoint at or
+    past s (one is written there if none is due) is also kept as ``checkpoint-at-<s>.pt``."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the networks live; the envs always run on the CPU."""
     size_limits: bool = True
@@ -128,6 +131,8 @@ class RunConfig:
         check(self.eval_interval >= 0, f"eval_interval must be >= 0, got {self.eval_interval}")
         check(self.eval_episodes >= 1, f"eval_episodes must be at least 1, got {self.eval_episodes}")
         check(self.checkpoint_interval >= 0, f"checkpoint_interval must be >= 0, got {self.checkpoint_interval}")
+        check(all(s > 0 for s in self.keep_checkpoints), f"keep_checkpoints must be positive env steps, got "
+              f"{list(self.keep_checkpoints)}")  # fmt: skip
         self.check_size(self.eval_episodes, MAX_EVAL_EPISODES, "eval_episodes")
         self.check_size(max(self.hidden_sizes), MAX_WIDTH, "the widest hidden layer")
 

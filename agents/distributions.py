@@ -54,3 +54,18 @@ def gaussian_entropy(log_std: Tensor, batch: int) -> Tensor:
 def gaussian_sample(mean: Tensor, log_std: Tensor) -> Tensor:
     """a = μ + σ ⊙ ξ, ξ ~ N(0, I).  mean (B, D) → (B, D)."""
     return mean + torch.exp(log_std) * torch.randn_like(mean)
+
+
+def categorical_from_uniform(logits: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF sampling with given uniforms: a = min{a : Σ_{b ≤ a} π(b|s) > u}, u ~ U[0, 1).
+
+    Two rollouts fed the same u take the same action wherever their π(·|s) agree (common random numbers).
+    logits (B, K), u (B,) → (B,) int64.
+    """
+    cdf = logits.softmax(-1).cumsum(-1)  # (B, K)
+    return (cdf <= u.unsqueeze(-1)).sum(-1).clamp(max=logits.shape[-1] - 1)
+
+
+def gaussian_from_normal(mean: Tensor, log_std: Tensor, xi: Tensor) -> Tensor:
+    """a = μ + σ ⊙ ξ with given standard normals ξ (common random numbers).  mean, ξ (B, D) → (B, D)."""
+    return mean + torch.exp(log_std) * xi

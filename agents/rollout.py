@@ -150,6 +150,7 @@ class Episodes:
     truncated: Tensor  # (M,) bool  the trajectory ended by the time limit
     idle_steps: int  # steps the vector env gave members after their episode ended; not counted
     step_time_s: float  # time spent stepping the env
+    final_obs: Tensor | None = None  # (M, obs_dim)  each member's observation after its last step
 
     @property
     def lengths(self) -> Tensor:
@@ -166,6 +167,7 @@ class Episodes:
             obs=self.obs[:, members], actions=self.actions[:, members], log_probs=self.log_probs[:, members],
             rewards=self.rewards[:, members], mask=self.mask[:, members], terminated=self.terminated[members],
             truncated=self.truncated[members], idle_steps=self.idle_steps, step_time_s=self.step_time_s,
+            final_obs=None if self.final_obs is None else self.final_obs[members],
         )  # fmt: skip
 
 
@@ -189,6 +191,7 @@ def episode_steps(
     terminated_at_end = np.zeros(M, dtype=bool)  # (M,)
     truncated_at_end = np.zeros(M, dtype=bool)  # (M,)
     actions = np.zeros((M, *buffers.actions.shape[2:]), dtype=buffers.actions.numpy().dtype)  # (M, ...)
+    final_obs = np.zeros_like(buffers.obs[0])  # (M, obs_dim)
     obs, t, idle, step_time = first_obs, 0, 0, 0.0
     while alive.any():
         if t == T_max:
@@ -212,6 +215,7 @@ def episode_steps(
         ended = alive & (result.terminated | result.truncated)
         terminated_at_end |= ended & result.terminated
         truncated_at_end |= ended & result.truncated & ~result.terminated
+        final_obs[ended] = obs[ended]
         alive &= ~ended
         t += 1
     return Episodes(
@@ -224,6 +228,7 @@ def episode_steps(
         truncated=torch.from_numpy(truncated_at_end),
         idle_steps=idle,
         step_time_s=step_time,
+        final_obs=torch.from_numpy(final_obs),
     )
 
 
@@ -299,6 +304,7 @@ def concat_episodes(parts: list[Episodes]) -> Episodes:
         truncated=torch.cat([p.truncated for p in parts]),
         idle_steps=sum(p.idle_steps for p in parts),
         step_time_s=sum(p.step_time_s for p in parts),
+        final_obs=None if any(p.final_obs is None for p in parts) else torch.cat([p.final_obs for p in parts]),
     )
 
 

@@ -32,6 +32,11 @@ from agents.config import build_config, load_yaml
 from envs.errors import BadInput, brief
 
 CHECKPOINT = "checkpoint.pt"
+
+
+def kept_checkpoint(step: int) -> str:
+    """The file name of the checkpoint kept for ``keep_checkpoints`` step s: ``checkpoint-at-<s>.pt``."""
+    return f"checkpoint-at-{step}.pt"
 PACKAGES = ("torch", "gymnasium", "numpy", "stable-baselines3", "mujoco", "box2d", "tensorboard")
 PARENT_PID = "TESTBED_PARENT_PID"
 """The environment variable naming the driver that started a trainer: the trainer stops when it dies."""

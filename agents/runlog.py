@@ -13,6 +13,7 @@ import io
 import math
 import os
 import pickle
+import shutil
 import signal
 import sys
 import threading
@@ -73,14 +74,25 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(run_dir: Path, expected: dict[str, Any]) -> dict[str, Any]:
-    """Load ``checkpoint.pt`` with weights-only unpickling; check it belongs to this kind of run.
+def keep_checkpoint(run_dir: Path, name: str) -> None:
+    """Copy ``checkpoint.pt`` to ``name`` atomically: a kept policy is never half written."""
+    tmp = run_dir / f".{name}.tmp"
+    try:
+        shutil.copyfile(run_dir / CHECKPOINT, tmp)
+        os.replace(tmp, run_dir / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(run_dir: Path, expected: dict[str, Any], name: str = CHECKPOINT) -> dict[str, Any]:
+    """Load ``checkpoint.pt`` (or a kept ``name``) with weights-only unpickling; check it belongs to this kind
+    of run.
 
     ``expected`` maps keys (e.g. ``algo``, ``env_id``) to the values the checkpoint must hold.
     """
-    path = run_dir / CHECKPOINT
+    path = run_dir / name
     if not path.exists():
-        raise BadInput(f"{run_dir} holds no {CHECKPOINT}, so there is nothing to continue or evaluate. A run stopped "
+        raise BadInput(f"{run_dir} holds no {name}, so there is nothing to continue or evaluate. A run stopped "
                        "before its first checkpoint starts again with the same command, without --resume.")  # fmt: skip
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)

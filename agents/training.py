@@ -160,6 +160,12 @@ class LaneRun:
         """One deterministic evaluation of the seed's policy, with its training observation statistics."""
         return evaluate(self.lane.policy, self.lane.eval_env, self.lane.obs_stats(), True, self.cfg.device)
 
+    @property
+    def keeps_due(self) -> list[str]:
+        """The kept checkpoints (``keep_checkpoints``) whose step has been reached and that are not written yet."""
+        names = [rundir.kept_checkpoint(s) for s in self.cfg.keep_checkpoints if s <= self.global_step]
+        return [kept for kept in names if not (self.run_dir / kept).exists()]
+
     def checkpoint(self, name: str) -> None:
         assert self.tracker is not None
         self.tracker.log.flush()
@@ -170,6 +176,8 @@ class LaneRun:
             "model": self.lane.model.state_dict(), "optimizer": self.lane.optimizer.state_dict(),
             **self.trainer.save(self.k),
         })  # fmt: skip
+        for kept in self.keeps_due:
+            runlog.keep_checkpoint(self.run_dir, kept)
 
     def end(self, status: str, error: str | None = None) -> None:
         """Final evaluation (completed runs) and summary.json; the lane trains no more."""
@@ -291,7 +299,7 @@ def train_lanes(
                 final = spent and not stopping
                 stopping |= not lane_run.tracker.record(lane_run.global_step, lane_metrics, batch.episode_returns,
                                                         batch.episode_lengths, final)  # fmt: skip
-                if lane_run.tracker.checkpoint_due(lane_run.global_step, stopping):
+                if lane_run.tracker.checkpoint_due(lane_run.global_step, stopping) or lane_run.keeps_due:
                     lane_run.checkpoint(name)
                 if stopping:
                     lane_run.end("interrupted")

@@ -207,6 +207,29 @@ def cmd_credit(args: argparse.Namespace) -> int:
                      prepare=lambda folder: credit.write_study(folder, study))
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    for name in ("samples", "branches", "groups", "vine_branches"):
+        if getattr(args, name) < 1:
+            raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.group_size < 2:
+        raise BadInput(f"--group-size must be at least 2 (a group estimator compares members), got {args.group_size}")
+    if any(t < 0 for t in args.steps) or args.seed < 0:
+        raise BadInput("--steps and --seed must be non-negative")
+    workers = _workers(args)
+    from lab import audit
+
+    out = Path(args.out) if args.out else Path("runs/audit") / Path(args.paths[0]).resolve().name
+    targets = audit.plan([Path(p) for p in args.paths], args.checkpoints, out)
+    settings = audit.AuditSettings(samples=args.samples, branches=args.branches, groups=args.groups,
+                                   group_size=args.group_size, vine_branches=args.vine_branches, seed=args.seed,
+                                   steps=tuple(args.steps))  # fmt: skip
+    print(f"audit: {len(targets)} checkpoints, {workers} at a time → {out}")
+    audit.run_audits(targets, settings, workers)
+    paths = audit.build_report(out, " ".join(["testbed", *sys.argv[1:]]))
+    print(f"audit report: {paths['md']}")
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     registry.check_name(args.algo)  # before the study's modules, which import Optuna and the reports
     check_env_id(args.env)
@@ -301,7 +324,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "train": cmd_train, "eval": cmd_eval, "bench": cmd_bench, "credit": cmd_credit, "tune": cmd_tune,
+    "train": cmd_train, "eval": cmd_eval, "bench": cmd_bench, "credit": cmd_credit, "audit": cmd_audit, "tune": cmd_tune,
     "docs": cmd_docs, "plot": cmd_plot, "report": cmd_report, "results": cmd_results,
 }  # fmt: skip
 

@@ -101,6 +101,24 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE", help="more env keyword arguments")
     study.add_argument("--name", default=None, help="runs/bench/NAME (default: credit-TASK)")
 
+    auditor = sub.add_parser("audit", help="score every advantage estimator against the Monte-Carlo truth at runs' "
+                             "checkpoints", formatter_class=FORMAT)  # fmt: skip
+    auditor.add_argument("paths", nargs="+", help="run directories or folders holding them (a bench, a credit study)")
+    auditor.add_argument("--checkpoints", choices=["final", "kept", "all"], default="all",
+                         help="final: checkpoint.pt; kept: those keep_checkpoints kept; all: both")  # fmt: skip
+    auditor.add_argument("--samples", type=int, default=64, help="N: steps sampled from the policy's trajectories")
+    auditor.add_argument("--branches", type=int, default=32, help="K: rollouts each for Q(s, a) and V(s) per sample")
+    auditor.add_argument("--groups", type=int, default=4, help="B: start states of the trajectories sampled from")
+    auditor.add_argument("--group-size", type=int, default=8, help="G: trajectories per start state (the group "
+                         "estimators' groups)")  # fmt: skip
+    auditor.add_argument("--vine-branches", type=int, default=8, help="rollouts per value of the vine estimator")
+    auditor.add_argument("--steps", type=int, nargs="+", default=[], metavar="T",
+                         help="sample only at these time steps (e.g. 0: the chain's only decision); default every step")  # fmt: skip
+    auditor.add_argument("--seed", type=int, default=0, help="the audit's seed: trajectories, samples, rollout noise")
+    auditor.add_argument("--workers", type=int, default=None, help="checkpoints audited at a time (default: the "
+                         "number of cores)")  # fmt: skip
+    auditor.add_argument("--out", default=None, help="output folder (default: runs/audit/NAME, NAME the first path's)")
+
     tuner = sub.add_parser("tune", help="tune an algo's hyperparameters on one env (Optuna: TPE + median pruner)",
                            formatter_class=FORMAT, parents=[execution_options(
                                "trials", 1, "trials at a time, each running its seeds side by side")])  # fmt: skip

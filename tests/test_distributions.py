@@ -146,3 +146,23 @@ def test_gaussian_sample_same_seed_same_actions() -> None:
     first = D.gaussian_sample(mean, log_std)
     torch.manual_seed(3)
     assert torch.equal(D.gaussian_sample(mean, log_std), first)
+
+
+def test_categorical_from_uniform_inverts_the_cdf_by_hand() -> None:
+    # π = (0.2, 0.3, 0.5): CDF 0.2, 0.5, 1.0. u = 0.1 → 0; 0.2 → 1 (the CDF must exceed u); 0.49 → 1; 0.9 → 2.
+    logits = torch.log(torch.tensor([0.2, 0.3, 0.5])).expand(4, 3)
+    actions = D.categorical_from_uniform(logits, torch.tensor([0.1, 0.2, 0.49, 0.9]))
+    assert actions.tolist() == [0, 1, 1, 2]
+
+
+def test_categorical_from_uniform_has_the_policys_frequencies() -> None:
+    logits = torch.log(torch.tensor([0.2, 0.3, 0.5])).expand(20_000, 3)
+    actions = D.categorical_from_uniform(logits, torch.rand(20_000, generator=generator(0)))
+    frequencies = torch.bincount(actions, minlength=3) / 20_000.0
+    torch.testing.assert_close(frequencies, torch.tensor([0.2, 0.3, 0.5]), atol=0.015, rtol=0)
+
+
+def test_gaussian_from_normal_by_hand() -> None:
+    # μ = (1, −1), σ = (2, 0.5), ξ = (0.5, −2): a = (1 + 1, −1 − 1) = (2, −2).
+    a = D.gaussian_from_normal(torch.tensor([[1.0, -1.0]]), torch.log(torch.tensor([2.0, 0.5])), torch.tensor([[0.5, -2.0]]))
+    torch.testing.assert_close(a, torch.tensor([[2.0, -2.0]]))

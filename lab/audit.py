@@ -1,0 +1,274 @@
+"""``testbed audit``: every advantage estimator scored against the Monte-Carlo truth, for runs' checkpoints.
+
+For each run and each checkpoint asked for (the final ``checkpoint.pt``, the ones ``keep_checkpoints``
+kept), ``agents.audit`` samples N steps of the policy's own trajectories, measures the true advantage
+there by rollouts from the restored state, and computes every estimator on the same steps. Each
+checkpoint's samples go to ``OUT/<run>/<checkpoint>/samples.csv`` with ``audit.json`` (settings, cost);
+an audit already done with the same settings is not redone. The scores (``agents.audit_scores``) are
+computed per checkpoint, overall and by the distance to the episode's end, then averaged over seeds:
+``scores.csv``, ``audit.md`` / ``audit.html`` and the plots.
+
+Checkpoints are audited by a pool of ``--workers`` processes. Each checkpoint's numbers depend only on the
+checkpoint and the settings, never on the number of workers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from agents import registry, rundir
+from agents.audit import AuditSettings
+from envs import start_states as starts
+from envs.errors import BadInput
+from lab.document import Block, Heading, Image, Para, Table, fmt_sig, render_html, render_markdown
+from lab.results import env_label, find_runs, natural_key
+
+DISTANCE_BINS = ((1, 10), (10, 100), (100, 1000), (1000, 10**9))
+"""Bins of steps left to the episode's end, [low, high): how far a sample is from the rewards that end it."""
+SCORES = ("sign_agreement", "rank_correlation", "bias", "variance", "mse", "relative_mse", "truth_noise")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One checkpoint of one run to audit."""
+
+    run_dir: Path
+    checkpoint: str  # file name in run_dir
+    out: Path  # where its samples go
+
+
+def checkpoint_files(run_dir: Path, which: str) -> list[str]:
+    """``final``: checkpoint.pt; ``kept``: the checkpoint-at-<s>.pt files; ``all``: both, earliest first."""
+    kept = sorted((p.name for p in run_dir.glob("checkpoint-at-*.pt")), key=natural_key)
+    final = [rundir.CHECKPOINT] if (run_dir / rundir.CHECKPOINT).exists() else []
+    return {"final": final, "kept": kept, "all": kept + final}[which]
+
+
+def plan(paths: Sequence[Path], which: str, out: Path) -> list[Target]:
+    """Every checkpoint to audit under ``paths``; bad input (an algo without a policy of its own, an env whose
+    state cannot be set, no checkpoint at all) is refused here, before any work."""
+    targets = []
+    for run in find_runs(paths):
+        if run.algo not in registry.NAMES or registry.get(run.algo).preset not in ("ppo", "grpo"):
+            raise BadInput(f"{run.run_dir}: the audit scores the testbed's own ppo and grpo agents, not {run.algo}")
+        kwargs = run.config.get("env_kwargs") or {}
+        if not starts.settable(run.config["env_id"], **kwargs):
+            raise BadInput(f"{run.run_dir}: {run.config['env_id']}'s state cannot be set directly, and the audit "
+                           "restores states mid-episode (MuJoCo, classic control and the testbed's tasks can)")  # fmt: skip
+        relative = run.run_dir.resolve().relative_to(Path.cwd().resolve()) if run.run_dir.resolve().is_relative_to(
+            Path.cwd().resolve()) else Path(run.run_dir.name)  # fmt: skip
+        for name in checkpoint_files(run.run_dir, which):
+            targets.append(Target(run.run_dir, name, out / relative / name.removesuffix(".pt")))
+    if not targets:
+        raise BadInput(f"no {which} checkpoint under {', '.join(map(str, paths))}: runs keep earlier checkpoints only "
+                       "with --set keep_checkpoints=STEP,…; use --checkpoints final")  # fmt: skip
+    return targets
+
+
+def audit_target(target: Target, settings: AuditSettings) -> dict[str, Any]:
+    """Audit one checkpoint (in a worker process) and write its samples.csv and audit.json; an audit with the
+    same settings already on disk is read back instead."""
+    import torch
+
+    from agents import audit, runlog
+    from agents.config import build_config
+
+    done = target.out / "audit.json"
+    if done.exists() and json.loads(done.read_text())["settings"] == json.loads(json.dumps(asdict(settings))):
+        return json.loads(done.read_text())
+    torch.set_num_threads(1)
+    values = rundir.read_config(target.run_dir)
+    algo = values.pop("algo")
+    cfg = build_config(registry.get(algo).config, values)
+    ckpt = runlog.load_checkpoint(target.run_dir, {"algo": algo, "env_id": cfg.env_id}, target.checkpoint)
+    make_env, H, scale = audit.env_maker(cfg, ckpt["normalizers"])
+    shape_env = make_env(1)
+    try:
+        model = registry.get(algo).load_policy(cfg, shape_env, ckpt["model"])
+    finally:
+        shape_env.close()
+    started = time.perf_counter()
+    result = audit.audit(make_env, model, scale, cfg.gamma, H, settings)
+    seconds = time.perf_counter() - started
+    target.out.mkdir(parents=True, exist_ok=True)
+    rows = result.rows()
+    with open(target.out / "samples.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    record = {"run_dir": str(target.run_dir), "checkpoint": target.checkpoint, "algo": algo, "seed": cfg.seed,
+              "env": env_label({**values, "env_id": cfg.env_id}), "global_step": ckpt["global_step"],
+              "gamma": cfg.gamma, "value_scale": scale, "settings": asdict(settings), "env_steps": result.env_steps,
+              "seconds": round(seconds, 1)}  # fmt: skip
+    rundir.atomic_write_text(done, json.dumps(record, indent=1))
+    return record
+
+
+def run_audits(targets: list[Target], settings: AuditSettings, workers: int) -> list[dict[str, Any]]:
+    """Every target's audit, ``workers`` at a time, in the targets' order; prints one line per finished one."""
+    records: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(audit_target, target, settings) for target in targets]
+        for i, future in enumerate(futures, 1):
+            record = future.result()
+            records.append(record)
+            print(f"[{i}/{len(targets)}] {record['env']} {record['algo']} seed {record['seed']} at step "
+                  f"{record['global_step']:,}: {record['env_steps']:,} env steps, {record['seconds']:.0f} s", flush=True)
+    return records
+
+
+def checkpoint_scores(folder: Path) -> list[dict[str, Any]]:
+    """One row per estimator and distance bin (``all`` first) of one audited checkpoint."""
+    import torch
+
+    from agents.audit_scores import scores
+
+    record = json.loads((folder / "audit.json").read_text())
+    with open(folder / "samples.csv", newline="") as f:
+        samples = list(csv.DictReader(f))
+    estimators = [name for name in samples[0] if name not in ("t", "member", "steps_left", "truth", "truth_se")]
+    rows = []
+    bins = [("all", samples)] + [(f"{low}–{high - 1}" if high < 10**9 else f"≥{low}",
+                                  [s for s in samples if low <= int(s["steps_left"]) < high])
+                                 for low, high in DISTANCE_BINS]  # fmt: skip
+    for bin_name, chosen in bins:
+        if not chosen:
+            continue
+        truth = torch.tensor([float(s["truth"]) for s in chosen], dtype=torch.float64)
+        se = torch.tensor([float(s["truth_se"]) for s in chosen], dtype=torch.float64)
+        spread = float(truth.var(unbiased=False))
+        for name in estimators:
+            estimate = torch.tensor([float(s[name]) for s in chosen], dtype=torch.float64)
+            score = scores(estimate, truth, se)
+            score["relative_mse"] = score["mse"] / spread if spread > 0 else None
+            rows.append({"env": record["env"], "algo": record["algo"], "seed": record["seed"],
+                         "global_step": record["global_step"], "checkpoint": record["checkpoint"],
+                         "estimator": name, "steps_left": bin_name, **score})  # fmt: skip
+    return rows
+
+
+def mean_or_none(values: list[Any]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scores averaged over seeds, per (env, algo, checkpoint, estimator, bin); ``seeds`` counts them."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[(row["env"], row["algo"], row["checkpoint"], row["estimator"], row["steps_left"])].append(row)
+    return [{"env": env, "algo": algo, "checkpoint": checkpoint, "estimator": estimator, "steps_left": bin_name,
+             "seeds": len(members), "samples": sum(m["samples"] for m in members),
+             "global_step": round(statistics.fmean(m["global_step"] for m in members)),
+             **{score: mean_or_none([m[score] for m in members]) for score in SCORES}}
+            for (env, algo, checkpoint, estimator, bin_name), members in groups.items()]  # fmt: skip
+
+
+def _fmt(value: float | None) -> str:
+    return fmt_sig(value, 3)
+
+
+def plot_scores(summary: list[dict[str, Any]], out: Path) -> Path:
+    """Rank correlation, sign agreement and MSE / Var[A] (all samples) against the env (horizon, delay), one
+    line per estimator, one row of panels per algo and checkpoint."""
+    from lab.plot import new_figure, save_figure
+
+    rows = [r for r in summary if r["steps_left"] == "all"]
+    envs = sorted({r["env"] for r in rows}, key=natural_key)
+    policies = sorted({(r["algo"], r["checkpoint"]) for r in rows})
+    panels = [("rank_correlation", "Spearman ρ(Â, A)"), ("sign_agreement", "sign agreement"),
+              ("relative_mse", "MSE / Var[A]")]  # fmt: skip
+    fig, axes = new_figure(len(panels) * len(policies), ncols=len(panels), panel_size=(4.6, 3.2))
+    for p, (algo, checkpoint) in enumerate(policies):
+        mine = [r for r in rows if (r["algo"], r["checkpoint"]) == (algo, checkpoint)]
+        for (score, label), ax in zip(panels, axes[p * len(panels) : (p + 1) * len(panels)]):
+            for estimator in sorted({r["estimator"] for r in mine}):
+                points = [(envs.index(r["env"]), r[score]) for r in mine if r["estimator"] == estimator and r[score] is not None]
+                if points:
+                    ax.plot(*zip(*sorted(points)), marker="o", label=estimator)
+            ax.set_xticks(range(len(envs)), [e.partition("[")[2].rstrip("]") or e for e in envs], rotation=30, fontsize=7)
+            ax.set_title(f"{algo}, {checkpoint}: {label}", fontsize=9)
+            if score == "relative_mse":
+                ax.set_yscale("symlog", linthresh=0.1)
+        labelled = [ax for ax in axes[p * len(panels) : (p + 1) * len(panels)] if ax.get_legend_handles_labels()[0]]
+        if labelled:
+            labelled[0].legend(fontsize=6)
+    return save_figure(fig, out / "plots" / "audit-scores.png")[0]
+
+
+def plot_scatter(out: Path, folders: list[Path], env: str) -> Path:
+    """Estimate against truth for every sample of ``env``'s audits, one panel per estimator."""
+    from lab.plot import new_figure, save_figure
+
+    samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for folder in folders:
+        with open(folder / "samples.csv", newline="") as f:
+            for s in csv.DictReader(f):
+                for name, value in s.items():
+                    if name not in ("t", "member", "steps_left", "truth", "truth_se"):
+                        samples[name].append((float(s["truth"]), float(value)))
+    fig, axes = new_figure(len(samples), ncols=4, panel_size=(3.2, 3.0))
+    for (name, points), ax in zip(samples.items(), axes):
+        ax.scatter(*zip(*points), s=6, alpha=0.5)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.axvline(0, color="grey", lw=0.5)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("true advantage A", fontsize=8)
+    slug = "".join(c if c.isalnum() else "_" for c in env).strip("_")
+    return save_figure(fig, out / "plots" / f"scatter-{slug}.png")[0]
+
+
+def build_report(out: Path, command: str) -> dict[str, Path]:
+    """scores.csv, audit.md, audit.html and the plots, from every audit.json under ``out``."""
+    folders = sorted((p.parent for p in out.rglob("audit.json")), key=lambda p: natural_key(str(p)))
+    if not folders:
+        raise BadInput(f"{out} holds no audited checkpoint (audit.json); run testbed audit first")
+    rows = [row for folder in folders for row in checkpoint_scores(folder)]
+    with open(out / "scores.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    summary = summarize(rows)
+    records = [json.loads((folder / "audit.json").read_text()) for folder in folders]
+    cost = sum(r["seconds"] for r in records)
+    settings = records[0]["settings"]
+    blocks: list[Block] = [
+        Heading(1, "Advantage estimators against the Monte-Carlo truth"),
+        Para(f"Command: `{command}`. {len(records)} checkpoints; per checkpoint {settings['samples']} sampled steps of "
+             f"{settings['groups']}×{settings['group_size']} trunk episodes, the truth from {settings['branches']} "
+             f"Q- and {settings['branches']} V-rollouts each (common random numbers), vine values from "
+             f"{settings['vine_branches']} rollouts. Audit seed {settings['seed']}. Cost: "
+             f"{sum(r['env_steps'] for r in records):,} env steps, {cost:,.0f} s of one core."),
+        Para("Sign agreement counts samples whose truth is more than 2 standard errors from 0. ρ is Spearman's rank "
+             "correlation. Bias, variance and MSE are in the estimator's own units; outcome, process and step_alive "
+             "are normalized, so compare them by ρ and sign. MSE / Var[A] is 0 for a perfect estimate and 1 for one "
+             "as far off as the truth's own spread. Truth noise is the mean SE², the part of the MSE the truth adds. "
+             "Scores are means over seeds."),
+        Image("plots/audit-scores.png", "scores against the env", "Rank correlation, sign agreement and MSE / Var[A] "
+              "per estimator (all samples), for each algo and checkpoint"),
+    ]  # fmt: skip
+    plot_scores(summary, out)
+    header = ["algo", "checkpoint (mean step)", "estimator", "seeds", "samples", "sign agr.", "ρ", "bias",
+              "variance", "MSE", "MSE / Var[A]", "truth noise"]  # fmt: skip
+    for env in sorted({r["env"] for r in summary}, key=natural_key):
+        mine = sorted((r for r in summary if r["env"] == env and r["steps_left"] == "all"),
+                      key=lambda r: (r["algo"], r["global_step"], r["estimator"]))  # fmt: skip
+        blocks += [Heading(2, env), Table(header, [[r["algo"], f"{r['checkpoint']} ({r['global_step']:,})", r["estimator"],
+                   str(r["seeds"]), str(r["samples"]), *(_fmt(r[s]) for s in SCORES)] for r in mine])]  # fmt: skip
+        image = plot_scatter(out, [f for f, rec in zip(folders, records) if rec["env"] == env], env)
+        blocks.append(Image(str(image.relative_to(out)), f"estimate against truth on {env}",
+                            f"Every sample of {env}, all algos and checkpoints"))  # fmt: skip
+    paths = {"md": out / "audit.md", "html": out / "audit.html", "csv": out / "scores.csv"}
+    rundir.atomic_write_text(paths["md"], render_markdown(blocks))
+    rundir.atomic_write_text(paths["html"], render_html(blocks, "Advantage audit", out))
+    return paths

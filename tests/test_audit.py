@@ -1,0 +1,72 @@
+"""agents/audit.py: the Monte-Carlo truth against the chain task's closed form, and reproducibility."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from agents import audit as A
+from agents.networks import ActorCritic, NetworkSpec
+from agents.ppo import PPOConfig
+
+GAMMA = 0.99
+H = 10
+
+
+def chain_policy(p_one: float) -> ActorCritic:
+    """A policy that plays action 1 with probability p_one whatever it sees; a critic of zeros."""
+    model = ActorCritic(NetworkSpec(obs_dim=4, action_dim=2, continuous=False, hidden_sizes=(8,)))
+    with torch.no_grad():
+        model.actor.head.weight.zero_()
+        model.actor.head.bias.copy_(torch.log(torch.tensor([1 - p_one, p_one])))
+        model.critic_head.weight.zero_()
+        model.critic_head.bias.zero_()
+    return model
+
+
+def chain_audit(settings: A.AuditSettings, p_one: float = 0.7) -> A.Audit:
+    cfg = PPOConfig(env_id="testbed/Chain-v0", env_kwargs={"horizon": H}, gamma=GAMMA)
+    make_env, horizon, scale = A.env_maker(cfg, {})
+    assert (horizon, scale) == (H, 1.0)
+    return A.audit(make_env, chain_policy(p_one), scale, GAMMA, horizon, settings)
+
+
+def test_the_truth_at_the_first_step_matches_the_chains_closed_form() -> None:
+    # Only a_0 matters: it pays o = +1 if a_0 equals the cue x, else −1, at the last step, H − 1 steps later.
+    # Under π(1) = p: V(s_0) = γ^{H−1}(2·π(x) − 1), Q(s_0, a) = γ^{H−1}·o(a), so A = γ^{H−1}(o(a) − 2π(x) + 1).
+    p = 0.7
+    result = chain_audit(A.AuditSettings(samples=12, branches=64, groups=3, group_size=4, steps=(0,)), p)
+    assert result.t == [0] * 12
+    cue = (result.obs[:, 1] > 0).long()  # observation column 1 is 2x − 1
+    pi_cue = torch.where(cue == 1, p, 1 - p)
+    o = torch.where(result.actions == cue, 1.0, -1.0)
+    closed = GAMMA ** (H - 1) * (o - 2 * pi_cue + 1)
+    assert (result.truth_se > 0).all()
+    assert ((result.truth - closed).abs() <= 4 * result.truth_se).all()
+    # The errors, in standard errors, average out near 0 over the 12 samples.
+    assert abs(float(((result.truth - closed) / result.truth_se).mean())) < 4 / math.sqrt(12)
+
+
+def test_later_actions_change_nothing_and_common_random_numbers_make_that_exact() -> None:
+    # After a_0 the chain's rewards no longer depend on the actions; the distractors, drawn from the restored
+    # generator, are shared by the Q- and V-branches: every D_{n,k} is exactly 0.
+    result = chain_audit(A.AuditSettings(samples=10, branches=4, groups=2, group_size=4, steps=(3, 5, 8)))
+    assert set(result.t) <= {3, 5, 8}
+    assert torch.equal(result.truth, torch.zeros(10)) and torch.equal(result.truth_se, torch.zeros(10))
+    assert result.steps_left == [H - t for t in result.t]
+
+
+def test_an_audit_gives_every_estimator_and_the_same_numbers_twice() -> None:
+    settings = A.AuditSettings(samples=6, branches=4, groups=2, group_size=4, vine_branches=2, round_jobs=3)
+    first, second = chain_audit(settings), chain_audit(settings)
+    assert set(first.estimates) == {*(f"gae({lam:g})" for lam in A.LAMBDAS), "outcome", "rloo", "process",
+                                    "step_baseline", "step_alive", "vine"}  # fmt: skip
+    assert torch.equal(first.truth, second.truth) and torch.equal(first.truth_se, second.truth_se)
+    for name, values in first.estimates.items():
+        assert torch.equal(values, second.estimates[name]), name
+    # Trunks: 2·4 episodes of H steps; truth: 6 samples × 2 kinds × 4 rollouts; vine: up to 2 values × 2 rollouts.
+    steps_left = torch.tensor(first.steps_left)
+    truth_steps = int(2 * 4 * steps_left.sum())
+    vine_steps = int(2 * (steps_left + (steps_left - 1)).sum())
+    assert first.env_steps == 2 * 4 * H + truth_steps + vine_steps

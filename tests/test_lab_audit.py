@@ -1,0 +1,82 @@
+"""lab/audit.py and ``testbed audit``: kept checkpoints, the report, bad input, and workers that change nothing."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from lab.cli import main
+
+
+def train_chain(run_dir: Path, algo: str, seed: int = 0) -> None:
+    assert main(["train", "--algo", algo, "--env", "testbed/Chain-v0", "--env-kwargs", "horizon:6", "--seed", str(seed),
+                 "--total-steps", "3000", "--set", "keep_checkpoints=1000", "--set", "eval_episodes=2",
+                 "--run-dir", str(run_dir)]) == 0  # fmt: skip
+
+
+def audit(paths: list[Path], out: Path, *extra: str) -> int:
+    return main(["audit", *map(str, paths), "--samples", "6", "--branches", "4", "--groups", "2", "--group-size", "3",
+                 "--vine-branches", "2", "--out", str(out), *extra])  # fmt: skip
+
+
+def read(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_an_audit_of_kept_and_final_checkpoints_writes_samples_scores_and_a_report(tmp_path: Path) -> None:
+    train_chain(tmp_path / "runs" / "ppo", "ppo")
+    train_chain(tmp_path / "runs" / "grpo", "grpo")
+    assert sorted(p.name for p in (tmp_path / "runs" / "ppo").glob("checkpoint*.pt")) == [
+        "checkpoint-at-1000.pt", "checkpoint.pt"]
+    assert audit([tmp_path / "runs"], tmp_path / "one", "--workers", "1") == 0
+    folders = sorted(p.parent.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("audit.json"))
+    assert [str(f) for f in folders] == ["runs/grpo/checkpoint", "runs/grpo/checkpoint-at-1000",
+                                         "runs/ppo/checkpoint", "runs/ppo/checkpoint-at-1000"]  # fmt: skip
+    samples = read(tmp_path / "one" / "runs" / "ppo" / "checkpoint" / "samples.csv")
+    assert len(samples) == 6 and "gae(0.95)" in samples[0] and "vine" in samples[0]
+    assert "gae(0.95)" not in read(tmp_path / "one" / "runs" / "grpo" / "checkpoint" / "samples.csv")[0]
+    scores = read(tmp_path / "one" / "scores.csv")
+    assert {row["estimator"] for row in scores if row["algo"] == "grpo"} == {
+        "outcome", "rloo", "process", "step_baseline", "step_alive", "vine"}
+    report = (tmp_path / "one" / "audit.md").read_text()
+    assert "testbed/Chain-v0[horizon=6]" in report and (tmp_path / "one" / "plots" / "audit-scores.png").exists()
+    # Two workers audit the same checkpoints to the same numbers.
+    assert audit([tmp_path / "runs"], tmp_path / "two", "--workers", "2") == 0
+    for folder in folders:
+        assert read(tmp_path / "one" / folder / "samples.csv") == read(tmp_path / "two" / folder / "samples.csv")
+
+
+def test_an_audit_done_is_not_redone(tmp_path: Path) -> None:
+    train_chain(tmp_path / "run", "grpo")
+    assert audit([tmp_path / "run"], tmp_path / "out", "--checkpoints", "final") == 0
+    samples = tmp_path / "out" / "run" / "checkpoint" / "samples.csv"
+    before = samples.stat().st_mtime_ns
+    assert audit([tmp_path / "run"], tmp_path / "out", "--checkpoints", "final") == 0
+    assert samples.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--samples", "0"], "--samples must be at least 1"),
+    (["--group-size", "1"], "--group-size must be at least 2"),
+    (["--checkpoints", "kept"], "keep_checkpoints"),
+])  # fmt: skip
+def test_bad_audits_are_refused_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                                 message: str) -> None:  # fmt: skip
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\nenv_id: testbed/Chain-v0\n")
+    assert main(["audit", str(run), "--out", str(tmp_path / "out"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_env_whose_state_cannot_be_set_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\nenv_id: LunarLander-v3\n")
+    (run / "checkpoint.pt").write_bytes(b"")
+    assert main(["audit", str(run), "--out", str(tmp_path / "out")]) == 2
+    assert "cannot be set directly" in capsys.readouterr().err
