@@ -24,6 +24,10 @@ advantage estimator of the testbed on the same steps (``testbed audit``).
    delayed as in training); a critic trained on scaled rewards has its values multiplied back by the
    scale σ_R of the run's reward normalizer.
 
+States are set directly where the env allows it (MuJoCo, classic control, the testbed's tasks), else
+replayed from the episode's seed and action prefix (deterministic envs such as Box2D's), which costs the
+prefix's steps again for every rollout.
+
 Branches run in rounds of ``round_jobs`` rollout jobs of K sub-envs each; the rounds, and each sample's
 noise, depend only on the settings, so the numbers do not depend on how many processes share the work.
 """
@@ -47,6 +51,7 @@ from agents.vine import PointRecorder
 from envs import EnvOptions, episode_limit, freeze_normalizers, load_normalizer_state, make_vector
 from envs import start_states as starts
 from envs.errors import BadInput
+from envs.members import sub_env_actions
 
 LAMBDAS = (0.0, 0.5, 0.9, 0.95, 0.99, 1.0)
 """GAE's λ values the audit scores by default, from the one-step TD error to the Monte-Carlo return."""
@@ -83,16 +88,26 @@ MakeEnv = Callable[[int], VectorEnv]
 """M → a sync vector env of M restorable sub-envs as the run trained in, its observation statistics frozen."""
 
 
-def env_maker(cfg: Any, normalizers: dict[str, Any]) -> tuple[MakeEnv, int, float]:
-    """``make_env`` for a run's config and its checkpoint's normalizer statistics, the longest episode H,
-    and the reward scale σ_R = √(Var[return] + 10⁻⁸) of its reward normalizer (1 without one)."""
+@dataclass
+class AuditEnv:
+    """How the audit makes a run's env, and what it needs to know about it."""
+
+    make: MakeEnv
+    H: int  # the longest an episode can run
+    reward_scale: float  # σ_R = √(Var[return] + 10⁻⁸) of the run's reward normalizer; 1 without one
+    mode: starts.RestoreMode  # direct: states set; replay: the seed and the action prefix taken again
+
+
+def env_maker(cfg: Any, normalizers: dict[str, Any]) -> AuditEnv:
+    """The audit's env for a run's config and its checkpoint's normalizer statistics."""
     time_limit = {"max_episode_steps": cfg.max_episode_steps} if getattr(cfg, "max_episode_steps", None) else {}
     H = episode_limit(cfg.env_id, **cfg.env_kwargs, **time_limit)
     if H is None:
         raise BadInput(f"{cfg.env_id} has no time limit; the audit's rollouts need episodes that end")
-    if not starts.settable(cfg.env_id, **cfg.env_kwargs):
-        raise BadInput(f"the audit restores states along trajectories, which needs an env whose state can be set "
-                       f"(MuJoCo, classic control, the testbed's tasks); {cfg.env_id}'s cannot")  # fmt: skip
+    try:
+        mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs)
+    except starts.NotRestorable as error:
+        raise BadInput(f"the audit restores states along trajectories: {error}") from None
     options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization="sync", reward_delay=cfg.reward_delay,
                          reward_offset=cfg.reward_offset)  # fmt: skip
     observation = {name: stats for name, stats in normalizers.items() if name != "return_rms"}
@@ -104,18 +119,18 @@ def env_maker(cfg: Any, normalizers: dict[str, Any]) -> tuple[MakeEnv, int, floa
         return env
 
     scale = float(np.sqrt(normalizers["return_rms"]["var"] + 1e-8)) if "return_rms" in normalizers else 1.0
-    return make_env, H, scale
+    return AuditEnv(make_env, H, scale, mode)
 
 
-def branch_returns(env: VectorEnv, actor: Actor, jobs: list[Job], K: int, gamma: float,
-                   buffers: SegmentBuffers) -> tuple[Tensor, int]:  # fmt: skip
+def branch_returns(env: VectorEnv, actor: Actor, jobs: list[Job], K: int, gamma: float, buffers: SegmentBuffers,
+                   mode: starts.RestoreMode) -> tuple[Tensor, int]:  # fmt: skip
     """Σ_u γ^u r_u of every job's K rollouts, (len(jobs), K), and the env steps taken: the env holds ``len(jobs)·K`` sub-envs, job j in
     sub-envs j·K … j·K + K − 1; rollout k of a job draws π's step-u noise from row k of the u-th draw
     of its key's generator."""
     M = len(jobs) * K
     if env.num_envs != M:
         raise ValueError(f"branch_returns: the env has {env.num_envs} sub-envs, {len(jobs)} jobs of {K} need {M}")
-    first_obs, _ = starts.branch_groups(env, [job.point for job in jobs], K, "direct")
+    first_obs, replay_steps = starts.branch_groups(env, [job.point for job in jobs], K, mode)
     generators = [noise_generator(job.noise_key) for job in jobs]
     continuous = actor.log_std is not None
     clock = {"t": 0, "alive": np.ones(M, dtype=bool)}
@@ -136,19 +151,20 @@ def branch_returns(env: VectorEnv, actor: Actor, jobs: list[Job], K: int, gamma:
         return Sample(actions, torch.zeros(len(actions)))
 
     episodes = drive(episode_steps(env, np.asarray(first_obs, dtype=np.float32), buffers, before_step), act)
-    return adv.discounted_returns(episodes.rewards, episodes.mask, gamma).view(len(jobs), K), episodes.env_steps
+    returns = adv.discounted_returns(episodes.rewards, episodes.mask, gamma).view(len(jobs), K)
+    return returns, episodes.env_steps + replay_steps
 
 
-def run_jobs(make_env: MakeEnv, actor: Actor, jobs: list[Job], K: int, gamma: float, settings: AuditSettings,
+def run_jobs(audit_env: AuditEnv, actor: Actor, jobs: list[Job], K: int, gamma: float, settings: AuditSettings,
              buffers_for: Callable[[int], SegmentBuffers]) -> tuple[Tensor, int]:  # fmt: skip
     """:func:`branch_returns` of every job, ``round_jobs`` at a time (the last round may be shorter):
     (len(jobs), K) returns and the env steps taken."""
     parts, steps = [], 0
     for first in range(0, len(jobs), settings.round_jobs):
         chunk = jobs[first : first + settings.round_jobs]
-        env = make_env(len(chunk) * K)
+        env = audit_env.make(len(chunk) * K)
         try:
-            returns, taken = branch_returns(env, actor, chunk, K, gamma, buffers_for(len(chunk) * K))
+            returns, taken = branch_returns(env, actor, chunk, K, gamma, buffers_for(len(chunk) * K), audit_env.mode)
         finally:
             env.close()
         parts.append(returns)
@@ -159,22 +175,36 @@ def run_jobs(make_env: MakeEnv, actor: Actor, jobs: list[Job], K: int, gamma: fl
 @dataclass
 class Trunks:
     episodes: Episodes  # B·G whole episodes, member (b, g) at b·G + g
-    points: dict[tuple[int, int], starts.BranchPoint]  # (t, i) → the state before step t of member i
+    recorded: dict[tuple[int, int], starts.BranchPoint]  # (t, i) → the state before step t of member i
+    seeds: list[int]  # each group's reset seed
+    passed_actions: np.ndarray  # (T, M, ...) the actions as the sub-envs received them (after clipping)
+
+    def point(self, t: int, i: int) -> starts.BranchPoint:
+        """The branch point before step t of member i; for a replay, with its seed and action prefix."""
+        point = self.recorded[(t, i)]
+        if point.state is not None:
+            return point
+        G = self.episodes.mask.shape[1] // len(self.seeds)
+        return starts.BranchPoint(seed=self.seeds[i // G], actions=list(self.passed_actions[:t, i]),
+                                  raw_obs=point.raw_obs, state=None, prefix_return=None)  # fmt: skip
 
 
-def collect_trunks(env: VectorEnv, actor: Actor, settings: AuditSettings, buffers: SegmentBuffers) -> Trunks:
+def collect_trunks(env: VectorEnv, actor: Actor, settings: AuditSettings, buffers: SegmentBuffers,
+                   mode: starts.RestoreMode) -> Trunks:  # fmt: skip
     """B groups of G episodes from same-seed resets (seeds from the audit's seed), every state recorded."""
     B, G = settings.groups, settings.group_size
-    first_obs = starts.reset_groups(env, starts.group_seeds(settings.seed, 0, B), G)
-    recorder = PointRecorder(env, 1)
+    seeds = starts.group_seeds(settings.seed, 0, B)
+    first_obs = starts.reset_groups(env, seeds, G)
+    recorder = PointRecorder(env, 1, mode=mode)
     torch.manual_seed(settings.seed)  # actor.act draws from torch's global generator
     episodes = drive(episode_steps(env, np.asarray(first_obs, dtype=np.float32), buffers, recorder.record), actor.act)
-    return Trunks(episodes, {(t, i): point for t, i, point in recorder.points})
+    passed = np.stack([np.asarray(sub_env_actions(env, a)) for a in episodes.actions.numpy()])  # (T, M, ...)
+    return Trunks(episodes, {(t, i): point for t, i, point in recorder.points}, seeds, passed)
 
 
 def pick_samples(trunks: Trunks, settings: AuditSettings) -> list[tuple[int, int]]:
     """N steps (t, i) drawn without replacement among the trunks' steps (at ``steps`` only, if given), sorted."""
-    steps = sorted(trunks.points)
+    steps = sorted(trunks.recorded)
     if settings.steps:
         steps = [(t, i) for t, i in steps if t in settings.steps]
     if not steps:
@@ -239,23 +269,19 @@ class Audit:
                 for n in range(len(self.t))]  # fmt: skip
 
 
-def audit(make_env: MakeEnv, model: Actor | ActorCritic, value_scale: float, gamma: float, H: int,
-          settings: AuditSettings) -> Audit:  # fmt: skip
-    """The truth and every estimator at N sampled steps of the policy's own trajectories.
-
-    ``make_env(M)`` opens a sync vector env of M restorable sub-envs as the run trained in (its
-    observation statistics frozen); ``H`` bounds an episode's length; ``value_scale`` is σ_R (1 without
-    reward normalization)."""
+def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, settings: AuditSettings) -> Audit:
+    """The truth and every estimator at N sampled steps of the policy's own trajectories, in the run's env
+    (:func:`env_maker`)."""
     actor = model.actor if isinstance(model, ActorCritic) else model
     B, G, K = settings.groups, settings.group_size, settings.branches
 
     def buffers_for(M: int) -> SegmentBuffers:
         obs_dim, shape = actor.spec.obs_dim, (actor.spec.action_dim,) if actor.log_std is not None else ()
-        return SegmentBuffers(H, M, obs_dim, shape, actor.log_std is None)
+        return SegmentBuffers(audit_env.H, M, obs_dim, shape, actor.log_std is None)
 
-    env = make_env(B * G)
+    env = audit_env.make(B * G)
     try:
-        trunks = collect_trunks(env, actor, settings, buffers_for(B * G))
+        trunks = collect_trunks(env, actor, settings, buffers_for(B * G), audit_env.mode)
     finally:
         env.close()
     episodes = trunks.episodes
@@ -263,25 +289,25 @@ def audit(make_env: MakeEnv, model: Actor | ActorCritic, value_scale: float, gam
     t_index, members = torch.tensor([t for t, _ in chosen]), torch.tensor([i for _, i in chosen])
     jobs = []
     for n, (t, i) in enumerate(chosen):
-        point, key = trunks.points[(t, i)], (settings.seed, n)
+        point, key = trunks.point(t, i), (settings.seed, n)
         jobs += [Job(point, episodes.actions[t, i], key), Job(point, None, key)]
     with torch.inference_mode():
-        returns, truth_steps = run_jobs(make_env, actor, jobs, K, gamma, settings, buffers_for)
+        returns, truth_steps = run_jobs(audit_env, actor, jobs, K, gamma, settings, buffers_for)
         D_nk = returns.view(len(chosen), 2, K).diff(dim=1).squeeze(1).neg()  # (N, K) Q-branch k minus V-branch k
         # The vine's values: V̂(s_t) and V̂(s_{t+1}) from noise of their own; 0 past the episode's end.
-        vine_jobs = [Job(trunks.points[(t + u, i)], None, (settings.seed, n, 1, u))
-                     for n, (t, i) in enumerate(chosen) for u in (0, 1) if (t + u, i) in trunks.points]  # fmt: skip
-        vine_returns, vine_steps = run_jobs(make_env, actor, vine_jobs, settings.vine_branches, gamma, settings,
+        vine_jobs = [Job(trunks.point(t + u, i), None, (settings.seed, n, 1, u))
+                     for n, (t, i) in enumerate(chosen) for u in (0, 1) if (t + u, i) in trunks.recorded]  # fmt: skip
+        vine_returns, vine_steps = run_jobs(audit_env, actor, vine_jobs, settings.vine_branches, gamma, settings,
                                             buffers_for)  # fmt: skip
     values = iter(vine_returns.mean(1).tolist())
     vine = []
     for t, i in chosen:
         here = next(values)
-        after = next(values) if (t + 1, i) in trunks.points else 0.0
+        after = next(values) if (t + 1, i) in trunks.recorded else 0.0
         vine.append(float(episodes.rewards[t, i]) + gamma * after - here)
     estimates = group_estimates(episodes, B, G, gamma)
     if isinstance(model, ActorCritic):
-        estimates = {**gae_estimates(episodes, model, value_scale, gamma, settings.lambdas), **estimates}
+        estimates = {**gae_estimates(episodes, model, audit_env.reward_scale, gamma, settings.lambdas), **estimates}
     sampled = {name: A[t_index, members] for name, A in estimates.items()}
     sampled["vine"] = torch.tensor(vine)
     lengths = episodes.lengths

@@ -39,13 +39,14 @@ class PointRecorder:
     interval: int  # m
     points: list[tuple[int, int, starts.BranchPoint]] = field(default_factory=list)  # (j, member i, state)
     snapshot_time_s: float = 0.0
+    mode: starts.RestoreMode = "direct"  # replay: observations only (the caller supplies seeds and prefixes)
 
     def record(self, t: int, alive: np.ndarray) -> None:
         if t % self.interval:
             return
         started = time.perf_counter()
         for i in np.flatnonzero(alive):
-            self.points.append((t // self.interval, int(i), starts.member_point(self.env, int(i))))
+            self.points.append((t // self.interval, int(i), starts.member_point(self.env, int(i), self.mode)))
         self.snapshot_time_s += time.perf_counter() - started
 
 

@@ -72,8 +72,9 @@ class BranchPoint:
     """The sub-env's own observation at the branch point (not normalized, not flattened)."""
     state: dict[str, Any] | None
     """:func:`envs.snapshot.snapshot` of the trunk sub-env there for mode ``direct``, else None."""
-    prefix_return: float
-    """Sum of the raw rewards along the prefix."""
+    prefix_return: float | None
+    """Sum of the raw rewards along the prefix; None where it was not recorded exactly (a replay then checks
+    the observation alone)."""
 
 
 def group_seeds(seed: int, iteration: int, B: int) -> list[int]:
@@ -283,15 +284,18 @@ def run_trunks(
     return points, steps
 
 
-def member_point(env: VectorEnv, i: int) -> BranchPoint:
-    """Sub-env i's current state as a branch point (mode ``direct``), for :func:`branch_groups` later.
+def member_point(env: VectorEnv, i: int, mode: RestoreMode = "direct") -> BranchPoint:
+    """Sub-env i's current state as a branch point, for :func:`branch_groups` later.
 
-    The point holds a snapshot (env state, RNG, time-limit counter, buffered delayed reward) and the
-    sub-env's own observation. Its reset seed is 0: a direct restore overwrites all the reset sets.
+    ``direct``: the point holds a snapshot (env state, RNG, time-limit counter, buffered delayed reward) and
+    the sub-env's own observation; its reset seed is 0, since a direct restore overwrites all the reset
+    sets. ``replay``: only the observation; the caller fills in the episode's reset seed and action prefix.
     """
     base = _sync_base(env, "member_point")
-    return BranchPoint(seed=0, actions=[], raw_obs=np.array(base._env_obs[i], copy=True),
-                       state=snapshot.snapshot(base.envs[i]), prefix_return=0.0)  # fmt: skip
+    _check_mode(mode)
+    state = snapshot.snapshot(base.envs[i]) if mode == "direct" else None
+    return BranchPoint(seed=0, actions=[], raw_obs=np.array(base._env_obs[i], copy=True), state=state,
+                       prefix_return=0.0 if mode == "direct" else None)  # fmt: skip
 
 
 def _clear_episode_bookkeeping(env: VectorEnv, base: SyncVectorEnv, members: np.ndarray) -> None:
@@ -323,7 +327,7 @@ def _replay(sub_env: gym.Env, point: BranchPoint, b: int) -> Any:
                 f"replaying branch point {b} (seed {point.seed}, {len(point.actions)} actions) ended the episode "
                 f"at step {t + 1}: the env is not deterministic, so branching needs start_mode=reset"
             )
-    if not _same(obs, point.raw_obs) or total != point.prefix_return:
+    if not _same(obs, point.raw_obs) or (point.prefix_return is not None and total != point.prefix_return):
         raise NotRestorable(
             f"replaying branch point {b} (seed {point.seed}, {len(point.actions)} actions) did not reach the "
             "trunk's observation and return: the env is not deterministic, so branching needs start_mode=reset"

@@ -61,10 +61,10 @@ def plan(paths: Sequence[Path], which: str, out: Path) -> list[Target]:
     for run in find_runs(paths):
         if run.algo not in registry.NAMES or registry.get(run.algo).preset not in ("ppo", "grpo"):
             raise BadInput(f"{run.run_dir}: the audit scores the testbed's own ppo and grpo agents, not {run.algo}")
-        kwargs = run.config.get("env_kwargs") or {}
-        if not starts.settable(run.config["env_id"], **kwargs):
-            raise BadInput(f"{run.run_dir}: {run.config['env_id']}'s state cannot be set directly, and the audit "
-                           "restores states mid-episode (MuJoCo, classic control and the testbed's tasks can)")  # fmt: skip
+        try:
+            starts.restore_mode(run.config["env_id"], **(run.config.get("env_kwargs") or {}))
+        except starts.NotRestorable as error:
+            raise BadInput(f"{run.run_dir}: the audit restores states mid-episode, and {error}") from None
         relative = run.run_dir.resolve().relative_to(Path.cwd().resolve()) if run.run_dir.resolve().is_relative_to(
             Path.cwd().resolve()) else Path(run.run_dir.name)  # fmt: skip
         for name in checkpoint_files(run.run_dir, which):
@@ -91,14 +91,14 @@ def audit_target(target: Target, settings: AuditSettings) -> dict[str, Any]:
     algo = values.pop("algo")
     cfg = build_config(registry.get(algo).config, values)
     ckpt = runlog.load_checkpoint(target.run_dir, {"algo": algo, "env_id": cfg.env_id}, target.checkpoint)
-    make_env, H, scale = audit.env_maker(cfg, ckpt["normalizers"])
-    shape_env = make_env(1)
+    audit_env = audit.env_maker(cfg, ckpt["normalizers"])
+    shape_env = audit_env.make(1)
     try:
         model = registry.get(algo).load_policy(cfg, shape_env, ckpt["model"])
     finally:
         shape_env.close()
     started = time.perf_counter()
-    result = audit.audit(make_env, model, scale, cfg.gamma, H, settings)
+    result = audit.audit(audit_env, model, cfg.gamma, settings)
     seconds = time.perf_counter() - started
     target.out.mkdir(parents=True, exist_ok=True)
     rows = result.rows()
@@ -108,8 +108,8 @@ def audit_target(target: Target, settings: AuditSettings) -> dict[str, Any]:
         writer.writerows(rows)
     record = {"run_dir": str(target.run_dir), "checkpoint": target.checkpoint, "algo": algo, "seed": cfg.seed,
               "env": env_label({**values, "env_id": cfg.env_id}), "global_step": ckpt["global_step"],
-              "gamma": cfg.gamma, "value_scale": scale, "settings": asdict(settings), "env_steps": result.env_steps,
-              "seconds": round(seconds, 1)}  # fmt: skip
+              "gamma": cfg.gamma, "value_scale": audit_env.reward_scale, "restore": audit_env.mode,
+              "settings": asdict(settings), "env_steps": result.env_steps, "seconds": round(seconds, 1)}  # fmt: skip
     rundir.atomic_write_text(done, json.dumps(record, indent=1))
     return record
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -27,9 +28,9 @@ def chain_policy(p_one: float) -> ActorCritic:
 
 def chain_audit(settings: A.AuditSettings, p_one: float = 0.7) -> A.Audit:
     cfg = PPOConfig(env_id="testbed/Chain-v0", env_kwargs={"horizon": H}, gamma=GAMMA)
-    make_env, horizon, scale = A.env_maker(cfg, {})
-    assert (horizon, scale) == (H, 1.0)
-    return A.audit(make_env, chain_policy(p_one), scale, GAMMA, horizon, settings)
+    audit_env = A.env_maker(cfg, {})
+    assert (audit_env.H, audit_env.reward_scale, audit_env.mode) == (H, 1.0, "direct")
+    return A.audit(audit_env, chain_policy(p_one), GAMMA, settings)
 
 
 def test_the_truth_at_the_first_step_matches_the_chains_closed_form() -> None:
@@ -70,3 +71,27 @@ def test_an_audit_gives_every_estimator_and_the_same_numbers_twice() -> None:
     truth_steps = int(2 * 4 * steps_left.sum())
     vine_steps = int(2 * (steps_left + (steps_left - 1)).sum())
     assert first.env_steps == 2 * 4 * H + truth_steps + vine_steps
+
+
+def test_a_replayed_state_gives_the_same_numbers_as_a_state_set_directly() -> None:
+    # CartPole is restorable both ways: its state set directly, or its seed and action prefix taken again.
+    cfg = PPOConfig(env_id="CartPole-v1", gamma=GAMMA)
+    model = ActorCritic(NetworkSpec(obs_dim=4, action_dim=2, continuous=False, hidden_sizes=(8,)))
+    settings = A.AuditSettings(samples=5, branches=3, groups=2, group_size=2, vine_branches=2)
+    direct = A.env_maker(cfg, {})
+    by_state = A.audit(direct, model, GAMMA, settings)
+    by_replay = A.audit(replace(direct, mode="replay"), model, GAMMA, settings)
+    assert direct.mode == "direct" and (by_state.truth != 0).any()
+    assert torch.equal(by_state.truth, by_replay.truth) and torch.equal(by_state.truth_se, by_replay.truth_se)
+    assert torch.equal(by_state.estimates["vine"], by_replay.estimates["vine"])
+    assert by_replay.env_steps > by_state.env_steps  # the replays' steps count
+
+
+def test_lunar_lander_is_audited_by_replay() -> None:
+    cfg = PPOConfig(env_id="LunarLander-v3", gamma=GAMMA)
+    audit_env = A.env_maker(cfg, {})
+    assert audit_env.mode == "replay"
+    model = ActorCritic(NetworkSpec(obs_dim=8, action_dim=4, continuous=False, hidden_sizes=(8,)))
+    result = A.audit(audit_env, model, GAMMA, A.AuditSettings(samples=3, branches=2, groups=1, group_size=2,
+                                                               vine_branches=1))  # fmt: skip
+    assert len(result.truth) == 3 and torch.isfinite(result.truth).all() and (result.truth_se >= 0).all()

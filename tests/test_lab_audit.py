@@ -73,10 +73,10 @@ def test_bad_audits_are_refused_before_any_work(tmp_path: Path, capsys: pytest.C
     assert not (tmp_path / "out").exists()
 
 
-def test_an_env_whose_state_cannot_be_set_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_env_that_cannot_be_restored_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text("algo: ppo\nenv_id: LunarLander-v3\n")
+    (run / "config.yaml").write_text("algo: ppo\nenv_id: tests.toy_envs:testbed-toy/Noisy-v0\n")
     (run / "checkpoint.pt").write_bytes(b"")
     assert main(["audit", str(run), "--out", str(tmp_path / "out")]) == 2
-    assert "cannot be set directly" in capsys.readouterr().err
+    assert "restores states mid-episode" in capsys.readouterr().err
