@@ -221,9 +221,12 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
         (root / entry.folder / entry.last_line).write_text(last + "\n")
     produced = {"commit": commit, "date": datetime.date.today().isoformat(), "machine": machine_line(),
                 "wall_s": round(wall, 1), "reused_runs": reused, "code_version": manifest.code_version}  # fmt: skip
+    # The file as it is now, not as it was when this (perhaps hours-long) command started: entries added or
+    # produced meanwhile, by hand or by another `results run`, are kept.
+    current = load(root)
     entries = tuple(Entry(**{**e.__dict__, "produced": produced}) if e.name == entry.name else e
-                    for e in manifest.entries)  # fmt: skip
-    updated = Manifest(manifest.code_version, entries)
+                    for e in current.entries)  # fmt: skip
+    updated = Manifest(current.code_version, entries)
     save(root, updated)
     return updated
 

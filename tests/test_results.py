@@ -71,6 +71,18 @@ def test_a_rerun_keeps_the_files_records_provenance_and_the_page_shows_them(tmp_
     assert "From older code" not in page
 
 
+def test_a_rerun_keeps_what_was_added_to_the_manifest_while_its_command_ran(tmp_path: Path) -> None:
+    # The command itself adds an entry, as a person editing the file or another `results run` would.
+    add = ("python -c \"import pathlib, yaml; p = pathlib.Path('benchmarks/manifest.yaml'); m = yaml.safe_load(p.read_text()); "
+           "m['results'].append({**m['results'][0], 'name': 'added'}); p.write_text(yaml.safe_dump(m)); "
+           "pathlib.Path('out').mkdir(); pathlib.Path('out/report.md').write_text('# R'); pathlib.Path('out/plots').mkdir()\"")
+    found = _toy(tmp_path, add)
+    manifest.rerun(tmp_path, found, found.entry("toy"))
+    after = manifest.load(tmp_path)
+    assert after.names() == ["toy", "added"]
+    assert after.entry("toy").produced and not after.entry("added").produced
+
+
 def test_a_failed_rerun_changes_neither_the_kept_files_nor_the_manifest(tmp_path: Path) -> None:
     found = _toy(tmp_path, "python -c \"import sys; sys.exit(3)\"")
     before = (tmp_path / manifest.MANIFEST).read_text()
