@@ -22,6 +22,7 @@ import numpy as np
 from envs.errors import BadInput
 from lab.document import DASH, Table, fmt_ci, fmt_return, render_markdown
 from lab.manifest import Entry, Manifest, load, pytest_line
+from lab.results import natural_key
 from lab.stats import bootstrap_ci
 
 PAGES = Path("docs/results")
@@ -226,12 +227,53 @@ def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
             f"brackets). From {'; '.join(sources)}.")  # fmt: skip
 
 
+AUDIT_SCORES = {"rank_correlation": "Spearman's ρ between estimate and truth",
+                "sign_agreement": "the share of clearly signed samples whose estimate has the truth's sign",
+                "relative_mse": "MSE / Var[A]"}  # fmt: skip
+
+
+def audit_table(root: Path, manifest: Manifest, name: str, score: str, checkpoint: str) -> str:
+    """One score of an audit (``testbed audit``'s scores.csv) by algo and estimator (rows) and env variant
+    (columns), over all samples of the checkpoint files named ``checkpoint``, the mean over seeds."""
+    entry = manifest.entry(name)
+    if score not in AUDIT_SCORES:
+        raise BadInput(f"{GUIDE}: audit block: score {score!r} is not one of {', '.join(AUDIT_SCORES)}")
+    source = root / entry.folder / "scores.csv"
+    if not source.exists():
+        raise BadInput(f"{name}: {source.relative_to(root)} is missing; produce it with `testbed results run {name}`")
+    with open(source, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["steps_left"] == "all" and r["checkpoint"] == f"{checkpoint}.pt"]
+    if not rows:
+        raise BadInput(f"{name}: no audited checkpoint {checkpoint}.pt in {source.relative_to(root)}")
+
+    def variant(env: str) -> str:
+        match = re.search(r"\[(\w+)=([^\]]+)\]", env)
+        return f"{match.group(1).replace('_', ' ')} {match.group(2)}" if match else env
+
+    variants = sorted({variant(r["env"]) for r in rows}, key=natural_key)
+    table = []
+    for algo, estimator in sorted({(r["algo"], r["estimator"]) for r in rows}):
+        cells = [algo, estimator]
+        for v in variants:
+            values = [float(r[score]) for r in rows
+                      if (r["algo"], r["estimator"], variant(r["env"])) == (algo, estimator, v) and r[score]]  # fmt: skip
+            cells.append(f"{sum(values) / len(values):.2f}" if values else DASH)
+        table.append(cells)
+    p = entry.produced
+    caveat = ", **older code**" if manifest.older(entry) else ""
+    return (f"{_table(['algo', 'estimator', *variants], table)}\n\n{AUDIT_SCORES[score][0].upper()}"
+            f"{AUDIT_SCORES[score][1:]}, at the checkpoints `{checkpoint}.pt`, the mean over seeds; {DASH}: no sample "
+            f"had a clear sign, or the truth did not vary. From [{name}](results/{name}.md): `{entry.command}`, "
+            f"seeds {entry.seeds}, commit {p.get('commit', 'not recorded')}{caveat}.")  # fmt: skip
+
+
 def guide_blocks(root: Path, manifest: Manifest, text: str) -> dict[str, str]:
     """The guide's generated blocks, by the name each marker gives:
 
     - ``figures/NAME.md`` or ``figures/NAME.md table K``: the tables (or the K-th, from 1) of a figure's
       Markdown file that ``testbed docs`` wrote;
-    - ``credit NAME …``: :func:`credit_table` of the credit studies named.
+    - ``credit NAME …``: :func:`credit_table` of the credit studies named;
+    - ``audit NAME SCORE CHECKPOINT``: :func:`audit_table`, one score of an audit at one kind of checkpoint.
     """
     blocks = {}
     for name in re.findall(r"<!-- BEGIN generated: (.+?) -->", text):
@@ -248,9 +290,11 @@ def guide_blocks(root: Path, manifest: Manifest, text: str) -> dict[str, str]:
             blocks[name] = tables[k - 1] if k else "\n\n".join(tables)
         elif name.startswith("credit "):
             blocks[name] = credit_table(root, manifest, name.split()[1:])
+        elif name.startswith("audit ") and len(name.split()) == 4:
+            blocks[name] = audit_table(root, manifest, *name.split()[1:])
         else:
-            raise BadInput(f"{GUIDE}: unknown generated block {name!r}; use `figures/NAME.md [table K]` or "
-                           "`credit STUDY …`")  # fmt: skip
+            raise BadInput(f"{GUIDE}: unknown generated block {name!r}; use `figures/NAME.md [table K]`, "
+                           "`credit STUDY …` or `audit STUDY SCORE CHECKPOINT`")  # fmt: skip
     return blocks
 
 

@@ -150,6 +150,29 @@ def test_the_guide_blocks_copy_a_figure_s_tables_and_average_a_credit_study(tmp_
         pages.guide_blocks(tmp_path, found, "<!-- BEGIN generated: tables -->")
 
 
+def test_an_audit_block_averages_one_score_over_seeds_by_estimator_and_variant(tmp_path: Path) -> None:
+    found = _toy(tmp_path, WRITE, folder="benchmarks/results/audit", produced={"commit": "abc1234", "code_version": 3})
+    (tmp_path / "benchmarks/results/audit").mkdir(parents=True)
+    header = "env,algo,seed,global_step,checkpoint,estimator,steps_left,rank_correlation\n"
+    rows = ["testbed/Chain-v0[horizon=100],ppo,0,5000,checkpoint-at-5000.pt,gae(1),all,0.5",
+            "testbed/Chain-v0[horizon=100],ppo,1,5000,checkpoint-at-5000.pt,gae(1),all,0.25",
+            "testbed/Chain-v0[horizon=100],ppo,1,5000,checkpoint-at-5000.pt,gae(1),1–9,0.9",  # a bin: not counted
+            "testbed/Chain-v0[horizon=20],ppo,0,5000,checkpoint-at-5000.pt,gae(1),all,",  # no score: a dash
+            "testbed/Chain-v0[horizon=20],grpo,0,5000,checkpoint-at-5000.pt,outcome,all,-0.125",
+            "testbed/Chain-v0[horizon=20],grpo,0,9000,checkpoint.pt,outcome,all,1.0"]  # another checkpoint  # fmt: skip
+    (tmp_path / "benchmarks/results/audit/scores.csv").write_text(header + "\n".join(rows) + "\n")
+    name = "audit toy rank_correlation checkpoint-at-5000"
+    block = pages.guide_blocks(tmp_path, found, f"<!-- BEGIN generated: {name} -->")[name]
+    table = block.split("\n\n")[0].splitlines()
+    assert table[0] == "| algo | estimator | horizon 20 | horizon 100 |"
+    assert table[2:] == [f"| grpo | outcome | -0.12 | {DASH} |", f"| ppo | gae(1) | {DASH} | 0.38 |"]
+    assert "Spearman" in block and "commit abc1234" in block
+    with pytest.raises(BadInput, match="not one of"):
+        pages.guide_blocks(tmp_path, found, "<!-- BEGIN generated: audit toy mse checkpoint -->")
+    with pytest.raises(BadInput, match="no audited checkpoint"):
+        pages.guide_blocks(tmp_path, found, "<!-- BEGIN generated: audit toy rank_correlation checkpoint-at-1 -->")
+
+
 def test_the_results_command_answers_bad_input_with_status_2() -> None:
     done = subprocess.run([sys.executable, "-m", "lab.cli", "results", "run", "no-such-result"], cwd=ROOT,
                           capture_output=True, text=True)  # fmt: skip
