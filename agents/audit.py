@@ -59,6 +59,8 @@ LAMBDAS = (0.0, 0.5, 0.9, 0.95, 0.99, 1.0)
 
 @dataclass(frozen=True)
 class AuditSettings:
+    """How much the audit measures: a checkpoint's numbers depend on these and on nothing else."""
+
     samples: int = 64  # N
     branches: int = 32  # K rollouts each for Q and for V
     groups: int = 4  # B start states of the trunks
@@ -124,9 +126,11 @@ def env_maker(cfg: Any, normalizers: dict[str, Any]) -> AuditEnv:
 
 def branch_returns(env: VectorEnv, actor: Actor, jobs: list[Job], K: int, gamma: float, buffers: SegmentBuffers,
                    mode: starts.RestoreMode) -> tuple[Tensor, int]:  # fmt: skip
-    """Σ_u γ^u r_u of every job's K rollouts, (len(jobs), K), and the env steps taken: the env holds ``len(jobs)·K`` sub-envs, job j in
-    sub-envs j·K … j·K + K − 1; rollout k of a job draws π's step-u noise from row k of the u-th draw
-    of its key's generator."""
+    """Σ_u γ^u r_u of every job's K rollouts, (len(jobs), K), and the env steps taken (replays included).
+
+    The env holds len(jobs)·K sub-envs, job j in sub-envs j·K … j·K + K − 1. Rollout k of a job draws π's
+    step-u noise from row k of the u-th draw of its key's generator (ξ for a Gaussian, u for a categorical
+    policy), so two jobs with one key share their noise."""
     M = len(jobs) * K
     if env.num_envs != M:
         raise ValueError(f"branch_returns: the env has {env.num_envs} sub-envs, {len(jobs)} jobs of {K} need {M}")

@@ -57,16 +57,20 @@ def checkpoint_files(run_dir: Path, which: str) -> list[str]:
 def plan(paths: Sequence[Path], which: str, out: Path) -> list[Target]:
     """Every checkpoint to audit under ``paths``; bad input (an algo without a policy of its own, an env whose
     state cannot be set, no checkpoint at all) is refused here, before any work."""
-    targets = []
+    targets, checked = [], set()
+    here = Path.cwd().resolve()
     for run in find_runs(paths):
-        if run.algo not in registry.NAMES or registry.get(run.algo).preset not in ("ppo", "grpo"):
+        if run.algo not in registry.NAMES or registry.VARIANTS[run.algo][0] not in ("ppo", "grpo"):
             raise BadInput(f"{run.run_dir}: the audit scores the testbed's own ppo and grpo agents, not {run.algo}")
-        try:
-            starts.restore_mode(run.config["env_id"], **(run.config.get("env_kwargs") or {}))
-        except starts.NotRestorable as error:
-            raise BadInput(f"{run.run_dir}: the audit restores states mid-episode, and {error}") from None
-        relative = run.run_dir.resolve().relative_to(Path.cwd().resolve()) if run.run_dir.resolve().is_relative_to(
-            Path.cwd().resolve()) else Path(run.run_dir.name)  # fmt: skip
+        env = env_label(run.config)
+        if env not in checked:  # a replay check steps the env: once per env, not per run
+            try:
+                starts.restore_mode(run.config["env_id"], **(run.config.get("env_kwargs") or {}))
+            except starts.NotRestorable as error:
+                raise BadInput(f"{run.run_dir}: the audit restores states mid-episode, and {error}") from None
+            checked.add(env)
+        where = run.run_dir.resolve()
+        relative = where.relative_to(here) if where.is_relative_to(here) else Path(where.name)
         for name in checkpoint_files(run.run_dir, which):
             targets.append(Target(run.run_dir, name, out / relative / name.removesuffix(".pt")))
     if not targets:
