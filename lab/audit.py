@@ -79,22 +79,35 @@ def plan(paths: Sequence[Path], which: str, out: Path) -> list[Target]:
     return targets
 
 
-def audit_target(target: Target, settings: AuditSettings) -> dict[str, Any]:
-    """Audit one checkpoint (in a worker process) and write its samples.csv and audit.json; an audit with the
-    same settings already on disk is read back instead."""
+def done_record(target: Target, settings: AuditSettings) -> dict[str, Any] | None:
+    """The audit.json of an audit of ``target`` already on disk with the same settings, else None."""
+    done = target.out / "audit.json"
+    if done.exists():
+        record = json.loads(done.read_text())
+        if record["settings"] == json.loads(json.dumps(asdict(settings))) and (target.out / "samples.csv").exists():
+            return record
+    return None
+
+
+def measure(config_text: str, checkpoint: bytes, name: str, settings: AuditSettings) -> tuple[dict[str, Any], list[dict]]:
+    """One checkpoint's audit, in a worker process on any machine: the run's config.yaml and checkpoint travel
+    as data, and (the record of audit.json, the rows of samples.csv) come back."""
+    import tempfile
+
     import torch
 
     from agents import audit, runlog
     from agents.config import build_config
 
-    done = target.out / "audit.json"
-    if done.exists() and json.loads(done.read_text())["settings"] == json.loads(json.dumps(asdict(settings))):
-        return json.loads(done.read_text())
     torch.set_num_threads(1)
-    values = rundir.read_config(target.run_dir)
-    algo = values.pop("algo")
-    cfg = build_config(registry.get(algo).config, values)
-    ckpt = runlog.load_checkpoint(target.run_dir, {"algo": algo, "env_id": cfg.env_id}, target.checkpoint)
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = Path(scratch)
+        (run_dir / "config.yaml").write_text(config_text)
+        (run_dir / name).write_bytes(checkpoint)
+        values = rundir.read_config(run_dir)
+        algo = values.pop("algo")
+        cfg = build_config(registry.get(algo).config, values)
+        ckpt = runlog.load_checkpoint(run_dir, {"algo": algo, "env_id": cfg.env_id}, name)
     audit_env = audit.env_maker(cfg, ckpt["normalizers"])
     shape_env = audit_env.make(1)
     try:
@@ -103,32 +116,56 @@ def audit_target(target: Target, settings: AuditSettings) -> dict[str, Any]:
         shape_env.close()
     started = time.perf_counter()
     result = audit.audit(audit_env, model, cfg.gamma, settings)
-    seconds = time.perf_counter() - started
+    record = {"checkpoint": name, "algo": algo, "seed": cfg.seed, "env": env_label({**values, "env_id": cfg.env_id}),
+              "global_step": ckpt["global_step"], "gamma": cfg.gamma, "value_scale": audit_env.reward_scale,
+              "restore": audit_env.mode, "settings": asdict(settings), "env_steps": result.env_steps,
+              "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    return record, result.rows()
+
+
+def write_audit(target: Target, record: dict[str, Any], rows: list[dict]) -> dict[str, Any]:
+    """samples.csv, then audit.json (which marks the audit done), in the target's folder."""
     target.out.mkdir(parents=True, exist_ok=True)
-    rows = result.rows()
     with open(target.out / "samples.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    record = {"run_dir": str(target.run_dir), "checkpoint": target.checkpoint, "algo": algo, "seed": cfg.seed,
-              "env": env_label({**values, "env_id": cfg.env_id}), "global_step": ckpt["global_step"],
-              "gamma": cfg.gamma, "value_scale": audit_env.reward_scale, "restore": audit_env.mode,
-              "settings": asdict(settings), "env_steps": result.env_steps, "seconds": round(seconds, 1)}  # fmt: skip
-    rundir.atomic_write_text(done, json.dumps(record, indent=1))
+    record = {"run_dir": str(target.run_dir), **record}
+    rundir.atomic_write_text(target.out / "audit.json", json.dumps(record, indent=1))
     return record
 
 
-def run_audits(targets: list[Target], settings: AuditSettings, workers: int) -> list[dict[str, Any]]:
-    """Every target's audit, ``workers`` at a time, in the targets' order; prints one line per finished one."""
-    records: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(audit_target, target, settings) for target in targets]
-        for i, future in enumerate(futures, 1):
-            record = future.result()
-            records.append(record)
-            print(f"[{i}/{len(targets)}] {record['env']} {record['algo']} seed {record['seed']} at step "
-                  f"{record['global_step']:,}: {record['env_steps']:,} env steps, {record['seconds']:.0f} s", flush=True)
-    return records
+def run_audits(targets: list[Target], settings: AuditSettings, workers: int, backend: str = "local",
+               ray_address: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Every target's audit not yet on disk, ``workers`` at a time on this machine (``local``) or as Ray tasks
+    of one CPU each (``ray``), in the targets' order; prints one line per finished one."""
+    records = {i: done_record(target, settings) for i, target in enumerate(targets)}
+    todo = [i for i, record in records.items() if record is None]
+    jobs = {i: ((targets[i].run_dir / "config.yaml").read_text(), (targets[i].run_dir / targets[i].checkpoint).read_bytes(),
+                targets[i].checkpoint) for i in todo}  # fmt: skip
+
+    def finished(i: int, record: dict[str, Any], rows: list[dict]) -> None:
+        records[i] = record = write_audit(targets[i], record, rows)
+        print(f"[{sum(r is not None for r in records.values())}/{len(targets)}] {record['env']} {record['algo']} seed "
+              f"{record['seed']} at step {record['global_step']:,}: {record['env_steps']:,} env steps, "
+              f"{record['seconds']:.0f} s", flush=True)  # fmt: skip
+
+    if backend == "ray":
+        from lab.executor import connect_ray, import_ray
+
+        ray = import_ray()
+        connect_ray(ray_address, workers)
+        remote = ray.remote(num_cpus=1)(measure)
+        pending = {remote.remote(*jobs[i], settings): i for i in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            finished(pending.pop(ready[0]), *ray.get(ready[0]))
+    else:
+        with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
+            futures = {i: pool.submit(measure, *jobs[i], settings) for i in todo}
+            for i, future in futures.items():
+                finished(i, *future.result())
+    return [records[i] for i in range(len(targets))]
 
 
 def checkpoint_scores(folder: Path) -> list[dict[str, Any]]:

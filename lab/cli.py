@@ -224,7 +224,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                                    group_size=args.group_size, vine_branches=args.vine_branches, seed=args.seed,
                                    steps=tuple(args.steps))  # fmt: skip
     print(f"audit: {len(targets)} checkpoints, {workers} at a time → {out}")
-    audit.run_audits(targets, settings, workers)
+    audit.run_audits(targets, settings, workers, args.backend, args.ray_address)
     paths = audit.build_report(out, " ".join(["testbed", *sys.argv[1:]]))
     print(f"audit report: {paths['md']}")
     return 0

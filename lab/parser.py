@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     auditor.add_argument("--seed", type=int, default=0, help="the audit's seed: trajectories, samples, rollout noise")
     auditor.add_argument("--workers", type=int, default=None, help="checkpoints audited at a time (default: the "
                          "number of cores)")  # fmt: skip
+    auditor.add_argument("--backend", choices=["local", "ray"], default="local", help="where the audits execute: "
+                         "a pool of processes here, or Ray tasks of one CPU each")  # fmt: skip
+    auditor.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port); default: "
+                         "start a local instance")  # fmt: skip
     auditor.add_argument("--out", default=None, help="output folder (default: runs/audit/NAME, NAME the first path's)")
 
     tuner = sub.add_parser("tune", help="tune an algo's hyperparameters on one env (Optuna: TPE + median pruner)",

@@ -80,3 +80,16 @@ def test_an_env_that_cannot_be_restored_is_refused(tmp_path: Path, capsys: pytes
     (run / "checkpoint.pt").write_bytes(b"")
     assert main(["audit", str(run), "--out", str(tmp_path / "out")]) == 2
     assert "restores states mid-episode" in capsys.readouterr().err
+
+
+def test_ray_tasks_audit_to_the_same_numbers_as_local_workers(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    train_chain(tmp_path / "run", "ppo")
+    assert audit([tmp_path / "run"], tmp_path / "local", "--checkpoints", "final") == 0
+    try:
+        assert audit([tmp_path / "run"], tmp_path / "ray", "--checkpoints", "final", "--backend", "ray",
+                     "--workers", "1") == 0  # fmt: skip
+    finally:
+        ray.shutdown()
+    folder = Path("run") / "checkpoint"
+    assert read(tmp_path / "local" / folder / "samples.csv") == read(tmp_path / "ray" / folder / "samples.csv")
