@@ -120,7 +120,7 @@ def env_maker(cfg: Any, normalizers: dict[str, Any]) -> AuditEnv:
         freeze_normalizers(env)
         return env
 
-    scale = float(np.sqrt(normalizers["return_rms"]["var"] + 1e-8)) if "return_rms" in normalizers else 1.0
+    scale = float(np.sqrt(np.asarray(normalizers["return_rms"]["var"]).item() + 1e-8)) if "return_rms" in normalizers else 1.0
     return AuditEnv(make_env, H, scale, mode)
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -136,16 +138,24 @@ def write_audit(target: Target, record: dict[str, Any], rows: list[dict]) -> dic
 
 
 def run_audits(targets: list[Target], settings: AuditSettings, workers: int, backend: str = "local",
-               ray_address: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+               ray_address: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
     """Every target's audit not yet on disk, ``workers`` at a time on this machine (``local``) or as Ray tasks
-    of one CPU each (``ray``), in the targets' order; prints one line per finished one."""
+    of one CPU each (``ray``). Each is written as soon as it finishes, with a line printed; one that fails is
+    reported and the others go on. Returns the records of the audits done (in the targets' order) and a line
+    for each failure."""
     records = {i: done_record(target, settings) for i, target in enumerate(targets)}
     todo = [i for i, record in records.items() if record is None]
     jobs = {i: ((targets[i].run_dir / "config.yaml").read_text(), (targets[i].run_dir / targets[i].checkpoint).read_bytes(),
                 targets[i].checkpoint) for i in todo}  # fmt: skip
+    failures: list[str] = []
 
-    def finished(i: int, record: dict[str, Any], rows: list[dict]) -> None:
-        records[i] = record = write_audit(targets[i], record, rows)
+    def finished(i: int, result: Callable[[], tuple[dict[str, Any], list[dict]]]) -> None:
+        try:
+            record = records[i] = write_audit(targets[i], *result())
+        except Exception as error:  # noqa: BLE001  one checkpoint's failure is reported; the others go on
+            failures.append(f"{targets[i].run_dir / targets[i].checkpoint}: {type(error).__name__}: {error}")
+            print(f"failed: {failures[-1]}", file=sys.stderr, flush=True)
+            return
         print(f"[{sum(r is not None for r in records.values())}/{len(targets)}] {record['env']} {record['algo']} seed "
               f"{record['seed']} at step {record['global_step']:,}: {record['env_steps']:,} env steps, "
               f"{record['seconds']:.0f} s", flush=True)  # fmt: skip
@@ -159,13 +169,13 @@ def run_audits(targets: list[Target], settings: AuditSettings, workers: int, bac
         pending = {remote.remote(*jobs[i], settings): i for i in todo}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
-            finished(pending.pop(ready[0]), *ray.get(ready[0]))
+            finished(pending.pop(ready[0]), partial(ray.get, ready[0]))
     else:
         with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
-            futures = {i: pool.submit(measure, *jobs[i], settings) for i in todo}
-            for i, future in futures.items():
-                finished(i, *future.result())
-    return [records[i] for i in range(len(targets))]
+            futures = {pool.submit(measure, *jobs[i], settings): i for i in todo}
+            for future in as_completed(futures):
+                finished(futures[future], future.result)
+    return [r for r in (records[i] for i in range(len(targets))) if r is not None], failures
 
 
 def checkpoint_scores(folder: Path) -> list[dict[str, Any]]:

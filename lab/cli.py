@@ -224,9 +224,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
                                    group_size=args.group_size, vine_branches=args.vine_branches, seed=args.seed,
                                    steps=tuple(args.steps))  # fmt: skip
     print(f"audit: {len(targets)} checkpoints, {workers} at a time → {out}")
-    audit.run_audits(targets, settings, workers, args.backend, args.ray_address)
+    _, failures = audit.run_audits(targets, settings, workers, args.backend, args.ray_address)
     paths = audit.build_report(out, " ".join(["testbed", *sys.argv[1:]]))
     print(f"audit report: {paths['md']}")
+    if failures:
+        print(f"testbed audit: {len(failures)} of {len(targets)} checkpoints failed (above); the report holds the "
+              "others. Rerun the same command after fixing the cause: finished audits are kept.", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

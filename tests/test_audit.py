@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
+import pytest
 import torch
 
 from agents import audit as A
@@ -95,3 +97,10 @@ def test_lunar_lander_is_audited_by_replay() -> None:
     result = A.audit(audit_env, model, GAMMA, A.AuditSettings(samples=3, branches=2, groups=1, group_size=2,
                                                                vine_branches=1))  # fmt: skip
     assert len(result.truth) == 3 and torch.isfinite(result.truth).all() and (result.truth_se >= 0).all()
+
+
+def test_a_critic_trained_on_normalized_rewards_is_scaled_back_by_the_normalizers_std() -> None:
+    # gymnasium's NormalizeReward divides by √(Var[return] + 1e-8); its statistics are saved as arrays.
+    normalizers = {"return_rms": {"mean": np.zeros(1), "var": np.array([4.0]), "count": 10.0}}
+    audit_env = A.env_maker(PPOConfig(env_id="testbed/Chain-v0", env_kwargs={"horizon": H}), normalizers)
+    assert audit_env.reward_scale == pytest.approx(2.0)

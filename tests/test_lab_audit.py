@@ -93,3 +93,15 @@ def test_ray_tasks_audit_to_the_same_numbers_as_local_workers(tmp_path: Path) ->
         ray.shutdown()
     folder = Path("run") / "checkpoint"
     assert read(tmp_path / "local" / folder / "samples.csv") == read(tmp_path / "ray" / folder / "samples.csv")
+
+
+def test_a_checkpoint_that_fails_is_reported_and_the_others_are_audited(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    train_chain(tmp_path / "run", "grpo")
+    (tmp_path / "run" / "checkpoint-at-1000.pt").write_bytes(b"not a checkpoint")
+    assert audit([tmp_path / "run"], tmp_path / "out", "--workers", "1") == 1
+    err = capsys.readouterr().err
+    assert "checkpoint-at-1000.pt" in err and "1 of 2 checkpoints failed" in err
+    assert (tmp_path / "out" / "run" / "checkpoint" / "samples.csv").exists()
+    assert not (tmp_path / "out" / "run" / "checkpoint-at-1000").exists()
+    assert (tmp_path / "out" / "audit.md").exists()
