@@ -220,6 +220,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups[(row["env"], row["algo"], row["checkpoint"], row["estimator"], row["steps_left"])].append(row)
     return [{"env": env, "algo": algo, "checkpoint": checkpoint, "estimator": estimator, "steps_left": bin_name,
              "seeds": len(members), "samples": sum(m["samples"] for m in members),
+             "signed": sum(m["signed"] for m in members),
              "global_step": round(statistics.fmean(m["global_step"] for m in members)),
              **{score: mean_or_none([m[score] for m in members]) for score in SCORES}}
             for (env, algo, checkpoint, estimator, bin_name), members in groups.items()]  # fmt: skip
@@ -309,13 +310,14 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
               "per estimator (all samples), for each algo and checkpoint"),
     ]  # fmt: skip
     plot_scores(summary, out)
-    header = ["algo", "checkpoint (mean step)", "estimator", "seeds", "samples", "sign agr.", "ρ", "bias",
-              "variance", "MSE", "MSE / Var[A]", "truth noise"]  # fmt: skip
+    header = ["algo", "checkpoint (mean step)", "estimator", "seeds", "samples", "clearly signed", "sign agr.", "ρ",
+              "bias", "variance", "MSE", "MSE / Var[A]", "truth noise"]  # fmt: skip
     for env in sorted({r["env"] for r in summary}, key=natural_key):
         mine = sorted((r for r in summary if r["env"] == env and r["steps_left"] == "all"),
                       key=lambda r: (r["algo"], r["global_step"], r["estimator"]))  # fmt: skip
         blocks += [Heading(2, env), Table(header, [[r["algo"], f"{r['checkpoint']} ({r['global_step']:,})", r["estimator"],
-                   str(r["seeds"]), str(r["samples"]), *(_fmt(r[s]) for s in SCORES)] for r in mine])]  # fmt: skip
+                   str(r["seeds"]), str(r["samples"]), str(r["signed"]), *(_fmt(r[s]) for s in SCORES)]
+                   for r in mine])]  # fmt: skip
         image = plot_scatter(out, [f for f, rec in zip(folders, records) if rec["env"] == env], env)
         blocks.append(Image(str(image.relative_to(out)), f"estimate against truth on {env}",
                             f"Every sample of {env}, all algos and checkpoints"))  # fmt: skip
