@@ -271,7 +271,7 @@ def plot_scatter(out: Path, folders: list[Path], env: str) -> Path:
                         samples[name].append((float(s["truth"]), float(value)))
     fig, axes = new_figure(len(samples), ncols=4, panel_size=(3.2, 3.0))
     for (name, points), ax in zip(samples.items(), axes):
-        ax.scatter(*zip(*points), s=6, alpha=0.5)
+        ax.scatter(*zip(*points), s=6, alpha=0.5, rasterized=True)  # thousands of points: an image inside the SVG
         ax.axhline(0, color="grey", lw=0.5)
         ax.axvline(0, color="grey", lw=0.5)
         ax.set_title(name, fontsize=9)
