@@ -37,7 +37,9 @@ from lab.results import env_label, find_runs, natural_key
 
 DISTANCE_BINS = ((1, 10), (10, 100), (100, 1000), (1000, 10**9))
 """Bins of steps left to the episode's end, [low, high): how far a sample is from the rewards that end it."""
-SCORES = ("sign_agreement", "rank_correlation", "bias", "variance", "mse", "relative_mse", "truth_noise")
+SCORES = ("sign_agreement", "rank_correlation", "bias", "variance", "mse", "relative_mse", "truth_noise", "noise_share")
+NOISY = 0.25
+"""A truth whose noise (mean SE²) exceeds this share of its spread (Var[A]) measures little: the report says so."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,7 @@ def checkpoint_scores(folder: Path) -> list[dict[str, Any]]:
             estimate = torch.tensor([float(s[name]) for s in chosen], dtype=torch.float64)
             score = scores(estimate, truth, se)
             score["relative_mse"] = score["mse"] / spread if spread > 0 else None
+            score["noise_share"] = score["truth_noise"] / spread if spread > 0 else None
             rows.append({"env": record["env"], "algo": record["algo"], "seed": record["seed"],
                          "global_step": record["global_step"], "checkpoint": record["checkpoint"],
                          "estimator": name, "steps_left": bin_name, **score})  # fmt: skip
@@ -305,13 +308,21 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
              "correlation. Bias, variance and MSE are in the estimator's own units; outcome, process and step_alive "
              "are normalized, so compare them by ρ and sign. MSE / Var[A] is 0 for a perfect estimate and 1 for one "
              "as far off as the truth's own spread. Truth noise is the mean SE², the part of the MSE the truth adds. "
-             "Scores are means over seeds."),
+             "Noise share is truth noise / Var[A]: near 0, the truth is sharp against what it measures. Scores are means "
+             "over seeds."),
         Image("plots/audit-scores.png", "scores against the env", "Rank correlation, sign agreement and MSE / Var[A] "
               "per estimator (all samples), for each algo and checkpoint"),
     ]  # fmt: skip
     plot_scores(summary, out)
     header = ["algo", "checkpoint (mean step)", "estimator", "seeds", "samples", "clearly signed", "sign agr.", "ρ",
-              "bias", "variance", "MSE", "MSE / Var[A]", "truth noise"]  # fmt: skip
+              "bias", "variance", "MSE", "MSE / Var[A]", "truth noise", "noise share"]  # fmt: skip
+    noisy = sorted({(r["env"], r["algo"], r["checkpoint"]) for r in summary
+                    if r["steps_left"] == "all" and r["noise_share"] is not None and r["noise_share"] > NOISY})  # fmt: skip
+    if noisy:
+        blocks.append(Para(f"**Too few rollouts** for {len(noisy)} of the audited (env, algo, checkpoint) cells: there the "
+                           f"truth's noise is more than {NOISY:.0%} of its spread (noise share = mean SE² / Var[A]), so "
+                           "its scores measure the noise as much as the estimators. More `--branches` shrink SE² in "
+                           "proportion: " + "; ".join(f"{e} {a} {c}" for e, a, c in noisy) + "."))  # fmt: skip
     for env in sorted({r["env"] for r in summary}, key=natural_key):
         mine = sorted((r for r in summary if r["env"] == env and r["steps_left"] == "all"),
                       key=lambda r: (r["algo"], r["global_step"], r["estimator"]))  # fmt: skip
