@@ -12,6 +12,7 @@ import torch
 from agents import audit as A
 from agents.networks import ActorCritic, NetworkSpec
 from agents.ppo import PPOConfig
+from agents.rollout import Episodes
 
 GAMMA = 0.99
 H = 10
@@ -104,3 +105,42 @@ def test_a_critic_trained_on_normalized_rewards_is_scaled_back_by_the_normalizer
     normalizers = {"return_rms": {"mean": np.zeros(1), "var": np.array([4.0]), "count": 10.0}}
     audit_env = A.env_maker(PPOConfig(env_id="testbed/Chain-v0", env_kwargs={"horizon": H}), normalizers)
     assert audit_env.reward_scale == pytest.approx(2.0)
+
+
+def hand_batch() -> Episodes:
+    # One group of G = 2, γ = 1. Member 0 earns 1, 1, 1 and is cut by the time limit; member 1 earns 1, 0 and
+    # terminates after 2 steps.
+    T, M = 3, 2
+    return Episodes(obs=torch.zeros(T, M, 4), actions=torch.zeros(T, M, dtype=torch.int64), log_probs=torch.zeros(T, M),
+                    rewards=torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]]),
+                    mask=torch.tensor([[True, True], [True, True], [True, False]]),
+                    terminated=torch.tensor([False, True]), truncated=torch.tensor([True, False]), idle_steps=0,
+                    step_time_s=0.0, final_obs=torch.zeros(M, 4))  # fmt: skip
+
+
+def test_the_group_estimators_on_a_hand_built_batch() -> None:
+    estimates = A.group_estimates(hand_batch(), B=1, G=2, gamma=1.0)
+    # Returns 3 and 1: outcome ±(1)/√2 (std with Bessel's correction), RLOO ±2, on every valid step.
+    s = 1 / math.sqrt(2)
+    torch.testing.assert_close(estimates["outcome"], torch.tensor([[s, -s], [s, -s], [s, 0.0]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(estimates["rloo"], torch.tensor([[2.0, -2.0], [2.0, -2.0], [2.0, 0.0]]))
+    # Rewards-to-go 3, 2, 1 and 1, 0: against the other member's (0 once it ended), and over the alive ones only.
+    torch.testing.assert_close(estimates["step_baseline"], torch.tensor([[2.0, -2.0], [2.0, -2.0], [1.0, 0.0]]))
+    torch.testing.assert_close(estimates["step_alive"], torch.tensor([[1.0, -1.0], [1.0, -1.0], [0.0, 0.0]]),
+                               atol=1e-5, rtol=0)  # fmt: skip
+    # Process: the 5 valid rewards have mean 0.8 and std √0.2, so 1 → 0.2/√0.2 = √0.2 and 0 → −0.8/√0.2.
+    up, down = math.sqrt(0.2), -0.8 / math.sqrt(0.2)
+    torch.testing.assert_close(estimates["process"], torch.tensor([[3 * up, up + down], [2 * up, down], [up, 0.0]]),
+                               atol=1e-5, rtol=0)  # fmt: skip
+
+
+def test_gae_on_a_hand_built_batch_scales_the_critic_and_bootstraps_only_the_truncation() -> None:
+    model = ActorCritic(NetworkSpec(obs_dim=4, action_dim=2, continuous=False, hidden_sizes=(8,)))
+    with torch.no_grad():
+        model.critic_head.weight.zero_()
+        model.critic_head.bias.fill_(0.5)  # V_φ = 0.5 everywhere; σ_R = 2 makes it 1 in reward units
+    estimates = A.gae_estimates(hand_batch(), model, value_scale=2.0, gamma=1.0, lambdas=(0.0, 1.0))
+    # δ = r + V(next) − V: member 0: 1 + 1 − 1 at every step (its last step bootstraps from its final
+    # observation); member 1: 1 + 1 − 1, then 0 + 0 − 1 (terminated). λ = 1 sums the δ to the episode's end.
+    torch.testing.assert_close(estimates["gae(0)"], torch.tensor([[1.0, 1.0], [1.0, -1.0], [1.0, 0.0]]))
+    torch.testing.assert_close(estimates["gae(1)"], torch.tensor([[3.0, 0.0], [2.0, -1.0], [1.0, 0.0]]))
