@@ -303,7 +303,8 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
              f"{settings['groups']}×{settings['group_size']} trunk episodes, the truth from {settings['branches']} "
              f"Q- and {settings['branches']} V-rollouts each (common random numbers), vine values from "
              f"{settings['vine_branches']} rollouts. Audit seed {settings['seed']}. Cost: "
-             f"{sum(r['env_steps'] for r in records):,} env steps, {cost:,.0f} s of one core."),
+             f"{sum(r['env_steps'] for r in records):,} env steps; the checkpoints' audits took {cost:,.0f} s "
+             "together (each one's wall time, in one process)."),
         Para("Sign agreement counts samples whose truth is more than 2 standard errors from 0. ρ is Spearman's rank "
              "correlation. Bias, variance and MSE are in the estimator's own units; outcome, process and step_alive "
              "are normalized, so compare them by ρ and sign. MSE / Var[A] is 0 for a perfect estimate and 1 for one "
@@ -330,8 +331,9 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
                    str(r["seeds"]), str(r["samples"]), str(r["signed"]), *(_fmt(r[s]) for s in SCORES)]
                    for r in mine])]  # fmt: skip
         image = plot_scatter(out, [f for f, rec in zip(folders, records) if rec["env"] == env], env)
-        blocks.append(Image(str(image.relative_to(out)), f"estimate against truth on {env}",
-                            f"Every sample of {env}, all algos and checkpoints"))  # fmt: skip
+        shown = env.replace("[", " (").replace("]", ")")  # brackets would end a Markdown image's alt text
+        blocks.append(Image(str(image.relative_to(out)), f"estimate against truth on {shown}",
+                            f"Every sample of {shown}, all algos and checkpoints"))  # fmt: skip
     paths = {"md": out / "audit.md", "html": out / "audit.html", "csv": out / "scores.csv"}
     rundir.atomic_write_text(paths["md"], render_markdown(blocks))
     rundir.atomic_write_text(paths["html"], render_html(blocks, "Advantage audit", out))
