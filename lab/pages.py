@@ -188,6 +188,12 @@ def figure_tables(markdown: str) -> list[str]:
     return parts
 
 
+def variant(env_label: str) -> str:
+    """``horizon 300`` or ``reward delay 20`` from an env label such as ``testbed/Chain-v0[horizon=300]``."""
+    match = re.search(r"\[(\w+)=([^\]]+)\]", env_label)
+    return f"{match.group(1).replace('_', ' ')} {match.group(2)}" if match else env_label
+
+
 def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
     """Final evaluation return by algo (rows) and task variant (columns: horizon, reward delay), the mean over
     the seeds of the studies ``names``, whose commands, seeds and commits the caption gives."""
@@ -201,20 +207,16 @@ def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
     if not rows:
         raise BadInput(f"{', '.join(names)}: no completed run; produce it with `testbed results run {' '.join(names)}`")
 
-    def variant(row: dict[str, str]) -> str:
-        match = re.search(r"\[(\w+)=([^\]]+)\]", row["env_id"])
-        return f"{match.group(1).replace('_', ' ')} {match.group(2)}" if match else row["env_id"]
-
     def order(name: str) -> tuple[float, str]:
         value = name.rsplit(" ", 1)[-1]
         return (float(value), name) if value.replace(".", "", 1).isdigit() else (float("inf"), name)
 
-    variants = sorted({variant(r) for r in rows}, key=order)
+    variants = sorted({variant(r["env_id"]) for r in rows}, key=order)
     table = []
     for label in sorted({r["label"] for r in rows}):
         cells = [label]
         for v in variants:
-            scores = [float(r["final_eval_return_mean"]) for r in rows if r["label"] == label and variant(r) == v]
+            scores = [float(r["final_eval_return_mean"]) for r in rows if r["label"] == label and variant(r["env_id"]) == v]
             cells.append(f"{fmt_return(sum(scores) / len(scores))} ({len(scores)})" if scores else DASH)
         table.append(cells)
     sources = []
@@ -245,10 +247,6 @@ def audit_table(root: Path, manifest: Manifest, name: str, score: str, checkpoin
         rows = [r for r in csv.DictReader(f) if r["steps_left"] == "all" and r["checkpoint"] == f"{checkpoint}.pt"]
     if not rows:
         raise BadInput(f"{name}: no audited checkpoint {checkpoint}.pt in {source.relative_to(root)}")
-
-    def variant(env: str) -> str:
-        match = re.search(r"\[(\w+)=([^\]]+)\]", env)
-        return f"{match.group(1).replace('_', ' ')} {match.group(2)}" if match else env
 
     variants = sorted({variant(r["env"]) for r in rows}, key=natural_key)
     table = []
