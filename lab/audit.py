@@ -236,6 +236,8 @@ def _fmt(value: float | None) -> str:
 def plot_scores(summary: list[dict[str, Any]], out: Path) -> Path:
     """Rank correlation, sign agreement and MSE / Var[A] (all samples) against the env (horizon, delay), one
     line per estimator, one row of panels per algo and checkpoint."""
+    import matplotlib
+
     from lab.plot import new_figure, save_figure
 
     rows = [r for r in summary if r["steps_left"] == "all"]
@@ -244,17 +246,21 @@ def plot_scores(summary: list[dict[str, Any]], out: Path) -> Path:
     panels = [("rank_correlation", "Spearman ρ(Â, A)"), ("sign_agreement", "sign agreement"),
               ("relative_mse", "MSE / Var[A]")]  # fmt: skip
     fig, axes = new_figure(len(panels) * len(policies), ncols=len(panels), panel_size=(4.6, 3.2))
+    # One colour per estimator across every panel; up to 20 estimators stay apart.
+    palette = matplotlib.colormaps["tab20"]
+    colours = {name: palette(k % 20) for k, name in enumerate(sorted({r["estimator"] for r in rows}))}
     for p, (algo, checkpoint) in enumerate(policies):
         mine = [r for r in rows if (r["algo"], r["checkpoint"]) == (algo, checkpoint)]
         for (score, label), ax in zip(panels, axes[p * len(panels) : (p + 1) * len(panels)]):
             for estimator in sorted({r["estimator"] for r in mine}):
                 points = [(envs.index(r["env"]), r[score]) for r in mine if r["estimator"] == estimator and r[score] is not None]
                 if points:
-                    ax.plot(*zip(*sorted(points)), marker="o", label=estimator)
+                    ax.plot(*zip(*sorted(points)), marker="o", label=estimator, color=colours[estimator])
             ax.set_xticks(range(len(envs)), [e.partition("[")[2].rstrip("]") or e for e in envs], rotation=30, fontsize=7)
             ax.set_title(f"{algo}, {checkpoint}: {label}", fontsize=9)
             if score == "relative_mse":
                 ax.set_yscale("symlog", linthresh=0.1)
+                ax.set_ylim(bottom=0)  # a ratio of squares: never negative
         labelled = [ax for ax in axes[p * len(panels) : (p + 1) * len(panels)] if ax.get_legend_handles_labels()[0]]
         if labelled:
             labelled[0].legend(fontsize=6)
