@@ -32,7 +32,8 @@ from agents import registry, rundir
 from agents.audit import AuditSettings
 from envs import start_states as starts
 from envs.errors import BadInput
-from lab.document import Block, Heading, Image, Para, Table, fmt_sig, render_html, render_markdown
+from lab.document import Block, Heading, Image, Para, Table, fmt_duration, fmt_sig, render_html, render_markdown
+from lab.executor import HEARTBEAT_S, Heartbeat
 from lab.results import env_label, find_runs, natural_key
 
 DISTANCE_BINS = ((1, 10), (10, 100), (100, 1000), (1000, 10**9))
@@ -139,17 +140,32 @@ def write_audit(target: Target, record: dict[str, Any], rows: list[dict]) -> dic
     return record
 
 
+def heartbeat_line(elapsed_s: float, done: int, total: int, workers: int, seconds_each: list[float]) -> str:
+    """``[1m10s] audits 3/12 done · ETA 4m30s``: the ETA is the mean time of the audits finished in this
+    invocation, times the audits left, over the workers; ``n/a`` before the first finishes."""
+    eta = "n/a"
+    if seconds_each:
+        eta = fmt_duration(statistics.fmean(seconds_each) * (total - done) / max(1, workers))
+    return f"[{fmt_duration(elapsed_s)}] audits {done}/{total} done · ETA {eta}"
+
+
 def run_audits(targets: list[Target], settings: AuditSettings, workers: int, backend: str = "local",
-               ray_address: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
+               ray_address: str | None = None, heartbeat_s: float = HEARTBEAT_S,
+               ) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
     """Every target's audit not yet on disk, ``workers`` at a time on this machine (``local``) or as Ray tasks
-    of one CPU each (``ray``). Each is written as soon as it finishes, with a line printed; one that fails is
-    reported and the others go on. Returns the records of the audits done (in the targets' order) and a line
-    for each failure."""
+    of one CPU each (``ray``). Each is written as soon as it finishes, with a line printed, and a heartbeat
+    line comes every ``heartbeat_s`` seconds; one that fails is reported and the others go on. Returns the
+    records of the audits done (in the targets' order) and a line for each failure."""
     records = {i: done_record(target, settings) for i, target in enumerate(targets)}
     todo = [i for i, record in records.items() if record is None]
     jobs = {i: ((targets[i].run_dir / "config.yaml").read_text(), (targets[i].run_dir / targets[i].checkpoint).read_bytes(),
                 targets[i].checkpoint) for i in todo}  # fmt: skip
     failures: list[str] = []
+    seconds_each: list[float] = []  # the audits finished by this invocation: the ETA's basis
+
+    def beat(elapsed_s: float) -> None:
+        done = sum(r is not None for r in records.values())
+        print(heartbeat_line(elapsed_s, done, len(targets), workers, seconds_each), flush=True)
 
     def finished(i: int, result: Callable[[], tuple[dict[str, Any], list[dict]]]) -> None:
         try:
@@ -158,25 +174,27 @@ def run_audits(targets: list[Target], settings: AuditSettings, workers: int, bac
             failures.append(f"{targets[i].run_dir / targets[i].checkpoint}: {type(error).__name__}: {error}")
             print(f"failed: {failures[-1]}", file=sys.stderr, flush=True)
             return
+        seconds_each.append(record["seconds"])
         print(f"[{sum(r is not None for r in records.values())}/{len(targets)}] {record['env']} {record['algo']} seed "
               f"{record['seed']} at step {record['global_step']:,}: {record['env_steps']:,} env steps, "
               f"{record['seconds']:.0f} s", flush=True)  # fmt: skip
 
-    if backend == "ray":
-        from lab.executor import connect_ray, import_ray
+    with Heartbeat(beat, heartbeat_s):
+        if backend == "ray":
+            from lab.executor import connect_ray, import_ray
 
-        ray = import_ray()
-        connect_ray(ray_address, workers)
-        remote = ray.remote(num_cpus=1)(measure)
-        pending = {remote.remote(*jobs[i], settings): i for i in todo}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            finished(pending.pop(ready[0]), partial(ray.get, ready[0]))
-    else:
-        with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(measure, *jobs[i], settings): i for i in todo}
-            for future in as_completed(futures):
-                finished(futures[future], future.result)
+            ray = import_ray()
+            connect_ray(ray_address, workers)
+            remote = ray.remote(num_cpus=1)(measure)
+            pending = {remote.remote(*jobs[i], settings): i for i in todo}
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                finished(pending.pop(ready[0]), partial(ray.get, ready[0]))
+        else:
+            with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
+                futures = {pool.submit(measure, *jobs[i], settings): i for i in todo}
+                for future in as_completed(futures):
+                    finished(futures[future], future.result)
     return [r for r in (records[i] for i in range(len(targets))) if r is not None], failures
 
 

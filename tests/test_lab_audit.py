@@ -105,3 +105,22 @@ def test_a_checkpoint_that_fails_is_reported_and_the_others_are_audited(tmp_path
     assert (tmp_path / "out" / "run" / "checkpoint" / "samples.csv").exists()
     assert not (tmp_path / "out" / "run" / "checkpoint-at-1000").exists()
     assert (tmp_path / "out" / "audit.md").exists()
+
+
+def test_the_heartbeat_says_how_many_audits_are_done_and_when_the_rest_will_be() -> None:
+    from lab.audit import heartbeat_line
+
+    # Audits of 60 s and 30 s done: 9 left at 45 s each, over 2 workers, is 202.5 s.
+    assert heartbeat_line(70.0, 3, 12, 2, [60.0, 30.0]) == "[1m10s] audits 3/12 done · ETA 3m22s"
+    assert heartbeat_line(5.0, 0, 4, 2, []) == "[5s] audits 0/4 done · ETA n/a"
+
+
+def test_a_running_audit_beats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lab import audit as lab_audit
+
+    train_chain(tmp_path / "run", "grpo")
+    targets = lab_audit.plan([tmp_path / "run"], "final", tmp_path / "out")
+    settings = lab_audit.AuditSettings(samples=4, branches=2, groups=2, group_size=2, vine_branches=1)
+    records, failures = lab_audit.run_audits(targets, settings, workers=1, heartbeat_s=0.2)
+    assert len(records) == 1 and not failures
+    assert "audits 0/1 done · ETA n/a" in capsys.readouterr().out
