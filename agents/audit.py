@@ -46,6 +46,7 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import distributions as D
 from agents.networks import Actor, ActorCritic, Sample
+from agents.plumbing import observation_statistics
 from agents.rollout import Episodes, SegmentBuffers, drive, episode_steps
 from agents.vine import PointRecorder
 from envs import EnvOptions, episode_limit, freeze_normalizers, load_normalizer_state, make_vector
@@ -112,7 +113,7 @@ def env_maker(cfg: Any, normalizers: dict[str, Any]) -> AuditEnv:
         raise BadInput(f"the audit restores states along trajectories: {error}") from None
     options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization="sync", reward_delay=cfg.reward_delay,
                          reward_offset=cfg.reward_offset)  # fmt: skip
-    observation = {name: stats for name, stats in normalizers.items() if name != "return_rms"}
+    observation = observation_statistics(normalizers)
 
     def make_env(M: int) -> VectorEnv:
         env = make_vector(cfg.env_id, M, options, **cfg.env_kwargs, **time_limit)

@@ -38,6 +38,8 @@ from lab.results import env_label, find_runs, natural_key
 
 DISTANCE_BINS = ((1, 10), (10, 100), (100, 1000), (1000, 10**9))
 """Bins of steps left to the episode's end, [low, high): how far a sample is from the rewards that end it."""
+SAMPLE_COLUMNS = ("t", "member", "steps_left", "truth", "truth_se")
+"""samples.csv's columns before the estimators': where each sample is, and the truth there."""
 SCORES = ("sign_agreement", "rank_correlation", "bias", "variance", "mse", "relative_mse", "truth_noise", "noise_share")
 NOISY = 0.25
 """A truth whose noise (mean SE²) exceeds this share of its spread (Var[A]) measures little: the report says so."""
@@ -128,13 +130,24 @@ def measure(config_text: str, checkpoint: bytes, name: str, settings: AuditSetti
     return record, result.rows()
 
 
-def write_audit(target: Target, record: dict[str, Any], rows: list[dict]) -> dict[str, Any]:
-    """samples.csv, then audit.json (which marks the audit done), in the target's folder."""
-    target.out.mkdir(parents=True, exist_ok=True)
-    with open(target.out / "samples.csv", "w", newline="") as f:
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """A CSV file of ``rows``, its columns those of the first row."""
+    with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def read_audit(folder: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """An audited checkpoint's audit.json and the rows of its samples.csv."""
+    with open(folder / "samples.csv", newline="") as f:
+        return json.loads((folder / "audit.json").read_text()), list(csv.DictReader(f))
+
+
+def write_audit(target: Target, record: dict[str, Any], rows: list[dict]) -> dict[str, Any]:
+    """samples.csv, then audit.json (which marks the audit done), in the target's folder."""
+    target.out.mkdir(parents=True, exist_ok=True)
+    write_rows(target.out / "samples.csv", rows)
     record = {"run_dir": str(target.run_dir), **record}
     rundir.atomic_write_text(target.out / "audit.json", json.dumps(record, indent=1))
     return record
@@ -198,16 +211,13 @@ def run_audits(targets: list[Target], settings: AuditSettings, workers: int, bac
     return [r for r in (records[i] for i in range(len(targets))) if r is not None], failures
 
 
-def checkpoint_scores(folder: Path) -> list[dict[str, Any]]:
-    """One row per estimator and distance bin (``all`` first) of one audited checkpoint."""
+def checkpoint_scores(record: dict[str, Any], samples: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """One row per estimator and distance bin (``all`` first) of one audited checkpoint (:func:`read_audit`)."""
     import torch
 
     from agents.audit_scores import scores
 
-    record = json.loads((folder / "audit.json").read_text())
-    with open(folder / "samples.csv", newline="") as f:
-        samples = list(csv.DictReader(f))
-    estimators = [name for name in samples[0] if name not in ("t", "member", "steps_left", "truth", "truth_se")]
+    estimators = [name for name in samples[0] if name not in SAMPLE_COLUMNS]
     rows = []
     bins = [("all", samples)] + [(f"{low}–{high - 1}" if high < 10**9 else f"≥{low}",
                                   [s for s in samples if low <= int(s["steps_left"]) < high])
@@ -285,17 +295,17 @@ def plot_scores(summary: list[dict[str, Any]], out: Path) -> Path:
     return save_figure(fig, out / "plots" / "audit-scores.png")[0]
 
 
-def plot_scatter(out: Path, folders: list[Path], env: str) -> Path:
-    """Estimate against truth for every sample of ``env``'s audits, one panel per estimator."""
+def plot_scatter(out: Path, audits: list[list[dict[str, str]]], env: str) -> Path:
+    """Estimate against truth for every sample of ``env``'s audits (each a samples.csv's rows), one panel per
+    estimator."""
     from lab.plot import new_figure, save_figure
 
     samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for folder in folders:
-        with open(folder / "samples.csv", newline="") as f:
-            for s in csv.DictReader(f):
-                for name, value in s.items():
-                    if name not in ("t", "member", "steps_left", "truth", "truth_se"):
-                        samples[name].append((float(s["truth"]), float(value)))
+    for rows in audits:
+        for s in rows:
+            for name, value in s.items():
+                if name not in SAMPLE_COLUMNS:
+                    samples[name].append((float(s["truth"]), float(value)))
     fig, axes = new_figure(len(samples), ncols=4, panel_size=(3.2, 3.0))
     for (name, points), ax in zip(samples.items(), axes):
         ax.scatter(*zip(*points), s=6, alpha=0.5, rasterized=True)  # thousands of points: an image inside the SVG
@@ -312,13 +322,11 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
     folders = sorted((p.parent for p in out.rglob("audit.json")), key=lambda p: natural_key(str(p)))
     if not folders:
         raise BadInput(f"{out} holds no audited checkpoint (audit.json); run testbed audit first")
-    rows = [row for folder in folders for row in checkpoint_scores(folder)]
-    with open(out / "scores.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    audits = [read_audit(folder) for folder in folders]
+    records = [record for record, _ in audits]
+    rows = [row for record, samples in audits for row in checkpoint_scores(record, samples)]
+    write_rows(out / "scores.csv", rows)
     summary = summarize(rows)
-    records = [json.loads((folder / "audit.json").read_text()) for folder in folders]
     cost = sum(r["seconds"] for r in records)
     settings = records[0]["settings"]
     blocks: list[Block] = [
@@ -354,7 +362,7 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
         blocks += [Heading(2, env), Table(header, [[r["algo"], f"{r['checkpoint']} ({r['global_step']:,})", r["estimator"],
                    str(r["seeds"]), str(r["samples"]), str(r["signed"]), *(_fmt(r[s]) for s in SCORES)]
                    for r in mine])]  # fmt: skip
-        image = plot_scatter(out, [f for f, rec in zip(folders, records) if rec["env"] == env], env)
+        image = plot_scatter(out, [samples for record, samples in audits if record["env"] == env], env)
         shown = env.replace("[", " (").replace("]", ")")  # brackets would end a Markdown image's alt text
         blocks.append(Image(str(image.relative_to(out)), f"estimate against truth on {shown}",
                             f"Every sample of {shown}, all algos and checkpoints"))  # fmt: skip
