@@ -139,9 +139,12 @@ class RunTracker:
             return True
         return False
 
-    def finish(self, status: str, error: str | None, step: int, memory: dict[str, int]) -> dict[str, Any]:
+    def finish(
+        self, status: str, error: str | None, step: int, memory: dict[str, int], diverged: bool = False
+    ) -> dict[str, Any]:
         """Final evaluation (completed runs only), summary.json, hyperparameters, flushed logs. ``memory``:
-        the run's :func:`memory_report`, for the summary.
+        the run's :func:`memory_report`, for the summary. ``diverged``: a failure on non-finite values, which
+        on the CPU the same config and seed reach again, so the lab does not retry it.
 
         A second stop signal during the final evaluation ends it: the run is then ``interrupted`` at its
         last checkpoint, and a resume evaluates it again.
@@ -179,6 +182,7 @@ class RunTracker:
             "final_eval_episodes": self.cfg.eval_episodes if final else 0,
             "eval_convention": "deterministic policy, one episode per fixed seed 1000000+i, raw env return",
             "error": error,
+            "diverged": diverged,
             **memory,
         }
         if final:

@@ -179,12 +179,13 @@ class LaneRun:
         for kept in self.keeps_due:
             runlog.keep_checkpoint(self.run_dir, kept)
 
-    def end(self, status: str, error: str | None = None) -> None:
-        """Final evaluation (completed runs) and summary.json; the lane trains no more."""
+    def end(self, status: str, error: str | None = None, diverged: bool = False) -> None:
+        """Final evaluation (completed runs) and summary.json; the lane trains no more. ``diverged``: it
+        failed on non-finite values, which the same config and seed reach again."""
         assert self.tracker is not None
         self.status, self.error = status, error
         memory = memory_report(self.lane.optimizer, **self.lane.networks)
-        self.summary = self.tracker.finish(status, error, self.global_step, memory)
+        self.summary = self.tracker.finish(status, error, self.global_step, memory, diverged)
 
 
 def failure(exc: Exception, run_dir: Path, show: bool = True) -> tuple[str, OSError | None]:
@@ -234,7 +235,7 @@ def run_stack(
     def fail(lane_run: LaneRun, exc: Exception, show: bool = True) -> None:
         error, disk_error = failure(exc, lane_run.run_dir, show)
         disk_errors.extend([disk_error] if disk_error else [])
-        lane_run.end("failed", error)
+        lane_run.end("failed", error, diverged=isinstance(exc, runlog.NonFiniteError))
 
     try:
         with runlog.StopFlag() as stop:

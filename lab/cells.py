@@ -120,6 +120,7 @@ class Outcome:
     error: str | None = None
     attempts: int = 1
     resumed: bool = False
+    diverged: bool = False  # failed on non-finite values: the same config and seed would again, so no retry
 
 
 # ── one cell ───────────────────────────────────────────────────────────────────────────────────────
@@ -147,6 +148,12 @@ def wait_for_writer(run_dir: Path, timeout_s: float | None = None) -> str | None
     while (holder := rundir.lock_holder(run_dir)) is not None and time.monotonic() < deadline:
         time.sleep(0.5)
     return holder
+
+
+def kept_diverged(cell: Cell, run_dir: Path, error: str | None) -> Outcome:
+    """The outcome of a cell whose run diverged before: failed, kept as it is, and not trained again."""
+    return Outcome(cell, "failed", f"{error} Not rerun: on the CPU the same config and seed diverge at the same "
+                   f"step. Change the config, or delete {run_dir} to train it again.", attempts=0, diverged=True)
 
 
 def still_written(cell: Cell, run_dir: Path, holder: str) -> Outcome:
@@ -200,9 +207,9 @@ class Stop:
         return self.requested or run_dir in self.stopped
 
 
-def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list[tuple[str, str | None]]:
+def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list[tuple[str, str | None, bool]]:
     """One ``testbed train`` process for the cells (seeds side by side when there are several); returns each
-    cell's status and error. The process's output goes to every cell's log."""
+    cell's status, error and whether it diverged. The process's output goes to every cell's log."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            rundir.PARENT_PID: str(os.getpid())}  # fmt: skip
     run_dirs = [cell.run_dir(bench_dir) for cell in cells]
@@ -279,16 +286,17 @@ def share_orphaned_stack_logs(folder: Path) -> None:
             share_stack_log(path)
 
 
-def _result(run_dir: Path, returncode: int) -> tuple[str, str | None]:
-    """A trained cell's status and error, from its summary.json (or its log's last lines, without one)."""
+def _result(run_dir: Path, returncode: int) -> tuple[str, str | None, bool]:
+    """A trained cell's status, error and whether it diverged, from its summary.json (or its log's last lines,
+    without one)."""
     try:
         summary = rundir.read_summary(run_dir)
     except BadInput as error:  # a summary cut short: the attempt failed, and is set aside like any other
-        return "failed", str(error)
+        return "failed", str(error), False
     if summary is None:  # the process died before writing a summary, or its input was refused
         tail = log_path(run_dir).read_text().strip().splitlines()[-3:]
-        return "failed", f"exit code {returncode}: {' | '.join(tail)}"
-    return str(summary.get("status")), summary.get("error")
+        return "failed", f"exit code {returncode}: {' | '.join(tail)}", False
+    return str(summary.get("status")), summary.get("error"), bool(summary.get("diverged"))
 
 
 def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop | None = None) -> list[Outcome]:
@@ -296,7 +304,9 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop |
     done; in one process, resume those with a checkpoint and start the others (a stack resumes any mix);
     retry the failed ones once, from scratch and together.
 
-    A run that failed, or stopped before its first checkpoint, is set aside and starts again. A run
+    A run that diverged (non-finite values) is neither retried nor trained again on a rerun: on the CPU its
+    seed diverges at the same step every time. Any other run that failed, or stopped before its first
+    checkpoint, is set aside and starts again. A run
     directory that another process still writes is waited for (:func:`wait_for_writer`), then left alone:
     the cell fails without a retry, and nothing is set aside. ``stop``: the driver's (a new one by default).
     """
@@ -311,9 +321,13 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop |
             outcomes[i] = still_written(cell, run_dir, holder)
             continue
         share_orphaned_stack_logs(run_dir.parent)  # before the cell's log is set aside or written again
-        status = read_status(run_dir)
+        summary = rundir.read_summary(run_dir)
+        status = None if summary is None else summary.get("status")
         if status == "completed":
             outcomes[i] = Outcome(cell, "completed", attempts=0)
+            continue
+        if status == "failed" and summary and summary.get("diverged"):
+            outcomes[i] = kept_diverged(cell, run_dir, summary.get("error"))
             continue
         if run_dir.exists() and (status == "failed" or not (run_dir / rundir.CHECKPOINT).exists()):
             set_aside(run_dir)
@@ -321,16 +335,17 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop |
     resumed = {i: (run_dirs[i] / rundir.CHECKPOINT).exists() for i in todo}
     if todo:
         results = _train([cells[i] for i in todo], bench_dir, any(resumed.values()), stop)
-        outcomes.update({i: Outcome(cells[i], *result, resumed=resumed[i]) for i, result in zip(todo, results)})
+        outcomes.update({i: Outcome(cells[i], status, error, resumed=resumed[i], diverged=diverged)
+                         for i, (status, error, diverged) in zip(todo, results)})  # fmt: skip
 
     def to_retry() -> list[int]:
-        return [i for i in todo if outcomes[i].status == "failed" and outcomes[i].attempts <= retries
-                and not stop.halted(run_dirs[i])]  # fmt: skip
+        return [i for i in todo if outcomes[i].status == "failed" and not outcomes[i].diverged
+                and outcomes[i].attempts <= retries and not stop.halted(run_dirs[i])]  # fmt: skip
 
     while retry := to_retry():
         for i in retry:
             set_aside(run_dirs[i])
         results = _train([cells[i] for i in retry], bench_dir, False, stop)
-        outcomes.update({i: Outcome(cells[i], *result, attempts=outcomes[i].attempts + 1)
-                         for i, result in zip(retry, results)})  # fmt: skip
+        outcomes.update({i: Outcome(cells[i], status, error, attempts=outcomes[i].attempts + 1, diverged=diverged)
+                         for i, (status, error, diverged) in zip(retry, results)})  # fmt: skip
     return [outcomes[i] for i in range(len(cells))]

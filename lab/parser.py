@@ -15,7 +15,15 @@ from lab.suites import SUITES
 DEFAULT_STACK = 16
 """Seeds per process in bench, credit and tune: the fastest stack size measured for PPO on CartPole
 (benchmarks/stacking.py; the README's table)."""
-FORMAT = argparse.ArgumentDefaultsHelpFormatter
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter, except where the help already says its default in words: there a
+    second "(default: None)" would contradict it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        return help_text if "default" in help_text else super()._get_help_string(action)
 
 
 def execution_options(what: str, workers_default: int | None, workers_help: str) -> argparse.ArgumentParser:
@@ -52,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     algos = ", ".join(registry.NAMES)
     cores = "runs at a time (default: the number of cores)"
 
-    train = sub.add_parser("train", help="train one agent on one env", formatter_class=FORMAT)
+    train = sub.add_parser("train", help="train one agent on one env", formatter_class=DefaultsFormatter)
     train.add_argument("--algo", required=True, help=f"one of: {algos}")
     train.add_argument("--env", required=True, help="any registered gymnasium id, e.g. CartPole-v1")
     train.add_argument("--seed", type=int, default=None, help="run seed (default: the preset's, 0)")
@@ -75,13 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     train.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="network device (default cpu)")
 
-    evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint", formatter_class=FORMAT)
+    evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint", formatter_class=DefaultsFormatter)
     evaluate.add_argument("run_dir", help="a run directory holding config.yaml and checkpoint.pt")
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes, one per fixed seed")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of the policy's mode")
     evaluate.add_argument("--video", default=None, metavar="DIR", help="also record the first episode as a GIF in DIR")
 
-    grid = sub.add_parser("bench", help="run a grid of algos × envs × seeds and report it", formatter_class=FORMAT,
+    grid = sub.add_parser("bench", help="run a grid of algos × envs × seeds and report it", formatter_class=DefaultsFormatter,
                           parents=[grid_options(None, "number of seeds (default: the suite's, 3)"),
                                    execution_options("runs", None, cores)])  # fmt: skip
     grid.add_argument("--suite", default=None, help=f"a named grid: {', '.join(SUITES)}")
@@ -90,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--name", default=None, help="bench name: runs/bench/NAME (default: the suite's name)")
 
     study = sub.add_parser("credit", help="a credit-assignment study: sweep the horizon or reward delay",
-                           formatter_class=FORMAT, parents=[grid_options(3, "number of seeds"),
+                           formatter_class=DefaultsFormatter, parents=[grid_options(3, "number of seeds"),
                                                             execution_options("runs", None, cores)])  # fmt: skip
     study.add_argument("--task", required=True, metavar="chain|keydoor|delayed:ENV_ID",
                        help="the testbed's chain or key-to-door task, or any env with delayed rewards")  # fmt: skip
@@ -102,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--name", default=None, help="runs/bench/NAME (default: credit-TASK)")
 
     auditor = sub.add_parser("audit", help="score every advantage estimator against the Monte-Carlo truth at runs' "
-                             "checkpoints", formatter_class=FORMAT)  # fmt: skip
+                             "checkpoints", formatter_class=DefaultsFormatter)  # fmt: skip
     auditor.add_argument("paths", nargs="+", help="run directories or folders holding them (a bench, a credit study)")
     auditor.add_argument("--checkpoints", choices=["final", "kept", "all"], default="all",
                          help="final: checkpoint.pt; kept: those keep_checkpoints kept; all: both")  # fmt: skip
@@ -124,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     auditor.add_argument("--out", default=None, help="output folder (default: runs/audit/NAME, NAME the first path's)")
 
     tuner = sub.add_parser("tune", help="tune an algo's hyperparameters on one env (Optuna: TPE + median pruner)",
-                           formatter_class=FORMAT, parents=[execution_options(
+                           formatter_class=DefaultsFormatter, parents=[execution_options(
                                "trials", 1, "trials at a time, each running its seeds side by side")])  # fmt: skip
     tuner.add_argument("--algo", required=True, help=f"one of: {algos}")
     tuner.add_argument("--env", required=True, help="any registered gymnasium id")
@@ -146,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--sampler-seed", type=int, default=0, help="the TPE sampler's seed")
 
     docs = sub.add_parser("docs", help="make every figure and table of docs/ppo_and_grpo.md from the testbed's own runs",
-                          formatter_class=FORMAT)  # fmt: skip
+                          formatter_class=DefaultsFormatter)  # fmt: skip
     docs.add_argument("--quick", action="store_true", help="tiny budgets and one seed: every file in seconds, not the results")
     docs.add_argument("--out", default=None, help="folder for the figures (default: docs/figures; quick: "
                       "runs/docs-quick/figures)")  # fmt: skip
@@ -154,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "runs/docs-quick)")  # fmt: skip
     docs.add_argument("--workers", type=int, default=2, help="training runs at a time")
 
-    plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=FORMAT)
+    plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=DefaultsFormatter)
     plot.add_argument("paths", nargs="+", help="run directories or folders holding them (benches)")
     plot.add_argument("--x", choices=["steps", "time"], default="steps", help="x-axis: env steps or wall-clock")
     plot.add_argument("--metric", choices=["eval", "train", "both"], default="both",
@@ -163,11 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", default=None, help="image file (PNG; an SVG is written beside it). Default, for one "
                       "path: PATH/plots/curves-X.png (curves-METRIC-X.png for one metric); several paths need --out")
 
-    report = sub.add_parser("report", help="rebuild a bench's or a study's report from disk", formatter_class=FORMAT)
+    report = sub.add_parser("report", help="rebuild a bench's or a study's report from disk", formatter_class=DefaultsFormatter)
     report.add_argument("bench_dir", help="runs/bench/NAME or runs/tune/NAME")
 
     results = sub.add_parser("results", help="the committed results: list them, rerun them, rebuild their pages",
-                             formatter_class=FORMAT)  # fmt: skip
+                             formatter_class=DefaultsFormatter)  # fmt: skip
     results.add_argument("action", choices=["list", "run", "pages"], help="list: every result with its command and "
                          "provenance; run: rerun results (resumable), keep their files, rebuild the pages; pages: "
                          "rebuild docs/results/ and the README's tables from the committed files")  # fmt: skip

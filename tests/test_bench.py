@@ -82,6 +82,22 @@ def test_a_crashing_run_is_recorded_retried_once_and_the_others_finish(tmp_path:
     assert rows["CartPole-v1"]["status"] == "completed" and rows["tests.toy_envs:testbed-toy/Crash-v0"]["status"] == "failed"
 
 
+def test_a_diverging_run_is_kept_and_neither_retried_nor_trained_again(tmp_path: Path) -> None:
+    # On the CPU the same config and seed diverge at the same step again: a retry from scratch would only
+    # spend the run's whole budget to fail once more.
+    grid = tiny_grid("diverge", envs=["tests.toy_envs:testbed-toy/Diverge-v0"], algos=["ppo"], seeds=1)
+    bench_dir, outcomes = bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path)
+    [diverged] = outcomes
+    assert diverged.status == "failed" and diverged.diverged and diverged.attempts == 1
+    assert "non-finite" in diverged.error
+    cell_parent = bench_dir / "tests.toy_envs:testbed-toy_Diverge-v0" / "ppo"
+    assert json.loads((cell_parent / "seed0" / "summary.json").read_text())["diverged"] is True
+    assert not list(cell_parent.glob(".seed0.failed*"))
+    _, again = bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path)
+    assert again[0].attempts == 0 and again[0].status == "failed" and "Not rerun" in again[0].error
+    assert not list(cell_parent.glob(".seed0.failed*"))
+
+
 def test_a_bench_beats_with_runs_and_processes_apart_and_says_when_it_builds_the_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,6 +249,16 @@ def test_the_mujoco_suite_runs_every_v5_task_with_five_seeds_of_ours_and_three_o
     assert grid.seeds_text() == "5 seeds (sb3-ppo 3)"
     # --seeds gives every algo the same seeds.
     assert {c.seed for c in bench.plan_grid("mujoco", None, None, 2, None, [], None).cells()} == {0, 1}
+
+
+def test_every_mujoco_task_has_normalization_anchors_and_a_cited_ppo_figure() -> None:
+    # The suite's aggregates normalize every task, and each PPO entry names the figure it is measured against.
+    refs = report.load_reference_scores()
+    entries = re.split(r"\n  (?=\S)", (REPO / "agents/presets/ppo.yaml").read_text())
+    for env_id in bench.SUITES["mujoco"].envs:
+        assert refs[env_id].target > refs[env_id].random, env_id
+        entry = next(e for e in entries if e.startswith(f"{env_id}:"))
+        assert "# published:" in entry, env_id
 
 
 def test_every_task_of_the_mujoco_suite_trains_a_few_steps_with_ppo_and_grpo(tmp_path: Path) -> None:

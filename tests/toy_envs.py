@@ -63,6 +63,18 @@ class Crash(ConstantReward):
         return super().step(action)
 
 
+class Diverge(ConstantReward):
+    """Rewards turn NaN after 300 steps: a run on it fails on non-finite values part-way, as a diverging
+    one does."""
+
+    steps = 0
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        Diverge.steps += 1
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, float("nan") if Diverge.steps > 300 else reward, terminated, truncated, info
+
+
 def register() -> None:
     if "testbed-toy/ConstantReward-v0" not in gym.registry:
         gym.register("testbed-toy/ConstantReward-v0", entry_point=ConstantReward, max_episode_steps=20)
@@ -70,6 +82,7 @@ def register() -> None:
         gym.register("testbed-toy/Noisy-v0", entry_point=Noisy, max_episode_steps=50)
         gym.register("testbed-toy/Unlimited-v0", entry_point=ConstantReward)
         gym.register("testbed-toy/Crash-v0", entry_point=Crash, max_episode_steps=20)
+        gym.register("testbed-toy/Diverge-v0", entry_point=Diverge, max_episode_steps=20)
 
 
 register()  # importing this module registers its envs, so `tests.toy_envs:testbed-toy/…` ids work anywhere
