@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +268,35 @@ def across_envs(
     return blocks, plots
 
 
+def stacked_with(run: Run) -> tuple[int, ...]:
+    """The seeds that trained in one process with ``run`` when it last ran: ``--seeds a,b,…`` of the command
+    in its meta.json; its own seed alone when it trained by itself or the file is missing."""
+    try:
+        command = json.loads((run.run_dir / "meta.json").read_text()).get("command", [])
+    except (OSError, ValueError):
+        return (run.seed,)
+    seeds = command[command.index("--seeds") + 1] if "--seeds" in command[:-1] else None
+    return tuple(int(s) for s in str(seeds).split(",")) if seeds and "," in str(seeds) else (run.seed,)
+
+
+def compute_text(runs: Sequence[Run]) -> str:
+    """What the runs cost: env steps, and the core-hours of the processes that trained them.
+
+    core-hours = Σ over trainer processes of the process's wall time, where a process that trained seeds
+    side by side lasted as long as its longest run, and each process computes on one thread. Wall times
+    add up over resumes; a run still going counts up to its last progress row."""
+    processes: dict[tuple[str, str, tuple[int, ...]], float] = {}
+    for run in runs:
+        seconds = float(run.summary.get("wall_time_s") or run.last_wall_time_s)
+        key = (run.env_id, run.algo, stacked_with(run))
+        processes[key] = max(processes.get(key, 0.0), seconds)
+    steps = sum(int(run.summary.get("total_steps") or run.last_step) for run in runs)
+    widest = max((len(seeds) for _, _, seeds in processes), default=1)
+    return (f"Compute: {fmt_steps(steps)} env steps in {sum(processes.values()) / 3600:.3g} core-hours: the wall "
+            f"time of {len(processes)} trainer processes of one thread each, up to {widest} seeds side by side "
+            "in one (a process lasts as long as its longest run)")  # fmt: skip
+
+
 def _what_was_run(runs: Sequence[Run]) -> list[Block]:
     envs = sorted({r.env_id for r in runs}, key=natural_key)
     algos = sorted({r.algo for r in runs})
@@ -291,6 +321,7 @@ def _what_was_run(runs: Sequence[Run]) -> list[Block]:
         f"Algos: {', '.join(algos)}",
         f"Seeds: {', '.join(map(str, seeds))}",
         f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})",
+        compute_text(runs),
         (
             f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. "
             "A run's score is its final evaluation."

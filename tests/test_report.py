@@ -332,6 +332,18 @@ def test_every_plot_has_a_title_and_a_caption_and_its_axes_cover_every_algos_bud
     assert markdown.count("](plots/") == html.count("<figcaption>") == 5
 
 
+def test_the_report_counts_a_stack_of_seeds_as_one_process_in_its_core_hours(bench: Path) -> None:
+    # PPO's seeds 0 and 1 trained side by side (4.0 s and 4.5 s: one process of 4.5 s); GRPO's three alone
+    # (4.0 s, 4.0 s and a failed 2.0 s). 4.5 + 4.0 + 4.0 + 2.0 = 14.5 s.
+    for seed in (0, 1):
+        meta = {"command": ["lab", "train", "--algo", "ppo", "--seeds", "0,1", "--run-dir", "x"]}
+        (bench / "CartPole-v1" / "ppo" / f"seed{seed}" / "meta.json").write_text(json.dumps(meta))
+    markdown = build_report(bench)["markdown"].read_text()
+    steps = 2 * 4096 + 2 * 4096 + 2048
+    assert (f"- Compute: {steps:,} env steps in 0.00403 core-hours: the wall time of 4 trainer processes "
+            "of one thread each, up to 2 seeds side by side in one") in markdown  # fmt: skip
+
+
 def test_build_report_is_idempotent(bench: Path) -> None:
     first = build_report(bench)
     texts = {key: first[key].read_text() for key in ("summary", "markdown", "html")}
