@@ -306,9 +306,9 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop |
 
     A run that diverged (non-finite values) is neither retried nor trained again on a rerun: on the CPU its
     seed diverges at the same step every time. Any other run that failed, or stopped before its first
-    checkpoint, is set aside and starts again. A run
-    directory that another process still writes is waited for (:func:`wait_for_writer`), then left alone:
-    the cell fails without a retry, and nothing is set aside. ``stop``: the driver's (a new one by default).
+    checkpoint, is set aside and starts again. A run directory that another process still writes is waited
+    for (:func:`wait_for_writer`), then left alone: the cell fails without a retry, and nothing is set
+    aside. ``stop``: the driver's (a new one by default).
     """
     stop = stop or Stop()
     outcomes: dict[int, Outcome] = {}

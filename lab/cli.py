@@ -244,8 +244,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           args.name, args.storage, args.first_seed, args.pruner, args.startup_trials,
                           args.sampler_seed)  # fmt: skip
     print(f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; "
-          f"{len(plan.space)} parameters, {args.backend} backend, {args.workers} trial{'s' * (args.workers != 1)} at a time → "
-          f"{tune.TUNE_ROOT / plan.name}")  # fmt: skip
+          f"{len(plan.space)} parameters, {args.backend} backend, {args.workers} trial{'s' * (args.workers != 1)} "
+          f"at a time → {tune.TUNE_ROOT / plan.name}")  # fmt: skip
     try:
         tune_dir, counts = tune.run_study(plan, args.workers, args.backend, args.ray_address, stack=stack)
     except KeyboardInterrupt:

@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of the policy's mode")
     evaluate.add_argument("--video", default=None, metavar="DIR", help="also record the first episode as a GIF in DIR")
 
-    grid = sub.add_parser("bench", help="run a grid of algos × envs × seeds and report it", formatter_class=DefaultsFormatter,
+    grid = sub.add_parser("bench", help="run a grid of algos × envs × seeds and report it",
+                          formatter_class=DefaultsFormatter,
                           parents=[grid_options(None, "number of seeds (default: the suite's, 3)"),
                                    execution_options("runs", None, cores)])  # fmt: skip
     grid.add_argument("--suite", default=None, help=f"a named grid: {', '.join(SUITES)}")
@@ -171,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", default=None, help="image file (PNG; an SVG is written beside it). Default, for one "
                       "path: PATH/plots/curves-X.png (curves-METRIC-X.png for one metric); several paths need --out")
 
-    report = sub.add_parser("report", help="rebuild a bench's or a study's report from disk", formatter_class=DefaultsFormatter)
+    report = sub.add_parser("report", help="rebuild a bench's or a study's report from disk",
+                            formatter_class=DefaultsFormatter)
     report.add_argument("bench_dir", help="runs/bench/NAME or runs/tune/NAME")
 
     results = sub.add_parser("results", help="the committed results: list them, rerun them, rebuild their pages",
