@@ -11,6 +11,10 @@ advantage estimator of the testbed on the same steps (``testbed audit``).
        D_{n,k} = Σ_u γ^u r_u^{(Q,k)} − Σ_u γ^u r_u^{(V,k)}
        A_n = (1/K) Σ_k D_{n,k},      SE_n = std_k(D_{n,k}) / √K        (std with Bessel's correction)
 
+   With ``max_branches``, K more rollouts of each kind (noise of their own) join while the noise share
+   η = mean SE² / Var[A] (``audit_scores.noise_share``) exceeds ``noise_target``, up to that many: K is
+   then chosen so that the truth is sharp against the spread it measures.
+
    Common random numbers: branch k of each kind restores the same env state, its random generator
    included, and draws π's actions from the same noise (ξ or u, per step, from the sample's own
    generator), so D_{n,k} measures the action rather than the luck. Because the env's generator is
@@ -45,6 +49,7 @@ from torch import Tensor
 
 from agents import advantages as adv
 from agents import distributions as D
+from agents.audit_scores import NOISE_TARGET, noise_share
 from agents.networks import Actor, ActorCritic, Sample
 from agents.plumbing import observation_statistics
 from agents.rollout import Episodes, SegmentBuffers, drive, episode_steps
@@ -64,6 +69,8 @@ class AuditSettings:
 
     samples: int = 64  # N
     branches: int = 32  # K rollouts each for Q and for V
+    max_branches: int = 0  # 0: K only; else K more at a time, up to this many, while η > noise_target
+    noise_target: float = NOISE_TARGET
     groups: int = 4  # B start states of the trunks
     group_size: int = 8  # G members each
     vine_branches: int = 8  # rollouts per vine value
@@ -265,6 +272,7 @@ class Audit:
     truth_se: Tensor  # (N,) SE_n
     estimates: dict[str, Tensor]  # name → (N,)
     env_steps: int  # every env step of the audit: trunks and branches
+    branches: int  # the rollouts of each kind behind every truth: K, or more with max_branches
 
     def rows(self) -> list[dict[str, float | int]]:
         """One row per sample, for audit.csv."""
@@ -296,9 +304,21 @@ def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, setting
     for n, (t, i) in enumerate(chosen):
         point, key = trunks.point(t, i), (settings.seed, n)
         jobs += [Job(point, episodes.actions[t, i], key), Job(point, None, key)]
+    def branch_round(r: int) -> tuple[Tensor, int]:
+        """K more Q- and V-rollouts per sample, the noise of round r ≥ 1 its own: (N, K) D_{n,k}, env steps."""
+        batch = jobs if r == 0 else [Job(job.point, job.forced, (*job.noise_key, r)) for job in jobs]
+        returns, steps = run_jobs(audit_env, actor, batch, K, gamma, settings, buffers_for)
+        return returns.view(len(chosen), 2, K).diff(dim=1).squeeze(1).neg(), steps  # Q-branch k minus V-branch k
+
+    def too_noisy(D_nk: Tensor) -> bool:
+        share = noise_share(D_nk.mean(1), D_nk.std(1) / D_nk.shape[1] ** 0.5)
+        return share is not None and share > settings.noise_target
+
     with torch.inference_mode():
-        returns, truth_steps = run_jobs(audit_env, actor, jobs, K, gamma, settings, buffers_for)
-        D_nk = returns.view(len(chosen), 2, K).diff(dim=1).squeeze(1).neg()  # (N, K) Q-branch k minus V-branch k
+        D_nk, truth_steps = branch_round(0)  # (N, K), then (N, K · rounds)
+        while D_nk.shape[1] + K <= settings.max_branches and too_noisy(D_nk):
+            more, steps = branch_round(D_nk.shape[1] // K)
+            D_nk, truth_steps = torch.cat([D_nk, more], dim=1), truth_steps + steps
         # The vine's values: V̂(s_t) and V̂(s_{t+1}) from noise of their own; 0 past the episode's end.
         vine_jobs = [Job(trunks.point(t + u, i), None, (settings.seed, n, 1, u))
                      for n, (t, i) in enumerate(chosen) for u in (0, 1) if (t + u, i) in trunks.recorded]  # fmt: skip
@@ -318,5 +338,5 @@ def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, setting
     lengths = episodes.lengths
     return Audit(t=t_index.tolist(), member=members.tolist(), steps_left=(lengths[members] - t_index).tolist(),
                  obs=episodes.obs[t_index, members], actions=episodes.actions[t_index, members],
-                 truth=D_nk.mean(1), truth_se=D_nk.std(1) / K**0.5, estimates=sampled,
-                 env_steps=episodes.env_steps + truth_steps + vine_steps)
+                 truth=D_nk.mean(1), truth_se=D_nk.std(1) / D_nk.shape[1] ** 0.5, estimates=sampled,
+                 env_steps=episodes.env_steps + truth_steps + vine_steps, branches=D_nk.shape[1])

@@ -12,6 +12,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+NOISE_TARGET = 0.25
+"""A truth whose noise share exceeds this measures little: the report warns, and ``--max-branches`` adds
+rollouts until it does not."""
+
+
+def noise_share(truth: Tensor, truth_se: Tensor) -> float | None:
+    """How much of the truth's spread over the samples is its own Monte-Carlo noise:
+
+        η = ((1/N) Σ_n SE_n²) / Var[A],      Var[A] = (1/N) Σ_n (A_n − Ā)²
+
+    Symbols: A_n the truth at sample n (``truth``, (N,)), SE_n its standard error (``truth_se``, (N,)).
+    Near 0 the truth resolves what it measures; near 1 its noise is as large as the differences between
+    samples. SE² falls as 1/K, so η does too. None when A does not vary.
+    """
+    spread = float(truth.to(torch.float64).var(unbiased=False))
+    return float(truth_se.to(torch.float64).pow(2).mean()) / spread if spread > 0 else None
+
 
 def sign_agreement(estimate: Tensor, truth: Tensor, truth_se: Tensor, z: float = 2.0) -> tuple[float | None, int]:
     """The fraction of clearly signed samples whose estimate has the truth's sign:

@@ -30,6 +30,7 @@ from typing import Any
 
 from agents import registry, rundir
 from agents.audit import AuditSettings
+from agents.audit_scores import NOISE_TARGET, noise_share
 from envs import start_states as starts
 from envs.errors import BadInput
 from lab.document import Block, Heading, Image, Para, Table, fmt_duration, fmt_sig, render_html, render_markdown
@@ -41,8 +42,6 @@ DISTANCE_BINS = ((1, 10), (10, 100), (100, 1000), (1000, 10**9))
 SAMPLE_COLUMNS = ("t", "member", "steps_left", "truth", "truth_se")
 """samples.csv's columns before the estimators': where each sample is, and the truth there."""
 SCORES = ("sign_agreement", "rank_correlation", "bias", "variance", "mse", "relative_mse", "truth_noise", "noise_share")
-NOISY = 0.25
-"""A truth whose noise (mean SE²) exceeds this share of its spread (Var[A]) measures little: the report says so."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,9 @@ def done_record(target: Target, settings: AuditSettings) -> dict[str, Any] | Non
     done = target.out / "audit.json"
     if done.exists():
         record = json.loads(done.read_text())
-        if record["settings"] == json.loads(json.dumps(asdict(settings))) and (target.out / "samples.csv").exists():
+        # An audit written before a setting existed ran with its default.
+        saved = {**json.loads(json.dumps(asdict(AuditSettings()))), **record["settings"]}
+        if saved == json.loads(json.dumps(asdict(settings))) and (target.out / "samples.csv").exists():
             return record
     return None
 
@@ -125,7 +126,8 @@ def measure(config_text: str, checkpoint: bytes, name: str, settings: AuditSetti
     result = audit.audit(audit_env, model, cfg.gamma, settings)
     record = {"checkpoint": name, "algo": algo, "seed": cfg.seed, "env": env_label({**values, "env_id": cfg.env_id}),
               "global_step": ckpt["global_step"], "gamma": cfg.gamma, "value_scale": audit_env.reward_scale,
-              "restore": audit_env.mode, "settings": asdict(settings), "env_steps": result.env_steps,
+              "restore": audit_env.mode, "settings": asdict(settings), "branches": result.branches,
+              "env_steps": result.env_steps,
               "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
     return record, result.rows()
 
@@ -232,7 +234,7 @@ def checkpoint_scores(record: dict[str, Any], samples: list[dict[str, str]]) -> 
             estimate = torch.tensor([float(s[name]) for s in chosen], dtype=torch.float64)
             score = scores(estimate, truth, se)
             score["relative_mse"] = score["mse"] / spread if spread > 0 else None
-            score["noise_share"] = score["truth_noise"] / spread if spread > 0 else None
+            score["noise_share"] = noise_share(truth, se)
             rows.append({"env": record["env"], "algo": record["algo"], "seed": record["seed"],
                          "global_step": record["global_step"], "checkpoint": record["checkpoint"],
                          "estimator": name, "steps_left": bin_name, **score})  # fmt: skip
@@ -329,11 +331,17 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
     summary = summarize(rows)
     cost = sum(r["seconds"] for r in records)
     settings = records[0]["settings"]
+    K, reached = settings["branches"], sorted({record.get("branches", settings["branches"]) for record in records})
+    rollouts = f"{K} Q- and {K} V-rollouts each"
+    if settings.get("max_branches"):
+        rollouts += (f", {K} more of each at a time while the truth's noise share exceeded "
+                     f"{settings['noise_target']:.0%}, up to {settings['max_branches']} (reached: "
+                     f"{', '.join(map(str, reached))})")  # fmt: skip
     blocks: list[Block] = [
         Heading(1, "Advantage estimators against the Monte-Carlo truth"),
         Para(f"Command: `{command}`. {len(records)} checkpoints; per checkpoint {settings['samples']} sampled steps of "
-             f"{settings['groups']}×{settings['group_size']} trunk episodes, the truth from {settings['branches']} "
-             f"Q- and {settings['branches']} V-rollouts each (common random numbers), vine values from "
+             f"{settings['groups']}×{settings['group_size']} trunk episodes, the truth from {rollouts} "
+             "(common random numbers), vine values from "
              f"{settings['vine_branches']} rollouts. Audit seed {settings['seed']}. Cost: "
              f"{sum(r['env_steps'] for r in records):,} env steps; the checkpoints' audits took {cost:,.0f} s "
              "together (each one's wall time, in one process)."),
@@ -350,12 +358,12 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
     header = ["algo", "checkpoint (mean step)", "estimator", "seeds", "samples", "clearly signed", "sign agr.", "ρ",
               "bias", "variance", "MSE", "MSE / Var[A]", "truth noise", "noise share"]  # fmt: skip
     noisy = sorted({(r["env"], r["algo"], r["checkpoint"]) for r in summary
-                    if r["steps_left"] == "all" and r["noise_share"] is not None and r["noise_share"] > NOISY})  # fmt: skip
+                    if r["steps_left"] == "all" and r["noise_share"] is not None and r["noise_share"] > NOISE_TARGET})  # fmt: skip
     if noisy:
         blocks.append(Para(f"**Too few rollouts** for {len(noisy)} of the audited (env, algo, checkpoint) cells: there the "
-                           f"truth's noise is more than {NOISY:.0%} of its spread (noise share = mean SE² / Var[A]), so "
+                           f"truth's noise is more than {NOISE_TARGET:.0%} of its spread (noise share = mean SE² / Var[A]), so "
                            "its scores measure the noise as much as the estimators. More `--branches` shrink SE² in "
-                           "proportion: " + "; ".join(f"{e} {a} {c}" for e, a, c in noisy) + "."))  # fmt: skip
+                           "proportion; `--max-branches` adds them where needed: " + "; ".join(f"{e} {a} {c}" for e, a, c in noisy) + "."))  # fmt: skip
     for env in sorted({r["env"] for r in summary}, key=natural_key):
         mine = sorted((r for r in summary if r["env"] == env and r["steps_left"] == "all"),
                       key=lambda r: (r["algo"], r["global_step"], r["estimator"]))  # fmt: skip

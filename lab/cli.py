@@ -215,6 +215,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise BadInput(f"--group-size must be at least 2 (a group estimator compares members), got {args.group_size}")
     if any(t < 0 for t in args.steps) or args.seed < 0:
         raise BadInput("--steps and --seed must be non-negative")
+    if args.max_branches and args.max_branches < 2 * args.branches:
+        raise BadInput(f"--max-branches must be 0 (off) or at least twice --branches, {2 * args.branches}, so that "
+                       f"rollouts can be added; got {args.max_branches}")  # fmt: skip
     workers = _workers(args)
     from lab import audit
 
@@ -222,7 +225,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     targets = audit.plan([Path(p) for p in args.paths], args.checkpoints, out)
     settings = audit.AuditSettings(samples=args.samples, branches=args.branches, groups=args.groups,
                                    group_size=args.group_size, vine_branches=args.vine_branches, seed=args.seed,
-                                   steps=tuple(args.steps))  # fmt: skip
+                                   steps=tuple(args.steps), max_branches=args.max_branches)  # fmt: skip
     print(f"audit: {len(targets)} checkpoints, {workers} at a time → {out}")
     _, failures = audit.run_audits(targets, settings, workers, args.backend, args.ray_address)
     paths = audit.build_report(out, " ".join(["testbed", *sys.argv[1:]]))

@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="final: checkpoint.pt; kept: those keep_checkpoints kept; all: both")  # fmt: skip
     auditor.add_argument("--samples", type=int, default=64, help="N: steps sampled from the policy's trajectories")
     auditor.add_argument("--branches", type=int, default=32, help="K: rollouts each for Q(s, a) and V(s) per sample")
+    auditor.add_argument("--max-branches", type=int, default=0, metavar="K_MAX",
+                         help="add K rollouts of each kind at a time while the truth's noise share (mean SE² / Var[A]) "
+                              "exceeds a quarter, up to K_MAX per sample; 0: K only")  # fmt: skip
     auditor.add_argument("--groups", type=int, default=4, help="B: start states of the trajectories sampled from")
     auditor.add_argument("--group-size", type=int, default=8, help="G: trajectories per start state (the group "
                          "estimators' groups)")  # fmt: skip

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from agents import audit as A
+from agents import audit_scores as S
 from agents.networks import ActorCritic, NetworkSpec
 from agents.ppo import PPOConfig
 from agents.rollout import Episodes
@@ -59,6 +60,23 @@ def test_later_actions_change_nothing_and_common_random_numbers_make_that_exact(
     assert set(result.t) <= {3, 5, 8}
     assert torch.equal(result.truth, torch.zeros(10)) and torch.equal(result.truth_se, torch.zeros(10))
     assert result.steps_left == [H - t for t in result.t]
+
+
+def test_max_branches_adds_rollouts_until_the_truth_is_sharp_and_changes_nothing_where_it_is() -> None:
+    # The first action's truth from 2 rollouts is noisy against its spread; with --max-branches 64, rounds of
+    # 2 more join until the noise share is at most a quarter (or 64 are reached).
+    p, settings = 0.7, A.AuditSettings(samples=12, branches=2, groups=3, group_size=4, steps=(0,), max_branches=64)
+    plain = chain_audit(replace(settings, max_branches=0), p)
+    assert plain.branches == 2 and S.noise_share(plain.truth, plain.truth_se) > settings.noise_target
+    grown = chain_audit(settings, p)
+    assert grown.branches % 2 == 0 and 2 < grown.branches <= 64
+    share = S.noise_share(grown.truth, grown.truth_se)
+    assert share <= settings.noise_target or grown.branches == 64
+    assert grown.env_steps > plain.env_steps and grown.t == plain.t  # the same samples, more rollouts each
+    # Where the truth is already sharp (exactly 0 after the first action), nothing is added.
+    later = replace(settings, samples=6, steps=(3, 5))
+    assert chain_audit(later).branches == 2
+    assert torch.equal(chain_audit(later).truth, chain_audit(replace(later, max_branches=0)).truth)
 
 
 def test_an_audit_gives_every_estimator_and_the_same_numbers_twice() -> None:

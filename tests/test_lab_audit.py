@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -56,12 +57,27 @@ def test_an_audit_done_is_not_redone(tmp_path: Path) -> None:
     before = samples.stat().st_mtime_ns
     assert audit([tmp_path / "run"], tmp_path / "out", "--checkpoints", "final") == 0
     assert samples.stat().st_mtime_ns == before
+    # An audit written before --max-branches existed ran without it: still done.
+    record_path = samples.with_name("audit.json")
+    record = json.loads(record_path.read_text())
+    assert record["branches"] == 4
+    del record["settings"]["max_branches"], record["settings"]["noise_target"]
+    record_path.write_text(json.dumps(record))
+    assert audit([tmp_path / "run"], tmp_path / "out", "--checkpoints", "final") == 0
+    assert samples.stat().st_mtime_ns == before
+    # Other settings are another audit, and the report says how far the rollouts grew.
+    assert audit([tmp_path / "run"], tmp_path / "out", "--checkpoints", "final", "--max-branches", "16") == 0
+    assert samples.stat().st_mtime_ns != before
+    branches = json.loads(record_path.read_text())["branches"]
+    assert branches in (4, 8, 12, 16)
+    assert f"up to 16 (reached: {branches})" in (tmp_path / "out" / "audit.md").read_text()
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--samples", "0"], "--samples must be at least 1"),
     (["--group-size", "1"], "--group-size must be at least 2"),
     (["--checkpoints", "kept"], "keep_checkpoints"),
+    (["--branches", "4", "--max-branches", "6"], "--max-branches must be 0 (off) or at least twice --branches"),
 ])  # fmt: skip
 def test_bad_audits_are_refused_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                                  message: str) -> None:  # fmt: skip
