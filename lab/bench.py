@@ -27,7 +27,7 @@ from agents import registry, rundir
 from agents.config import SEED_LIMIT, parse_overrides, read_yaml
 from envs.errors import BadInput, brief
 from lab.cells import Cell, Outcome, reused_elsewhere
-from lab.document import fmt_duration
+from lab.document import counted, fmt_duration
 from lab.executor import HEARTBEAT_S, Heartbeat, connect_ray, execute
 from lab.plan import resolve_run
 from lab.suites import SUITES, Suite
@@ -56,7 +56,7 @@ class Grid:
     def seeds_text(self) -> str:
         """``5 seeds``, or ``5 seeds (sb3-ppo 3)`` where some algos run fewer."""
         others = ", ".join(f"{a} {len(s)}" for a, s in self.algo_seeds.items() if a in self.algos)
-        return f"{len(self.seeds)} seeds" + (f" ({others})" if others else "")
+        return counted(len(self.seeds), "seed") + (f" ({others})" if others else "")
 
     def definition(self) -> dict[str, Any]:
         """What makes two runs of a bench the same grid: a rerun with another definition is refused."""

@@ -24,6 +24,7 @@ from agents.config import build_config
 from envs import check_env_id
 from envs.errors import BadInput, brief
 from lab import bench, manifest
+from lab.document import counted
 from lab.parser import build_parser
 from lab.plan import checkpoint_policy, plan_train
 from lab.study import TUNE_FILE
@@ -187,8 +188,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, grid_sets(args), args.name,
                            first_seed=args.first_seed)  # fmt: skip
     cells = len(grid.cells())
-    print(f"bench {grid.name}: {len(grid.algos)} algos × {len(grid.envs)} envs × {grid.seeds_text()} = {cells} runs, "
-          f"{args.backend} backend, {workers} processes at a time → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
+    print(f"bench {grid.name}: {counted(len(grid.algos), 'algo')} × {counted(len(grid.envs), 'env')} × "
+          f"{grid.seeds_text()} = {counted(cells, 'run')}, {args.backend} backend, "
+          f"{counted(workers, 'process', 'processes')} at a time → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
     return _run_grid(grid, workers, args, "report: {0}/report.md")
 
 
@@ -201,8 +203,9 @@ def cmd_credit(args: argparse.Namespace) -> int:
     grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, grid_sets(args), name,
                            variants=study.variants(), first_seed=args.first_seed)  # fmt: skip
     bench_dir = bench.BENCH_ROOT / grid.name
-    print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × {len(grid.algos)} algos "
-          f"× {len(grid.seeds)} seeds = {len(grid.cells())} runs, {args.backend} backend, {workers} processes at a time → {bench_dir}")  # fmt: skip
+    print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × "
+          f"{counted(len(grid.algos), 'algo')} × {counted(len(grid.seeds), 'seed')} = {counted(len(grid.cells()), 'run')}, "
+          f"{args.backend} backend, {counted(workers, 'process', 'processes')} at a time → {bench_dir}")  # fmt: skip
     return _run_grid(grid, workers, args, "study report: {0}/credit.md; bench report: {0}/report.md",
                      prepare=lambda folder: credit.write_study(folder, study))
 
@@ -247,7 +250,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           args.name, args.storage, args.first_seed, args.pruner, args.startup_trials,
                           args.sampler_seed)  # fmt: skip
     print(f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; "
-          f"{len(plan.space)} parameters, {args.backend} backend, {args.workers} trial{'s' * (args.workers != 1)} "
+          f"{len(plan.space)} parameters, {args.backend} backend, {counted(args.workers, 'trial')} "
           f"at a time → {tune.TUNE_ROOT / plan.name}")  # fmt: skip
     try:
         tune_dir, counts = tune.run_study(plan, args.workers, args.backend, args.ray_address, stack=stack)

@@ -143,6 +143,11 @@ def fmt_ci(low: float, high: float) -> str:
     return f"[{low:.2f}, {high:.2f}]"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 seed``, ``3 seeds``, ``1 process``, ``2 processes``: the count and its noun, plural unless n is 1."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def fmt_steps(value: float | None) -> str:
     return DASH if value is None else f"{round(value):,}"
 
