@@ -27,7 +27,8 @@ import numpy as np
 import yaml
 
 from envs.errors import BadInput
-from lab.document import DASH, Block, Bullets, Heading, Image, Para, Table, fmt_ci, fmt_return, fmt_seconds, fmt_steps
+from lab.document import DASH, Block, Bullets, Heading, Image, Para, Table, counted, fmt_ci, fmt_return, fmt_seconds
+from lab.document import fmt_steps
 from lab.document import render_html, render_markdown, safe_name
 from lab.plot import X_LABELS, algo_colors, plot_aggregates, plot_bands, plot_env_runs
 from lab.results import Run, base_env_id, find_runs, natural_key
@@ -293,8 +294,8 @@ def compute_text(runs: Sequence[Run]) -> str:
     steps = sum(int(run.summary.get("total_steps") or run.last_step) for run in runs)
     widest = max((len(seeds) for _, _, seeds in processes), default=1)
     return (f"Compute: {fmt_steps(steps)} env steps in {sum(processes.values()) / 3600:.3g} core-hours: the wall "
-            f"time of {len(processes)} trainer processes of one thread each, up to {widest} seeds side by side "
-            "in one (a process lasts as long as its longest run)")  # fmt: skip
+            f"time of {counted(len(processes), 'trainer process', 'trainer processes')} of one thread each, up to "
+            f"{counted(widest, 'seed')} side by side in one (a process lasts as long as its longest run)")  # fmt: skip
 
 
 def _what_was_run(runs: Sequence[Run]) -> list[Block]:
