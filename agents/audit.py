@@ -304,6 +304,7 @@ def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, setting
     for n, (t, i) in enumerate(chosen):
         point, key = trunks.point(t, i), (settings.seed, n)
         jobs += [Job(point, episodes.actions[t, i], key), Job(point, None, key)]
+
     def branch_round(r: int) -> tuple[Tensor, int]:
         """K more Q- and V-rollouts per sample, the noise of round r ≥ 1 its own: (N, K) D_{n,k}, env steps."""
         batch = jobs if r == 0 else [Job(job.point, job.forced, (*job.noise_key, r)) for job in jobs]

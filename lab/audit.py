@@ -229,12 +229,12 @@ def checkpoint_scores(record: dict[str, Any], samples: list[dict[str, str]]) -> 
             continue
         truth = torch.tensor([float(s["truth"]) for s in chosen], dtype=torch.float64)
         se = torch.tensor([float(s["truth_se"]) for s in chosen], dtype=torch.float64)
-        spread = float(truth.var(unbiased=False))
+        spread, share = float(truth.var(unbiased=False)), noise_share(truth, se)
         for name in estimators:
             estimate = torch.tensor([float(s[name]) for s in chosen], dtype=torch.float64)
             score = scores(estimate, truth, se)
             score["relative_mse"] = score["mse"] / spread if spread > 0 else None
-            score["noise_share"] = noise_share(truth, se)
+            score["noise_share"] = share
             rows.append({"env": record["env"], "algo": record["algo"], "seed": record["seed"],
                          "global_step": record["global_step"], "checkpoint": record["checkpoint"],
                          "estimator": name, "steps_left": bin_name, **score})  # fmt: skip

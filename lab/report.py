@@ -28,8 +28,8 @@ import yaml
 
 from envs.errors import BadInput
 from lab.document import DASH, Block, Bullets, Heading, Image, Para, Table, counted, fmt_ci, fmt_return, fmt_seconds
-from lab.document import fmt_steps
-from lab.document import render_html, render_markdown, safe_name
+from lab.document import fmt_steps, render_html, render_markdown, safe_name
+from lab.plan import parse_seeds
 from lab.plot import X_LABELS, algo_colors, plot_aggregates, plot_bands, plot_env_runs
 from lab.results import Run, base_env_id, find_runs, natural_key
 from lab import stats
@@ -270,14 +270,17 @@ def across_envs(
 
 
 def stacked_with(run: Run) -> tuple[int, ...]:
-    """The seeds that trained in one process with ``run`` when it last ran: ``--seeds a,b,…`` of the command
-    in its meta.json; its own seed alone when it trained by itself or the file is missing."""
+    """The seeds that trained in one process with ``run`` when it started: the ``--seeds`` of the command in
+    its meta.json (a resume writes its own meta file beside it), read as ``testbed train`` reads it; its own
+    seed alone when it trained by itself, or the file is missing or unreadable."""
     try:
-        command = json.loads((run.run_dir / "meta.json").read_text()).get("command", [])
-    except (OSError, ValueError):
+        command = [str(arg) for arg in json.loads((run.run_dir / "meta.json").read_text()).get("command", [])]
+        if "--seeds" not in command[:-1]:
+            return (run.seed,)
+        first = int(command[command.index("--seed") + 1]) if "--seed" in command[:-1] else None
+        return tuple(parse_seeds(command[command.index("--seeds") + 1], first))
+    except (OSError, ValueError, BadInput):
         return (run.seed,)
-    seeds = command[command.index("--seeds") + 1] if "--seeds" in command[:-1] else None
-    return tuple(int(s) for s in str(seeds).split(",")) if seeds and "," in str(seeds) else (run.seed,)
 
 
 def compute_text(runs: Sequence[Run]) -> str:

@@ -344,6 +344,16 @@ def test_the_report_counts_a_stack_of_seeds_as_one_process_in_its_core_hours(ben
             "of one thread each, up to 2 seeds side by side in one") in markdown  # fmt: skip
 
 
+def test_a_stack_started_with_a_seed_count_is_one_process(bench: Path) -> None:
+    # `testbed train --seeds 2 --seed 0` trains seeds 0 and 1 in one process, as --seeds 0,1 does.
+    for seed in (0, 1):
+        meta = {"command": ["lab", "train", "--algo", "grpo", "--seeds", "2", "--seed", "0", "--run-dir", "x"]}
+        (bench / "CartPole-v1" / "grpo" / f"seed{seed}" / "meta.json").write_text(json.dumps(meta))
+    markdown = build_report(bench)["markdown"].read_text()
+    # ppo 0 and 1 alone (4.0 s, 4.5 s), grpo 0 and 1 together (4.0 s), grpo 2 alone (2.0 s): 14.5 s in 4.
+    assert "in 0.00403 core-hours: the wall time of 4 trainer processes of one thread each, up to 2 seeds" in markdown
+
+
 def test_build_report_is_idempotent(bench: Path) -> None:
     first = build_report(bench)
     texts = {key: first[key].read_text() for key in ("summary", "markdown", "html")}
