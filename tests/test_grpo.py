@@ -244,6 +244,22 @@ def test_continuous_control_improves_inverted_pendulum(tmp_path: Path) -> None:
     assert summary["final_eval_return_mean"] >= 80  # evaluated on the full 1000-step episodes
 
 
+def test_alive_member_baselines_step_forward_where_the_survivor_credit_stands_still(tmp_path: Path) -> None:
+    # Tightrope pays 3 a step for staying up plus the action a as progress, and a > 0.5 falls: standing
+    # still earns 150 over 50 steps, the best policy 175. Counting fallen members as reward-to-go 0
+    # (step_baseline) credits every survivor for outliving them, and the policy stands (145.5–150.2 over
+    # seeds 0–4); comparing members only with those still up at the same step (step_alive) steps forward
+    # (160.5–162.5). Same seed, same budget, same settings otherwise.
+    finals = {}
+    for advantage in ("step_baseline", "step_alive"):
+        cfg = grpo_config("testbed-toy/Tightrope-v0", continuous=True, total_steps=60_000, group_size=8,
+                          num_groups=4, n_epochs=10, num_minibatches=8, learning_rate=1e-3, log_std_init=-0.5,
+                          beta=0.0, advantage=advantage, env_kwargs={"alive_bonus": 3.0}, eval_interval=0,
+                          eval_episodes=2)  # fmt: skip
+        finals[advantage] = run_training(grpo, cfg, tmp_path / advantage)["final_eval_return_mean"]
+    assert finals["step_baseline"] < 152 < 157 < finals["step_alive"]
+
+
 def test_a_reward_offset_trains_on_shifted_rewards_but_logs_the_env_s_own_return(tmp_path: Path) -> None:
     cfg = grpo_config(total_steps=4_000, eval_interval=0, eval_episodes=2, reward_offset=1.0)
     assert run_training(grpo, cfg, tmp_path / "run")["status"] == "completed"

@@ -75,6 +75,31 @@ class Diverge(ConstantReward):
         return obs, float("nan") if Diverge.steps > 300 else reward, terminated, truncated, info
 
 
+class Tightrope(gym.Env):
+    """A survival trap, Hopper's in one dimension: each step pays 1 for staying up plus the action
+    a ∈ [−1, 1] as progress, and a step with a > 0.5 falls (terminates).
+
+    Standing still (a = 0) earns 1 a step; the best policy steps at a = 0.5 and earns 1.5 a step, so over
+    the 50-step limit the deterministic returns are 50 (stand) and 75 (best). A Gaussian policy that
+    explores near 0.5 falls often, and a baseline that credits survivors for outliving the others pulls it
+    back to standing.
+    """
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, alive_bonus: float = 1.0) -> None:
+        self.alive_bonus = alive_bonus
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        a = float(np.clip(action[0], -1.0, 1.0))
+        return np.zeros(1, np.float32), self.alive_bonus + a, a > 0.5, False, {}
+
+
 def register() -> None:
     if "testbed-toy/ConstantReward-v0" not in gym.registry:
         gym.register("testbed-toy/ConstantReward-v0", entry_point=ConstantReward, max_episode_steps=20)
@@ -83,6 +108,7 @@ def register() -> None:
         gym.register("testbed-toy/Unlimited-v0", entry_point=ConstantReward)
         gym.register("testbed-toy/Crash-v0", entry_point=Crash, max_episode_steps=20)
         gym.register("testbed-toy/Diverge-v0", entry_point=Diverge, max_episode_steps=20)
+        gym.register("testbed-toy/Tightrope-v0", entry_point=Tightrope, max_episode_steps=50)
 
 
 register()  # importing this module registers its envs, so `tests.toy_envs:testbed-toy/…` ids work anywhere
