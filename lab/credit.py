@@ -31,7 +31,7 @@ from envs.errors import BadInput
 from lab.plot import algo_colors, new_figure, plot_env_runs, save_figure
 from lab.document import DASH, Block, Bullets, Heading, Image, Para, Table, fmt_ci, fmt_return, fmt_steps
 from lab.document import render_html, render_markdown
-from lab.report import Reference, load_reference_scores, reference_for, reward_threshold
+from lab.normalized import Reference, load_reference_scores, reference_for, reward_threshold
 from lab.results import Run, base_env_id, find_runs
 from lab.stats import bootstrap_ci
 

@@ -18,7 +18,7 @@ import pytest
 
 from agents.runlog import Progress
 from envs.errors import BadInput
-from lab import bench, report
+from lab import bench, normalized, report
 from lab.cells import Cell, Outcome, Stop, live_progress
 from lab.cli import main
 from lab.executor import Board
@@ -253,7 +253,7 @@ def test_the_mujoco_suite_runs_every_v5_task_with_five_seeds_of_ours_and_three_o
 
 def test_every_mujoco_task_has_normalization_anchors_and_a_cited_ppo_figure() -> None:
     # The suite's aggregates normalize every task, and each PPO entry names the figure it is measured against.
-    refs = report.load_reference_scores()
+    refs = normalized.load_reference_scores()
     entries = re.split(r"\n  (?=\S)", (REPO / "agents/presets/ppo.yaml").read_text())
     for env_id in bench.SUITES["mujoco"].envs:
         assert refs[env_id].target > refs[env_id].random, env_id

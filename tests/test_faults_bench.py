@@ -283,7 +283,8 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_the_report_modules_import_no_circle_and_build_reports_writes_both(tmp_path: Path) -> None:
     assert "lab.credit" not in imported_modules(REPO / "lab" / "report.py")
-    assert "lab.report" in imported_modules(REPO / "lab" / "credit.py")
+    assert "lab.credit" not in imported_modules(REPO / "lab" / "normalized.py")
+    assert "lab.normalized" in imported_modules(REPO / "lab" / "credit.py")
     bench_dir = tmp_path / "study"
     run_dir = bench_dir / "CartPole-v1" / "delay1" / "ppo" / "seed0"
     run_dir.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Tests for lab/results.py, lab/plot.py and lab/report.py, on run directories written by hand.
+"""Tests for lab/results.py, lab/plot.py, lab/report.py and lab/normalized.py, on run directories written by hand.
 
 No training: each run directory is fabricated with known numbers (config.yaml, summary.json,
 progress.csv), so every figure in a report can be checked against a hand computation.
@@ -21,7 +21,8 @@ from matplotlib.figure import Figure
 from envs.errors import BadInput
 from lab import plot
 from lab.plot import mean_curve, plot_runs
-from lab.report import build_report, load_reference_scores
+from lab.normalized import load_reference_scores
+from lab.report import build_report
 from lab.results import find_runs
 from lab.stats import bootstrap_ci, iqm
 
