@@ -50,6 +50,44 @@ def row(label: str, overrides: list[str], runs: list[Run], threshold: float | No
     return "| " + " | ".join(cells) + " |"
 
 
+def table_text(benches: list[Path], title: str, threshold: float | None = None, seeds: list[int] | None = None,
+               envs: list[str] | None = None) -> str:
+    """The Markdown page: one table per env, a row per bench in the order given, then the benches' commands."""
+    by_env: dict[str, list[str]] = {}
+    commands: list[str] = []
+    for bench in benches:
+        spec = yaml.safe_load((bench / "bench.yaml").read_text())
+        overrides = [o for values in (spec.get("overrides") or {}).values() for o in values]
+        commands += spec.get("commands", [])[:1]
+        runs = [r for r in find_runs([bench]) if r.status == "completed" and (seeds is None or r.seed in seeds)
+                and (envs is None or r.env_id in envs)]  # fmt: skip
+        for env_id in sorted({r.env_id for r in runs}):
+            mine = [r for r in runs if r.env_id == env_id]
+            by_env.setdefault(env_id, []).append(row(bench.name, overrides, mine, threshold))
+    header = ["bench", "settings (`--set`)", "seeds", "final eval"]
+    if threshold is not None:
+        header.append(f"first eval ≥ {threshold:g}")
+    header += ["env steps", "wall s"]
+    lines = [f"# {title}", "", f"Machine: {machine_line()}.", "",
+             "Final eval: the final deterministic policy, 10 episodes on the fixed seeds 1000000…, the raw env "
+             "return; mean ± population std over seeds, then each seed's. Wall seconds come from runs that shared "
+             "the machine's cores with other runs: they order settings, they are not a speed benchmark.", ""]  # fmt: skip
+    for env_id, rows in by_env.items():
+        lines += [f"## {env_id}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows, ""]
+    lines += ["Commands:", "", "```bash", *commands, "```", ""]
+    return "\n".join(lines)
+
+
+def write_page(text: str, out: Path | None) -> None:
+    """Print the page, or write it to ``out``."""
+    if out is None:
+        print(text)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benches", nargs="+", type=Path, required=True, help="bench folders, one row each")
@@ -59,35 +97,7 @@ def main() -> None:
     parser.add_argument("--envs", nargs="+", default=None, help="only these env labels (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="Markdown file (default: print)")
     args = parser.parse_args()
-    by_env: dict[str, list[str]] = {}
-    commands: list[str] = []
-    for bench in args.benches:
-        spec = yaml.safe_load((bench / "bench.yaml").read_text())
-        overrides = [o for values in (spec.get("overrides") or {}).values() for o in values]
-        commands += spec.get("commands", [])[:1]
-        runs = [r for r in find_runs([bench]) if r.status == "completed" and (args.seeds is None or r.seed in args.seeds)
-                and (args.envs is None or r.env_id in args.envs)]  # fmt: skip
-        for env_id in sorted({r.env_id for r in runs}):
-            mine = [r for r in runs if r.env_id == env_id]
-            by_env.setdefault(env_id, []).append(row(bench.name, overrides, mine, args.threshold))
-    header = ["bench", "settings (`--set`)", "seeds", "final eval"]
-    if args.threshold is not None:
-        header.append(f"first eval ≥ {args.threshold:g}")
-    header += ["env steps", "wall s"]
-    lines = [f"# {args.title}", "", f"Machine: {machine_line()}.", "",
-             "Final eval: the final deterministic policy, 10 episodes on the fixed seeds 1000000…, the raw env "
-             "return; mean ± population std over seeds, then each seed's. Wall seconds come from runs that shared "
-             "the machine's cores with other runs: they order settings, they are not a speed benchmark.", ""]  # fmt: skip
-    for env_id, rows in by_env.items():
-        lines += [f"## {env_id}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows, ""]
-    lines += ["Commands:", "", "```bash", *commands, "```", ""]
-    text = "\n".join(lines)
-    if args.out is None:
-        print(text)
-        return
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+    write_page(table_text(args.benches, args.title, args.threshold, args.seeds, args.envs), args.out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Smoke tests for benchmarks/speed.py, learning.py and sweeps.py: tiny budgets, real subprocesses."""
+"""Smoke tests for benchmarks/speed.py, learning.py, sweeps.py and ablation.py: tiny budgets, real subprocesses."""
 
 from __future__ import annotations
 
@@ -120,3 +120,32 @@ def test_a_sweep_on_its_own_seeds_is_tabulated(tmp_path: Path) -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "`eval_interval=512`<br>`ent_coef=0.01`" and cells[2] == "7" and cells[4].startswith("1/1")
     assert "--first-seed 7" in md and str(tmp_path) not in md
+
+
+def test_an_ablation_runs_its_rows_in_order_and_tables_them(tmp_path: Path) -> None:
+    tiny = ["total_steps=1024", "eval_interval=512"]
+    argv = [str(REPO / "benchmarks" / "ablation.py"), "--algo", "ppo", "--env", "CartPole-v1", "--seeds", "1",
+            "--title", "An ablation", "--out", "page.md", "--row", "abl-b", *tiny, "ent_coef=0.01",
+            "--row", "abl-a", *tiny]  # fmt: skip
+    proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    md = (tmp_path / "page.md").read_text()
+    rows = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| `abl-")]
+    assert rows == ["`abl-b`", "`abl-a`"]  # the order given, not the names' order
+    assert "`ent_coef=0.01`" in md and "--name abl-b --set total_steps=1024" in md
+    # A rerun finds every run done and trains nothing.
+    again = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert again.returncode == 0 and (tmp_path / "page.md").read_text().split("Machine")[1] == md.split("Machine")[1]
+
+
+def test_an_ablation_with_a_bad_row_fails_before_any_bench_runs(tmp_path: Path) -> None:
+    for rows, message in [(["--row", "a", "--row", "a"], "--row names must differ"),
+                          (["--row", "a", "--row", "b", "gama=0.9"], "--row b:"),
+                          (["--row", "a", "gamma"], "settings are KEY=VALUE")]:  # fmt: skip
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ablation.py"), "--algo", "ppo", "--env",
+                               "CartPole-v1", "--title", "T", *rows], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,81 @@
+"""An ablation in one command: one bench per row, each row the preset with its own changes, then the table.
+
+    python benchmarks/ablation.py --algo grpo --env Hopper-v5 --seeds 3 --title "GRPO ablation on Hopper-v5" \
+        --row abl-hop-preset --row abl-hop-offset reward_offset=1 --row abl-hop-alive advantage=step_alive \
+        [--workers 1] [--out benchmarks/results/grpo-ablation/hopper.md]
+
+Each row ``NAME [KEY=VALUE …]`` is ``testbed bench --algos ALGO --envs ENV --seeds N --workers W --name NAME
+--set KEY=VALUE …``, run from the current folder into its ``runs/bench/NAME``; a row without settings is the
+preset. Every row's
+config is resolved and checked before the first bench starts, so a misspelled key fails at once and not
+hours in. The benches run one after another and resume: a rerun trains only what is missing, and an
+interrupted ablation continues where it stopped. The page (``sweeps.table_text``) keeps the rows' order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweeps import table_text, write_page  # noqa: E402
+
+from envs.errors import BadInput  # noqa: E402
+from lab.plan import resolve_run  # noqa: E402
+
+
+def bench_command(algo: str, env_id: str, seeds: int, workers: int, name: str, settings: list[str]) -> list[str]:
+    """The ``testbed bench`` argv of one row, as the page lists it."""
+    return ["testbed", "bench", "--algos", algo, "--envs", env_id, "--seeds", str(seeds), "--workers", str(workers),
+            "--name", name, *(part for s in settings for part in ("--set", s))]  # fmt: skip
+
+
+def check_rows(algo: str, env_id: str, rows: list[list[str]]) -> None:
+    """BadInput, before anything runs, for a repeated name, a setting that is not KEY=VALUE, or a config
+    that does not resolve (an unknown key, a value out of range, a key the variant fixes)."""
+    names = [row[0] for row in rows]
+    if len(set(names)) != len(names):
+        raise BadInput(f"--row names must differ, got {', '.join(names)}")
+    for name, *settings in rows:
+        bad = [s for s in settings if "=" not in s]
+        if bad:
+            raise BadInput(f"--row {name}: settings are KEY=VALUE, got {', '.join(bad)}")
+        try:
+            resolve_run(algo, env_id, settings, validate=True)
+        except BadInput as error:
+            raise BadInput(f"--row {name}: {error}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algo", required=True)
+    parser.add_argument("--env", required=True, help="gymnasium id")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per row (default: 3)")
+    parser.add_argument("--workers", type=int, default=1, help="processes at a time within a row (default: 1)")
+    parser.add_argument("--row", nargs="+", action="append", required=True, metavar="ITEM",
+                        help="NAME, then its KEY=VALUE settings (none: the preset); repeatable, in the table's order")
+    parser.add_argument("--title", required=True)
+    parser.add_argument("--out", type=Path, default=None, help="Markdown file (default: print)")
+    args = parser.parse_args(argv)
+    try:
+        check_rows(args.algo, args.env, args.row)
+    except BadInput as error:
+        print(f"ablation: error: {error}", file=sys.stderr)
+        return 2
+    for name, *settings in args.row:
+        argv_row = bench_command(args.algo, args.env, args.seeds, args.workers, name, settings)
+        print(f"── row {name}: {' '.join(argv_row)}", flush=True)
+        code = subprocess.call([sys.executable, "-m", "lab.cli", *argv_row[1:]])
+        if code != 0:
+            print(f"ablation: row {name} exited with status {code}; rerun the same command to continue",
+                  file=sys.stderr)
+            return code
+    benches = [Path("runs") / "bench" / row[0] for row in args.row]
+    write_page(table_text(benches, args.title, seeds=list(range(args.seeds)), envs=[args.env]), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
