@@ -27,6 +27,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers import vector as vector_wrappers
 
 from envs.tasks import TASK_IDS
@@ -142,6 +143,19 @@ def is_continuous(env: VectorEnv | gym.Env) -> bool:
     return isinstance(space, gym.spaces.Box)
 
 
+class ClipAction(vector_wrappers.TransformAction):
+    """gymnasium's vector ``ClipAction``, clipping the whole batch in one call: the same actions, cast to the
+    sub-envs' dtype as gymnasium's copy into its output array casts them, and the same unbounded action
+    space for the agent. gymnasium's clips sub-env by sub-env through its space utilities, about 20 µs a
+    step, a seventh of a HalfCheetah step's own cost."""
+
+    def __init__(self, env: VectorEnv) -> None:
+        space = env.single_action_space
+        unbounded = gym.spaces.Box(-np.inf, np.inf, space.shape, space.dtype)
+        super().__init__(env, lambda actions: np.clip(actions, space.low, space.high).astype(space.dtype, copy=False),
+                         batch_space(unbounded, env.num_envs), unbounded)  # fmt: skip
+
+
 class RewardOffset(VectorWrapper):
     """r' = r − c on every step of an episode (ARS's alive-bonus offset). The step that a NEXT_STEP autoreset
     spends on the reset belongs to no episode and keeps its reward of 0, which gymnasium's TransformReward
@@ -208,7 +222,7 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
         env = vector_wrappers.FlattenObservation(env)
     env = vector_wrappers.RecordEpisodeStatistics(env)
     if is_continuous(env):
-        env = vector_wrappers.ClipAction(env)
+        env = ClipAction(env)
     if options.normalize_obs:
         env = vector_wrappers.NormalizeObservation(env)
         bound = options.clip_obs

@@ -34,7 +34,7 @@ from envs import (
     normalizer_state,
     vector_env_state,
 )
-from envs.factory import find_wrapper
+from envs.factory import ClipAction, find_wrapper
 
 # CartPole's termination thresholds (gymnasium's cartpole.py).
 THETA_LIMIT = 12 * 2 * np.pi / 360  # ≈ 0.2095 rad
@@ -185,7 +185,7 @@ def test_continuous_envs_clip_actions(closing: list[VectorEnv]) -> None:
     huge = make_vector("Pendulum-v1", 1)
     bound = make_vector("Pendulum-v1", 1)
     closing += [huge, bound]
-    assert find_wrapper(huge, vector_wrappers.ClipAction) is not None
+    assert find_wrapper(huge, ClipAction) is not None
     high = bound.single_action_space.high
     huge.reset(seed=4)
     bound.reset(seed=4)
@@ -211,10 +211,22 @@ def test_clipping_is_visible_where_the_env_does_not_clip(closing: list[VectorEnv
         assert np.array_equal(obs_h, obs_b) and np.array_equal(rew_h, rew_b)
 
 
+def test_the_batch_clip_gives_gymnasium_s_actions_and_space(closing: list[VectorEnv]) -> None:
+    ours = make_vector("HalfCheetah-v5", 3)
+    theirs = vector_wrappers.ClipAction(gym.make_vec("HalfCheetah-v5", num_envs=3, vectorization_mode="sync"))
+    closing += [ours, theirs]
+    clip = find_wrapper(ours, ClipAction)
+    assert clip.single_action_space == theirs.single_action_space and clip.action_space == theirs.action_space
+    actions = np.random.default_rng(0).normal(0.0, 3.0, (3, 6))  # float64, as a policy might give them
+    for batch in (actions, actions.astype(np.float32)):
+        mine, gym_s = clip.actions(batch), theirs.actions(batch)
+        assert mine.dtype == gym_s.dtype == np.float32 and np.array_equal(mine, gym_s)
+
+
 def test_discrete_actions_are_not_clipped(closing: list[VectorEnv]) -> None:
     env = make_vector("CartPole-v1", 2)
     closing.append(env)
-    assert find_wrapper(env, vector_wrappers.ClipAction) is None
+    assert find_wrapper(env, ClipAction) is None
 
 
 # ── observation and reward normalization ─────────────────────────────────────────────────────────
