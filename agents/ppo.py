@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
@@ -88,6 +88,9 @@ class PPOConfig(RunConfig):
     """Stop an iteration's epochs once approx_kl exceeds 1.5 × target_kl; None to never stop."""
     normalize_advantage: bool = True
     """Standardize advantages per minibatch."""
+    recompute_advantages: bool = False
+    """Before every epoch after the first, recompute V, GAE advantages and value targets with the critic as
+    the previous epoch left it (Tianshou's ``recompute_adv``; Andrychowicz et al. 2021 recommend it)."""
     normalize_reward: bool = False
     """Scale rewards by the running std of the discounted return (clipped to ±10)."""
     shared_trunk: bool = False
@@ -198,10 +201,9 @@ class Learner:
         self.adam.lr = torch.tensor(learning_rates, dtype=torch.float64)
         segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
         clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
-        advantages = adv.gae(segment.rewards, segment.values, segment.next_values, segment.terminated, segment.done,
-                             cfg.gamma, cfg.gae_lambda)  # (T, S·N)  # fmt: skip
-        returns = advantages + segment.values  # (T, S·N)
-        stats = update(self, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running))  # (S, 5)
+        advantages, returns = gae_targets(cfg, segment, segment.values, segment.next_values)  # (T, S·N) each
+        recompute = partial(critic_targets, self, segment) if cfg.recompute_advantages else None
+        stats = update(self, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running), recompute)
         metrics: list[dict[str, float | None]] = []
         for k in range(S):
             cols = slice(k * N, (k + 1) * N)
@@ -241,11 +243,30 @@ def finish(steps: Any, last_values: Tensor) -> Segment:
     raise RuntimeError("segment_steps yielded past its segment")
 
 
+def gae_targets(cfg: PPOConfig, segment: Segment, values: Tensor, next_values: Tensor) -> tuple[Tensor, Tensor]:
+    """GAE(γ, λ) advantages Â and value targets Â + V, (T, S·N) each, from values V(s_t) and V(s_{t+1})."""
+    advantages = adv.gae(segment.rewards, values, next_values, segment.terminated, segment.done, cfg.gamma,
+                         cfg.gae_lambda)  # fmt: skip
+    return advantages, advantages + values
+
+
+def critic_targets(learner: Learner, segment: Segment) -> tuple[Tensor, Tensor]:
+    """:func:`gae_targets` from the current critic's values of the segment's states s_0 … s_T. With NEXT_STEP
+    autoreset the row after a truncated step holds its true final observation, so its bootstrap is kept."""
+    S, T = len(learner.cfgs), segment.obs.shape[0]
+    states = torch.cat([segment.obs, segment.last_obs])  # (T+1, S·N, obs_dim)
+    with torch.no_grad():
+        values = learner.net.heads(by_seed(states, S).to(learner.cfg.device))[1].cpu()  # (S, (T+1)·N)
+    values = values.reshape(S, T + 1, -1).transpose(0, 1).reshape(T + 1, -1)  # (T+1, S·N)
+    return gae_targets(learner.cfg, segment, values[:-1], values[1:])
+
+
 # ── the update: K epochs of minibatches, every seed's in one batched gradient step ─────────────────
 
 
 def update(
-    learner: Learner, segment: Segment, advantages: Tensor, returns: Tensor, clip: Tensor, running: Tensor
+    learner: Learner, segment: Segment, advantages: Tensor, returns: Tensor, clip: Tensor, running: Tensor,
+    recompute: Callable[[], tuple[Tensor, Tensor]] | None = None,
 ) -> Tensor:
     """K epochs of shuffled minibatches for every running seed; returns each seed's means over its
     minibatches of (policy loss, value loss, entropy, approx_kl, clipfrac), (S, 5).
@@ -253,7 +274,8 @@ def update(
     ``advantages`` and ``returns`` (the value targets) are (T, S·N); ``clip`` (S, 1), each seed's ε. Seed k's
     valid samples (autoreset steps excluded) are shuffled by its own generator and split into M near-equal
     minibatches, each padded to the width W = ⌈T·N / M⌉ with ``mask`` False on the padding: shapes the
-    config alone fixes, so that a seed's numbers never depend on its neighbours'.
+    config alone fixes, so that a seed's numbers never depend on its neighbours'. ``recompute``: new
+    (advantages, returns) before every epoch after the first.
     """
     cfg, net, S = learner.cfg, learner.net, len(learner.cfgs)
     M, device = cfg.num_minibatches, cfg.device
@@ -264,7 +286,9 @@ def update(
     stepping = running.to(device)  # (S,)  seeds still updating; a target-KL stop ends a seed's epochs
     totals = torch.zeros((S, 5), device=device)  # (S, 5)  summed to avoid per-step syncs
     counts = torch.zeros(S, device=device)  # (S,)
-    for _ in range(cfg.n_epochs):
+    for epoch in range(cfg.n_epochs):
+        if epoch and recompute is not None:
+            advantages, returns = (by_seed(x, S).to(device) for x in recompute())  # (S, T·N) each
         minibatches.shuffle(stepping)
         epoch = minibatches.gather(obs, actions, old_log_probs, old_values, advantages, returns)
         for m in range(M):

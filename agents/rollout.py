@@ -39,6 +39,7 @@ class Segment:
     terminated: Tensor  # (T, N) bool
     truncated: Tensor  # (T, N) bool
     sample_mask: Tensor  # (T, N) bool  False at autoreset steps
+    last_obs: Tensor  # (1, N, obs_dim)  s_T, the observation after the last step, whose value bootstraps it
 
     @property
     def done(self) -> Tensor:
@@ -117,6 +118,7 @@ def segment_steps(env: VectorEnv, state: RolloutState, buffers: SegmentBuffers) 
         terminated=torch.from_numpy(buffers.terminated.copy()),
         truncated=torch.from_numpy(buffers.truncated.copy()),
         sample_mask=torch.from_numpy(buffers.sample_mask.copy()),
+        last_obs=torch.from_numpy(state.next_obs.copy()).unsqueeze(0),
     )
 
 
@@ -126,7 +128,7 @@ def join_segments(segments: list[Segment | None]) -> Segment:
     template = next(s for s in segments if s is not None)
     fields = {}
     for name in ("obs", "actions", "log_probs", "values", "next_values", "rewards", "terminated", "truncated",
-                 "sample_mask"):  # fmt: skip
+                 "sample_mask", "last_obs"):  # fmt: skip
         zeros = torch.zeros_like(getattr(template, name))
         fields[name] = torch.cat([getattr(s, name) if s is not None else zeros for s in segments], dim=1)
     return Segment(**fields)

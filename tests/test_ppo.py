@@ -57,6 +57,38 @@ def test_rollout_log_probs_equal_the_updates_so_the_first_ratio_is_one() -> None
     assert torch.allclose(values, segment.values.flatten(), atol=1e-6)
 
 
+def test_recomputed_targets_at_unchanged_parameters_are_the_collection_s(tmp_path: Path) -> None:
+    # Two seeds side by side, each with a truncation inside the segment (ConstantReward's limit is 20 steps,
+    # T = 25): recomputing V(s_0 … s_T) with the critic that collected gives its advantages and targets back,
+    # the truncated step's bootstrap from its final observation included.
+    cfgs = [ppo_config("testbed-toy/ConstantReward-v0", seed=k, n_envs=2, n_steps=25, minibatch_size=25,
+                       vectorization="sync", recompute_advantages=True) for k in (0, 1)]  # fmt: skip
+    learner = ppo.Learner(cfgs)
+    try:
+        collected = learner.collect([0, 0], [True, True])
+        segment = ppo.join_segments([c.batch for c in collected])  # (T, S·N)
+        assert segment.truncated[19].all() and segment.last_obs.shape == (1, 4, 1)
+        expected = ppo.gae_targets(cfgs[0], segment, segment.values, segment.next_values)
+        recomputed = ppo.critic_targets(learner, segment)
+        for new, old in zip(recomputed, expected, strict=True):
+            assert new.shape == (25, 4) and torch.allclose(new, old, atol=1e-5)
+    finally:
+        learner.close()
+
+
+def test_recomputing_advantages_changes_the_epochs_after_the_first_only(tmp_path: Path) -> None:
+    base = dict(total_steps=512, n_envs=2, n_steps=128, minibatch_size=64, eval_interval=0, eval_episodes=1)
+    rows = {}
+    for epochs in (1, 4):
+        for recompute in (False, True):
+            run_dir = tmp_path / f"e{epochs}-{recompute}"
+            run_training(ppo, ppo_config("CartPole-v1", n_epochs=epochs, recompute_advantages=recompute, **base), run_dir)
+            rows[epochs, recompute] = [{k: v for k, v in r.items() if k.startswith("losses/")}
+                                       for r in read_progress(run_dir)]  # fmt: skip
+    assert rows[1, False] == rows[1, True]  # one epoch: nothing to recompute
+    assert rows[4, False][0] != rows[4, True][0]
+
+
 def test_critic_learns_the_infinite_horizon_value_under_truncation(tmp_path: Path) -> None:
     # γ = 0.9: V = 1 / (1 − γ) = 10. Treating the time limit (20 steps) as termination would give
     # values falling from 8.8 at the start to 1 at the end, about 6 on average.

@@ -125,9 +125,9 @@ def test_seed_adam_is_torch_adam_per_row_and_leaves_rows_not_stepping_alone() ->
 # ── a seed's numbers do not depend on its neighbours ───────────────────────────────────────────────
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(tmp_path: Path, env_id: str) -> None:
-    overrides = {"env_id": env_id} if env_id != "CartPole-v1" else {}
+@pytest.mark.parametrize("overrides", [{}, {"env_id": "Pendulum-v1"}, {"recompute_advantages": True}],
+                         ids=["CartPole-v1", "Pendulum-v1", "recompute"])  # fmt: skip
+def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(tmp_path: Path, overrides: dict) -> None:
     first = train_stack(tmp_path / "a", [0, 1, 2], **overrides)
     other = train_stack(tmp_path / "b", [0, 7, 2], **overrides)
     for seed in (0, 2):  # bit-identical: the neighbour's seed changed, not the stack's shapes
