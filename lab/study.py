@@ -31,6 +31,8 @@ def storage_for(url: str | None, tune_dir: Path) -> Any:
         backend = optuna.storages.journal.JournalFileBackend(str((tune_dir / STUDY_FILE).resolve()))
         return optuna.storages.JournalStorage(backend)
     try:
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":  # SQLite makes the file, not its folder
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
     except Exception as error:  # noqa: BLE001  SQLAlchemy and drivers raise many kinds; all mean "unreachable"
         raise BadInput(f"cannot open the study storage {brief(url, 120)} ({type(error).__name__}: "

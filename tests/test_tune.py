@@ -124,6 +124,14 @@ def test_the_default_spaces_are_valid_for_their_algos() -> None:
         tune.parse_space(tune.default_space_file("grpo").read_text(), "grpo.yaml"))  # fmt: skip
 
 
+def test_a_sqlite_storage_gets_its_folder(tmp_path: Path) -> None:
+    import optuna
+
+    url = f"sqlite:///{tmp_path}/new/folder/study.db"
+    optuna.create_study(study_name="s", storage=tune.storage_for(url, tmp_path / "tune"))
+    assert (tmp_path / "new" / "folder" / "study.db").is_file()
+
+
 @pytest.mark.parametrize(
     ("argv", "space", "message"),
     [
@@ -141,7 +149,7 @@ def test_the_default_spaces_are_valid_for_their_algos() -> None:
         (["--algo", "ppo-lambda0"], "gae_lambda: [0.9, 0.95]\n", "ppo-lambda0 fixes gae_lambda"),
         (["--trials", "0"], None, "--trials must be at least 1"),
         (["--space", "missing.yaml"], None, "no such file"),
-        (["--storage", "sqlite:////no/such/folder/study.db"], None, "cannot open the study storage"),
+        (["--storage", "sqlite:////dev/null/study.db"], None, "cannot open the study storage"),
         (["--storage", "nosuchdb://user@host/db"], None, "cannot open the study storage"),
     ],
 )
