@@ -286,8 +286,8 @@ def update(
     stepping = running.to(device)  # (S,)  seeds still updating; a target-KL stop ends a seed's epochs
     totals = torch.zeros((S, 5), device=device)  # (S, 5)  summed to avoid per-step syncs
     counts = torch.zeros(S, device=device)  # (S,)
-    for epoch in range(cfg.n_epochs):
-        if epoch and recompute is not None:
+    for epoch_index in range(cfg.n_epochs):
+        if epoch_index and recompute is not None:
             advantages, returns = (by_seed(x, S).to(device) for x in recompute())  # (S, T·N) each
         minibatches.shuffle(stepping)
         epoch = minibatches.gather(obs, actions, old_log_probs, old_values, advantages, returns)

@@ -6,9 +6,8 @@
 
 Each row ``NAME [KEY=VALUE …]`` is ``testbed bench --algos ALGO --envs ENV --seeds N --workers W --name NAME
 --set KEY=VALUE …``, run from the current folder into its ``runs/bench/NAME``; a row without settings is the
-preset. Every row's
-config is resolved and checked before the first bench starts, so a misspelled key fails at once and not
-hours in. The benches run one after another and resume: a rerun trains only what is missing, and an
+preset. Every row's config is resolved and checked before the first bench starts, so a misspelled key fails
+at once and not hours in. The benches run one after another and resume: a rerun trains only what is missing, and an
 interrupted ablation continues where it stopped. The page (``sweeps.table_text``) keeps the rows' order.
 """
 
