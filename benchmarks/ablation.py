@@ -8,7 +8,8 @@ Each row ``NAME [KEY=VALUE …]`` is ``testbed bench --algos ALGO --envs ENV --s
 --set KEY=VALUE …``, run from the current folder into its ``runs/bench/NAME``; a row without settings is the
 preset. Every row's config is resolved and checked before the first bench starts, so a misspelled key fails
 at once and not hours in. The benches run one after another and resume: a rerun trains only what is missing, and an
-interrupted ablation continues where it stopped. The page (``sweeps.table_text``) keeps the rows' order.
+interrupted ablation continues where it stopped. The page (``sweeps.table_text``) keeps the rows' order; it
+is written after every row, with the rows finished so far.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as error:
         print(f"ablation: error: {error}", file=sys.stderr)
         return 2
-    for name, *settings in args.row:
+    benches = [Path("runs") / "bench" / row[0] for row in args.row]
+    for done, (name, *settings) in enumerate(args.row, start=1):
         argv_row = bench_command(args.algo, args.env, args.seeds, args.workers, name, settings)
         print(f"── row {name}: {' '.join(argv_row)}", flush=True)
         code = subprocess.call([sys.executable, "-m", "lab.cli", *argv_row[1:]])
@@ -71,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ablation: row {name} exited with status {code}; rerun the same command to continue",
                   file=sys.stderr)
             return code
-    benches = [Path("runs") / "bench" / row[0] for row in args.row]
-    write_page(table_text(benches, args.title, seeds=list(range(args.seeds)), envs=[args.env]), args.out)
+        # The page after every row, so that a stop keeps the rows already finished.
+        title = args.title if done == len(args.row) else f"{args.title} ({done} of {len(args.row)} rows so far)"
+        write_page(table_text(benches[:done], title, seeds=list(range(args.seeds)), envs=[args.env]), args.out)
     return 0
 
 

@@ -133,6 +133,7 @@ def test_an_ablation_runs_its_rows_in_order_and_tables_them(tmp_path: Path) -> N
     md = (tmp_path / "page.md").read_text()
     rows = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| `abl-")]
     assert rows == ["`abl-b`", "`abl-a`"]  # the order given, not the names' order
+    assert md.startswith("# An ablation\n") and "wrote page.md" in proc.stdout  # after each row, then whole
     assert "`ent_coef=0.01`" in md and "--name abl-b --set total_steps=1024" in md
 
 
