@@ -136,7 +136,6 @@ def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[flo
     return Table(header, rows)
 
 
-
 def stacked_with(run: Run) -> tuple[int, ...]:
     """The seeds that trained in one process with ``run`` when it started: the ``--seeds`` of the command in
     its meta.json (a resume writes its own meta file beside it), read as ``testbed train`` reads it; its own
