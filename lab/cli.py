@@ -298,10 +298,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    if args.action != "run" and (args.names or args.all or args.cheap):
-        raise BadInput(f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run`")
+    if args.action in ("list", "pages") and (args.names or args.all or args.cheap):
+        raise BadInput(f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run` and "
+                       "`save`")  # fmt: skip
     root = Path.cwd()
     found = manifest.load(root)
+    if args.action == "save":
+        for entry in manifest.select(found, args.names, args.all, args.cheap):
+            for folder in manifest.carry_out(root, entry):
+                print(f"{entry.name}: {folder} → {entry.folder}/{manifest.CARRIED}")
+        return 0
     if args.action == "list":
         for e in found.entries:
             p = e.produced

@@ -7,6 +7,12 @@ those files into the site's result pages and the README's generated blocks.
 
 A rerun is the entry's own command, so it resumes as that command does: a bench or a study reuses its
 finished runs, and a stopped ``results run`` started again goes on from the first entry not yet done.
+
+Runs live under ``runs/``, which git ignores, so a new checkout would start a long result over. An entry's
+``carry`` names the run folders that travel with the checkout instead: a rerun copies them into
+``FOLDER/carried/`` when its command ends or is stopped (``testbed results save`` does it for runs still
+going), and copies them back before its command starts, so finished runs are reused and stopped ones resume
+from their checkpoints in any later checkout.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import datetime
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +33,7 @@ from typing import Any
 import yaml
 
 from envs.errors import BadInput
+from lab.executor import stop_signals
 from lab.machine import machine_line
 
 MANIFEST = Path("benchmarks/manifest.yaml")
@@ -38,8 +46,9 @@ HEADER = """\
 # version are shown as from older code, with their commit, and stay out of the headline tables.
 """
 ENTRY_KEYS = {"name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget",
-              "cost", "fresh", "last_line", "produced"}  # fmt: skip
+              "cost", "fresh", "last_line", "carry", "produced"}  # fmt: skip
 COSTS = ("cheap", "long")
+CARRIED = "carried"  # under an entry's folder: its carried runs, at their paths from the repository root
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class Entry:
     output: str | None = None  # where the command writes, when not ``folder``: kept files are copied from it
     fresh: bool = False  # start from an empty ``output``, so the recorded wall time is a first run's
     last_line: str | None = None  # keep the last line the command printed (a test run's count) in this file
+    carry: tuple[str, ...] = ()  # glob patterns of run folders under runs/ that travel with the checkout
     produced: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, wall_s, code_version
 
 
@@ -98,6 +108,15 @@ def _entry(raw: Any, where: str) -> Entry:
         raise BadInput(f"{where}: entry {raw['name']!r} has cost {raw['cost']!r}; use one of {COSTS}")
     values = {k: raw[k] for k in ENTRY_KEYS if k in raw}
     values["keep"] = tuple(raw["keep"])
+    carry = raw.get("carry") or []
+    if not isinstance(carry, list) or not all(isinstance(c, str) and c.startswith("runs/") and ".." not in c
+                                              for c in carry):  # fmt: skip
+        raise BadInput(f"{where}: entry {raw['name']!r} has carry {carry!r}; give a list of folders (glob patterns "
+                       "allowed) under runs/, e.g. [runs/bench/NAME]")  # fmt: skip
+    if carry and raw.get("fresh"):
+        raise BadInput(f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and carries runs (that "
+                       "a rerun reuses); drop one of the two")  # fmt: skip
+    values["carry"] = tuple(carry)
     values["produced"] = dict(raw.get("produced") or {})
     return Entry(**values)
 
@@ -120,12 +139,13 @@ def load(root: Path) -> Manifest:
 def save(root: Path, manifest: Manifest) -> None:
     """Write the manifest back, keys in a fixed order; written whole to a temporary file, then renamed."""
     order = ["name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget", "cost",
-             "fresh", "last_line", "produced"]  # fmt: skip
+             "fresh", "last_line", "carry", "produced"]  # fmt: skip
     results = []
     for e in manifest.entries:
         values = {"name": e.name, "title": e.title, "about": e.about, "command": e.command, "output": e.output,
                   "folder": e.folder, "keep": list(e.keep), "page": e.page, "seeds": e.seeds, "budget": e.budget,
-                  "cost": e.cost, "fresh": e.fresh or None, "last_line": e.last_line, "produced": e.produced or None}  # fmt: skip
+                  "cost": e.cost, "fresh": e.fresh or None, "last_line": e.last_line, "carry": list(e.carry) or None,
+                  "produced": e.produced or None}  # fmt: skip
         results.append({k: values[k] for k in order if values[k] is not None})
     text = HEADER + yaml.safe_dump({"code_version": manifest.code_version, "results": results}, sort_keys=False,
                                    allow_unicode=True, width=110, default_flow_style=None)  # fmt: skip
@@ -194,22 +214,88 @@ def _keep(root: Path, entry: Entry) -> None:
             shutil.copy2(src, dst)
 
 
+def _not_carried(folder: str, names: list[str]) -> set[str]:
+    """What stays behind: lock files and logs (hidden; they name this machine's writer) and TensorBoard event
+    files (large, and not needed to resume: ``progress.csv`` holds the same numbers)."""
+    return {n for n in names if n.startswith(".") or n.startswith("events.out.tfevents")}
+
+
+def carry_out(root: Path, entry: Entry) -> list[Path]:
+    """Copy the entry's carried run folders into ``FOLDER/carried/``, replacing older copies; the folders copied.
+
+    A folder that no longer exists here keeps its committed copy: a checkout that never ran it loses nothing.
+    """
+    copied = []
+    for pattern in entry.carry:
+        for source in sorted(root.glob(pattern)):
+            if not source.is_dir():
+                continue
+            target = root / entry.folder / CARRIED / source.relative_to(root)
+            staging = target.with_name(target.name + ".partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.copytree(source, staging, ignore=_not_carried)
+            shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+            copied.append(source.relative_to(root))
+    return copied
+
+
+def carry_in(root: Path, entry: Entry) -> list[Path]:
+    """Copy carried run folders back under ``runs/`` where this checkout has none of their files; those folders.
+
+    A folder that already holds files here is left alone, whatever it holds: its own runs are newer than, or
+    the same as, the committed copy, and mixing the two would pair one run's checkpoint with another's log.
+    """
+    carried = root / entry.folder / CARRIED
+    restored = []
+    for folder in sorted(p for p in carried.rglob("*") if p.is_dir()) if carried.is_dir() else []:
+        files = [f for f in folder.iterdir() if f.is_file()]
+        target = root / folder.relative_to(carried)
+        if not files or (target.is_dir() and any(f.is_file() for f in target.iterdir())):
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy2(f, target / f.name)
+        restored.append(folder.relative_to(carried))
+    return restored
+
+
+def _follow(child: subprocess.Popen[str]) -> tuple[int, str]:
+    """Show the command's output as it comes; its status and last line. A stop (Ctrl-C, SIGTERM) is passed
+    on to the command once, as to a trainer by its driver, and raised here once the command has ended."""
+    assert child.stdout is not None
+    last = ""
+    try:
+        with stop_signals():
+            for line in child.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                last = line.strip() or last
+            return child.wait(), last
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        child.wait()
+        raise
+
+
 def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
-    """Run one entry's command, keep its files and record where, when and from which code it ran."""
+    """Run one entry's command, keep its files and record where, when and from which code it ran.
+
+    Its carried runs are restored first and carried out when the command ends, stopped or not."""
     if entry.fresh and entry.output is not None:
         shutil.rmtree(root / entry.output, ignore_errors=True)
+    for folder in carry_in(root, entry):
+        print(f"{entry.name}: restored {folder} from {entry.folder}/{CARRIED}", flush=True)
     output = root / (entry.output or entry.folder)
     reused = entry.output is not None and output.is_dir() and any(output.iterdir())
     commit, started = git_commit(root), time.monotonic()
+    # In a session of its own, so that a Ctrl-C on the terminal reaches the command once, through _follow.
     child = subprocess.Popen(argv_of(entry.command), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, bufsize=1)  # fmt: skip
-    assert child.stdout is not None
-    last = ""
-    for line in child.stdout:  # shown as it comes
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        last = line.strip() or last
-    code = child.wait()
+                             text=True, bufsize=1, start_new_session=True)  # fmt: skip
+    try:
+        code, last = _follow(child)
+    finally:
+        carry_out(root, entry)
     wall = time.monotonic() - started
     if code != 0:
         raise BadInput(f"{entry.name}: `{entry.command}` exited with status {code} after {wall:.0f} s; its "

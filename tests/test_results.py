@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +93,53 @@ def test_a_failed_rerun_changes_neither_the_kept_files_nor_the_manifest(tmp_path
         manifest.rerun(tmp_path, found, found.entry("toy"))
     assert (tmp_path / manifest.MANIFEST).read_text() == before
     assert not (tmp_path / "benchmarks/results/toy").exists()
+
+
+# A run that writes what a trainer writes, then reports which of its files it found when it started.
+RUN = ("python -c \"import pathlib; d = pathlib.Path('runs/bench/toy/seed0'); found = sorted(p.name for p in d.glob('*')) "
+       "if d.is_dir() else []; d.mkdir(parents=True, exist_ok=True); n = len(list(d.glob('ckpt*'))); "
+       "[(d / f).write_text(f) for f in ('config.yaml', f'ckpt{n}.pt', 'events.out.tfevents.1', '.lock')]; "
+       "pathlib.Path('out').mkdir(exist_ok=True); pathlib.Path('out/report.md').write_text(str(found)); "
+       "pathlib.Path('out/plots').mkdir(exist_ok=True)\"")
+
+
+def test_carried_runs_travel_with_the_checkout_and_never_replace_local_files(tmp_path: Path) -> None:
+    found = _toy(tmp_path, RUN, carry=["runs/bench/toy*"])
+    manifest.rerun(tmp_path, found, found.entry("toy"))
+    carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy/seed0"
+    assert sorted(p.name for p in carried.iterdir()) == ["ckpt0.pt", "config.yaml"]  # no events, no lock
+    shutil.rmtree(tmp_path / "runs")  # a new checkout: the runs come back before the command starts
+    manifest.rerun(tmp_path, found, found.entry("toy"))
+    assert (tmp_path / "out/report.md").read_text() == "['ckpt0.pt', 'config.yaml']"
+    assert sorted(p.name for p in carried.iterdir()) == ["ckpt0.pt", "ckpt1.pt", "config.yaml"]
+    local = tmp_path / "runs/bench/toy/seed0"
+    for f in local.iterdir():
+        f.unlink()
+    (local / "mine.txt").write_text("newer")  # a folder with files of its own is left as it is
+    assert manifest.carry_in(tmp_path, found.entry("toy")) == []
+    assert sorted(p.name for p in local.iterdir()) == ["mine.txt"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(BadInput, match="under runs/"):
+        _toy(elsewhere, RUN, carry=["/etc"])
+
+
+STOPPABLE = ("python -c \"import pathlib, signal, sys, time; d = pathlib.Path('runs/bench/toy/seed0'); "
+             "d.mkdir(parents=True); signal.signal(signal.SIGINT, lambda *a: ((d / 'checkpoint.pt').write_text('at stop'), "
+             "sys.exit(1))); print('ready', flush=True); time.sleep(60)\"")
+
+
+def test_a_stopped_rerun_passes_the_stop_on_once_and_carries_what_the_command_saved(tmp_path: Path) -> None:
+    _toy(tmp_path, STOPPABLE, carry=["runs/bench/toy"])
+    code = "from pathlib import Path; from lab import manifest; m = manifest.load(Path('.')); manifest.rerun(Path('.'), m, m.entry('toy'))"
+    driver = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert driver.stdout is not None and driver.stdout.readline().strip() == "ready"
+    driver.send_signal(signal.SIGTERM)  # as `kill` does; the command is in a session of its own
+    assert driver.wait(timeout=30) != 0
+    carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy/seed0/checkpoint.pt"
+    assert carried.read_text() == "at stop"
+    assert not manifest.load(tmp_path).entry("toy").produced
 
 
 def test_an_older_result_is_marked_and_a_missing_one_says_how_to_make_it(tmp_path: Path) -> None:
