@@ -299,14 +299,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_results(args: argparse.Namespace) -> int:
     if args.action in ("list", "pages") and (args.names or args.all or args.cheap):
-        raise BadInput(f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run` and "
-                       "`save`")  # fmt: skip
+        raise BadInput(f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run`, "
+                       "`save` and `restore`")  # fmt: skip
     root = Path.cwd()
     found = manifest.load(root)
-    if args.action == "save":
+    if args.action in ("save", "restore"):
         for entry in manifest.select(found, args.names, args.all, args.cheap):
-            for folder in manifest.carry_out(root, entry):
-                print(f"{entry.name}: {folder} → {entry.folder}/{manifest.CARRIED}")
+            if args.action == "save":
+                for folder in manifest.carry_out(root, entry):
+                    print(f"{entry.name}: {folder} → {entry.folder}/{manifest.CARRIED}")
+            else:
+                for folder in manifest.carry_in(root, entry):
+                    print(f"{entry.name}: {entry.folder}/{manifest.CARRIED} → {folder}")
         return 0
     if args.action == "list":
         for e in found.entries:

@@ -181,11 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     results = sub.add_parser("results", help="the committed results: list them, rerun them, rebuild their pages",
                              formatter_class=DefaultsFormatter)  # fmt: skip
-    results.add_argument("action", choices=["list", "run", "save", "pages"], help="list: every result with its "
-                         "command and provenance; run: rerun results (resumable), keep their files, rebuild the pages; "
-                         "save: copy the runs a result carries into its folder, to commit them while they still run; "
-                         "pages: rebuild docs/results/ and the README's tables from the committed files")  # fmt: skip
-    results.add_argument("names", nargs="*", help="results to rerun or save (see `testbed results list`)")
+    results.add_argument("action", choices=["list", "run", "save", "restore", "pages"], help="list: every result "
+                         "with its command and provenance; run: rerun results (resumable), keep their files, rebuild "
+                         "the pages; save: copy the runs a result carries into its folder, to commit them while they "
+                         "still run; restore: copy them back under runs/ (run does it first), to go on with part of a "
+                         "result by hand; pages: rebuild docs/results/ and the README's tables from the committed "
+                         "files")  # fmt: skip
+    results.add_argument("names", nargs="*", help="results to rerun, save or restore (see `testbed results list`)")
     results.add_argument("--all", action="store_true", help="rerun every result (long: hours to days on 2 cores)")
     results.add_argument("--cheap", action="store_true", help="rerun the results marked cheap (about an hour on 2 cores)")
     return parser

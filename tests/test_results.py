@@ -108,7 +108,12 @@ def test_carried_runs_travel_with_the_checkout_and_never_replace_local_files(tmp
     manifest.rerun(tmp_path, found, found.entry("toy"))
     carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy/seed0"
     assert sorted(p.name for p in carried.iterdir()) == ["ckpt0.pt", "config.yaml"]  # no events, no lock
-    shutil.rmtree(tmp_path / "runs")  # a new checkout: the runs come back before the command starts
+    shutil.rmtree(tmp_path / "runs")  # a new checkout: `results restore` brings the runs back by hand…
+    restore = subprocess.run([sys.executable, "-m", "lab.cli", "results", "restore", "toy"], cwd=tmp_path,
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert restore.returncode == 0 and "→ runs/bench/toy/seed0" in restore.stdout, restore.stderr
+    assert (tmp_path / "runs/bench/toy/seed0/ckpt0.pt").read_text() == "ckpt0.pt"
+    shutil.rmtree(tmp_path / "runs")  # …and a rerun before its command starts
     manifest.rerun(tmp_path, found, found.entry("toy"))
     assert (tmp_path / "out/report.md").read_text() == "['ckpt0.pt', 'config.yaml']"
     assert sorted(p.name for p in carried.iterdir()) == ["ckpt0.pt", "ckpt1.pt", "config.yaml"]
