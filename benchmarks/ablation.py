@@ -9,7 +9,8 @@ Each row ``NAME [KEY=VALUE …]`` is ``testbed bench --algos ALGO --envs ENV --s
 preset. Every row's config is resolved and checked before the first bench starts, so a misspelled key fails
 at once and not hours in. The benches run one after another and resume: a rerun trains only what is missing, and an
 interrupted ablation continues where it stopped. The page (``sweeps.table_text``) keeps the rows' order; it
-is written after every row, with the rows finished so far.
+is written after every row, with the rows finished so far, and with ``--out`` a figure beside it
+(``plots/STEM-seeds.png``): one panel per row, one evaluation curve per seed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from sweeps import table_text, write_page  # noqa: E402
 
 from envs.errors import BadInput  # noqa: E402
 from lab.plan import resolve_run  # noqa: E402
+from lab.plot import X_LABELS, Y_LABELS, new_figure, save_figure  # noqa: E402
+from lab.results import find_runs  # noqa: E402
 
 
 def bench_command(algo: str, env_id: str, seeds: int, workers: int, name: str, settings: list[str]) -> list[str]:
@@ -46,6 +49,26 @@ def check_rows(algo: str, env_id: str, rows: list[list[str]]) -> None:
             resolve_run(algo, env_id, settings, validate=True)
         except BadInput as error:
             raise BadInput(f"--row {name}: {error}") from None
+
+
+def seed_curves(benches: list[Path], env_id: str, seeds: int, out: Path) -> Path:
+    """One panel per row, one line per seed: each seed's evaluations against env steps, every panel on the
+    same scales, so that a row's spread over seeds shows beside its mean in the table. Returns the PNG."""
+    fig, axes = new_figure(len(benches), panel_size=(4.2, 3.0))
+    for ax, bench in zip(axes, benches):
+        runs = [r for r in find_runs([bench]) if r.env_id == env_id and r.seed < seeds]
+        for run in sorted(runs, key=lambda r: r.seed):
+            ax.plot(run.steps, run.eval_return, label=f"seed {run.seed}", linewidth=1.4, marker=".", markersize=3)
+        ax.set_title(bench.name, fontsize="medium")
+        ax.set_xlabel(X_LABELS["steps"])
+        ax.set_ylabel(Y_LABELS["eval"])
+        ax.grid(alpha=0.3)
+        if runs:
+            ax.legend(fontsize="small", loc="best")
+    for ax in axes[1:]:
+        ax.sharex(axes[0])
+        ax.sharey(axes[0])
+    return save_figure(fig, out)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             return code
         # The page after every row, so that a stop keeps the rows already finished.
         title = args.title if done == len(args.row) else f"{args.title} ({done} of {len(args.row)} rows so far)"
-        write_page(table_text(benches[:done], title, seeds=list(range(args.seeds)), envs=[args.env]), args.out)
+        page = table_text(benches[:done], title, seeds=list(range(args.seeds)), envs=[args.env])
+        if args.out is not None:
+            figure = seed_curves(benches[:done], args.env, args.seeds, args.out.parent / "plots" / f"{args.out.stem}-seeds")
+            page += f"\n![Each row's seeds, evaluation return against env steps]({figure.relative_to(args.out.parent)})\n"
+        write_page(page, args.out)
     return 0
 
 

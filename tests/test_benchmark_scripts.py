@@ -135,6 +135,8 @@ def test_an_ablation_runs_its_rows_in_order_and_tables_them(tmp_path: Path) -> N
     assert rows == ["`abl-b`", "`abl-a`"]  # the order given, not the names' order
     assert md.startswith("# An ablation\n") and "wrote page.md" in proc.stdout  # after each row, then whole
     assert "`ent_coef=0.01`" in md and "--name abl-b --set total_steps=1024" in md
+    assert "](plots/page-seeds.png)" in md  # each row's seeds as curves, beside the page
+    assert (tmp_path / "plots/page-seeds.png").stat().st_size > 0 and (tmp_path / "plots/page-seeds.svg").exists()
 
 
 def test_an_ablation_with_a_bad_row_fails_before_any_bench_runs(tmp_path: Path) -> None:
