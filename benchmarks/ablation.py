@@ -51,6 +51,18 @@ def check_rows(algo: str, env_id: str, rows: list[list[str]]) -> None:
             raise BadInput(f"--row {name}: {error}") from None
 
 
+def run_row(argv: list[str]) -> int:
+    """The row's bench, to its end. A Ctrl-C reaches the bench too (one process group): it stops its runs
+    with their checkpoints, and this waits for that before it stops, where ``subprocess.call`` would kill
+    the bench at once and leave its runs to finish unseen."""
+    bench = subprocess.Popen(argv)
+    try:
+        return bench.wait()
+    except KeyboardInterrupt:
+        bench.wait()
+        raise
+
+
 def seed_curves(benches: list[Path], env_id: str, seeds: int, out: Path) -> Path:
     """One panel per row, one line per seed: each seed's evaluations against env steps, every panel on the
     same scales, so that a row's spread over seeds shows beside its mean in the table. Returns the PNG."""
@@ -91,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for done, (name, *settings) in enumerate(args.row, start=1):
         argv_row = bench_command(args.algo, args.env, args.seeds, args.workers, name, settings)
         print(f"── row {name}: {' '.join(argv_row)}", flush=True)
-        code = subprocess.call([sys.executable, "-m", "lab.cli", *argv_row[1:]])
+        code = run_row([sys.executable, "-m", "lab.cli", *argv_row[1:]])
         if code != 0:
             print(f"ablation: row {name} exited with status {code}; rerun the same command to continue",
                   file=sys.stderr)

@@ -18,6 +18,7 @@ from their checkpoints in any later checkout.
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import shlex
 import shutil
@@ -262,7 +263,8 @@ def carry_in(root: Path, entry: Entry) -> list[Path]:
 
 def _follow(child: subprocess.Popen[str]) -> tuple[int, str]:
     """Show the command's output as it comes; its status and last line. A stop (Ctrl-C, SIGTERM) is passed
-    on to the command once, as to a trainer by its driver, and raised here once the command has ended."""
+    on once, as the SIGINT a terminal's Ctrl-C sends to the command's whole process group (a script and the
+    bench it started stop together, each its own way), and raised here once the command has ended."""
     assert child.stdout is not None
     last = ""
     try:
@@ -273,7 +275,7 @@ def _follow(child: subprocess.Popen[str]) -> tuple[int, str]:
                 last = line.strip() or last
             return child.wait(), last
     except KeyboardInterrupt:
-        child.send_signal(signal.SIGINT)
+        os.killpg(child.pid, signal.SIGINT)
         child.wait()
         raise
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import functools
 import os
 import importlib.util
+import json
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from types import ModuleType
 
+from agents import rundir
 from tests.conftest import REPO, read_csv
 
 
@@ -137,6 +140,23 @@ def test_an_ablation_runs_its_rows_in_order_and_tables_them(tmp_path: Path) -> N
     assert "`ent_coef=0.01`" in md and "--name abl-b --set total_steps=1024" in md
     assert "](plots/page-seeds.png)" in md  # each row's seeds as curves, beside the page
     assert (tmp_path / "plots/page-seeds.png").stat().st_size > 0 and (tmp_path / "plots/page-seeds.svg").exists()
+
+
+def test_a_ctrl_c_stops_an_ablation_s_bench_with_a_checkpoint_and_leaves_no_run_behind(tmp_path: Path) -> None:
+    argv = [sys.executable, str(REPO / "benchmarks" / "ablation.py"), "--algo", "ppo", "--env", "CartPole-v1",
+            "--seeds", "1", "--title", "T", "--row", "abl-stop", "total_steps=5000000"]  # fmt: skip
+    ablation = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)  # fmt: skip
+    run_dir = tmp_path / "runs/bench/abl-stop/CartPole-v1/ppo/seed0"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "progress.csv").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(ablation.pid, signal.SIGINT)  # a terminal's Ctrl-C: the script and its bench alike
+    assert ablation.wait(timeout=120) != 0
+    assert ablation.stderr is not None and "interrupted: running cells saved checkpoints" in ablation.stderr.read()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and (run_dir / "checkpoint.pt").exists()
+    assert rundir.lock_holder(run_dir) is None  # its trainer has ended: a rerun resumes it
 
 
 def test_an_ablation_with_a_bad_row_fails_before_any_bench_runs(tmp_path: Path) -> None:
