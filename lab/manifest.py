@@ -215,10 +215,17 @@ def _keep(root: Path, entry: Entry) -> None:
             shutil.copy2(src, dst)
 
 
-def _not_carried(folder: str, names: list[str]) -> set[str]:
-    """What stays behind: lock files and logs (hidden; they name this machine's writer) and TensorBoard event
-    files (large, and not needed to resume: ``progress.csv`` holds the same numbers)."""
-    return {n for n in names if n.startswith(".") or n.startswith("events.out.tfevents")}
+def _copy_run_folder(source: Path, target: Path) -> None:
+    """Copy what a run needs to resume or to be reused. Lock files and logs stay behind (hidden: they name
+    this machine's writer), and so do TensorBoard event files (large; ``progress.csv`` holds the same
+    numbers). Checkpoints go first: a trainer may still be writing, and a log copied after its checkpoint is
+    at least as long as the checkpoint records, which a resume cuts it back to."""
+    files = [p for p in source.rglob("*") if p.is_file() and not p.name.startswith("events.out.tfevents")
+             and not any(part.startswith(".") for part in p.relative_to(source).parts)]  # fmt: skip
+    for file in sorted(files, key=lambda p: (p.suffix != ".pt", str(p))):
+        copy = target / file.relative_to(source)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(file, copy)
 
 
 def carry_out(root: Path, entry: Entry) -> list[Path]:
@@ -234,7 +241,8 @@ def carry_out(root: Path, entry: Entry) -> list[Path]:
             target = root / entry.folder / CARRIED / source.relative_to(root)
             staging = target.with_name(target.name + ".partial")
             shutil.rmtree(staging, ignore_errors=True)
-            shutil.copytree(source, staging, ignore=_not_carried)
+            staging.mkdir(parents=True)
+            _copy_run_folder(source, staging)
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
             copied.append(source.relative_to(root))
