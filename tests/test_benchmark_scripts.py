@@ -125,38 +125,35 @@ def test_a_sweep_on_its_own_seeds_is_tabulated(tmp_path: Path) -> None:
     assert "--first-seed 7" in md and str(tmp_path) not in md
 
 
-def test_an_ablation_runs_its_rows_in_order_and_tables_them(tmp_path: Path) -> None:
+def test_an_ablation_tables_its_rows_in_order_after_each_and_a_ctrl_c_stops_the_last_with_a_checkpoint(
+    tmp_path: Path,
+) -> None:
     tiny = ["total_steps=1024", "eval_interval=512"]
-    argv = [str(REPO / "benchmarks" / "ablation.py"), "--algo", "ppo", "--env", "CartPole-v1", "--seeds", "1",
-            "--title", "An ablation", "--out", "page.md", "--row", "abl-b", *tiny, "ent_coef=0.01",
-            "--row", "abl-a", *tiny]  # fmt: skip
-    proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    argv = [sys.executable, str(REPO / "benchmarks" / "ablation.py"), "--algo", "ppo", "--env", "CartPole-v1",
+            "--seeds", "1", "--title", "An ablation", "--out", "page.md", "--row", "abl-b", *tiny, "ent_coef=0.01",
+            "--row", "abl-a", *tiny, "--row", "abl-stop", "total_steps=5000000"]  # fmt: skip
+    log, errors = open(tmp_path / "out.log", "w"), open(tmp_path / "err.log", "w")  # no pipe to fill meanwhile
+    ablation = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=errors, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)  # fmt: skip
+    run_dir = tmp_path / "runs/bench/abl-stop/CartPole-v1/ppo/seed0"
+    deadline = time.monotonic() + 150
+    while not (run_dir / "progress.csv").exists() and time.monotonic() < deadline and ablation.poll() is None:
+        time.sleep(0.2)
+    os.killpg(ablation.pid, signal.SIGINT)  # a terminal's Ctrl-C: the script and its bench alike
+    ablation.wait(timeout=120)
+    log.close(), errors.close()
+    out, err = (tmp_path / "out.log").read_text(), (tmp_path / "err.log").read_text()
+    assert ablation.returncode != 0 and "interrupted: running cells saved checkpoints" in err, out[-2000:] + err[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())  # the bench stopped its run, not killed
+    assert summary["status"] == "interrupted" and (run_dir / "checkpoint.pt").exists()
+    assert rundir.lock_holder(run_dir) is None  # its trainer has ended: a rerun resumes it
     md = (tmp_path / "page.md").read_text()
     rows = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| `abl-")]
-    assert rows == ["`abl-b`", "`abl-a`"]  # the order given, not the names' order
-    assert md.startswith("# An ablation\n") and "wrote page.md" in proc.stdout  # after each row, then whole
+    assert rows == ["`abl-b`", "`abl-a`"]  # the order given, not the names' order; the stopped row not yet
+    assert md.startswith("# An ablation (2 of 3 rows so far)\n") and out.count("wrote page.md") == 2
     assert "`ent_coef=0.01`" in md and "--name abl-b --set total_steps=1024" in md
     assert "](plots/page-seeds.png)" in md  # each row's seeds as curves, beside the page
     assert (tmp_path / "plots/page-seeds.png").stat().st_size > 0 and (tmp_path / "plots/page-seeds.svg").exists()
-
-
-def test_a_ctrl_c_stops_an_ablation_s_bench_with_a_checkpoint_and_leaves_no_run_behind(tmp_path: Path) -> None:
-    argv = [sys.executable, str(REPO / "benchmarks" / "ablation.py"), "--algo", "ppo", "--env", "CartPole-v1",
-            "--seeds", "1", "--title", "T", "--row", "abl-stop", "total_steps=5000000"]  # fmt: skip
-    ablation = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)  # fmt: skip
-    run_dir = tmp_path / "runs/bench/abl-stop/CartPole-v1/ppo/seed0"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "progress.csv").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    os.killpg(ablation.pid, signal.SIGINT)  # a terminal's Ctrl-C: the script and its bench alike
-    assert ablation.wait(timeout=120) != 0
-    assert ablation.stderr is not None and "interrupted: running cells saved checkpoints" in ablation.stderr.read()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and (run_dir / "checkpoint.pt").exists()
-    assert rundir.lock_holder(run_dir) is None  # its trainer has ended: a rerun resumes it
 
 
 def test_an_ablation_with_a_bad_row_fails_before_any_bench_runs(tmp_path: Path) -> None:
