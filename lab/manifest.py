@@ -217,11 +217,16 @@ def _keep(root: Path, entry: Entry) -> None:
 
 def _copy_run_folder(source: Path, target: Path) -> None:
     """Copy what a run needs to resume or to be reused. Lock files and logs stay behind (hidden: they name
-    this machine's writer), and so do TensorBoard event files (large; ``progress.csv`` holds the same
-    numbers). Checkpoints go first: a trainer may still be writing, and a log copied after its checkpoint is
-    at least as long as the checkpoint records, which a resume cuts it back to."""
-    files = [p for p in source.rglob("*") if p.is_file() and not p.name.startswith("events.out.tfevents")
-             and not any(part.startswith(".") for part in p.relative_to(source).parts)]  # fmt: skip
+    this machine's writer), and so do what is large and made again from the rest: TensorBoard event files
+    (``progress.csv`` holds the same numbers) and reports with their plots (a bench or study rebuilds them).
+    Checkpoints go first: a trainer may still be writing, and a log copied after its checkpoint is at least
+    as long as the checkpoint records, which a resume cuts it back to."""
+    def carried(path: Path) -> bool:
+        parts = path.relative_to(source).parts
+        return not (path.name.startswith("events.out.tfevents") or path.suffix == ".html"
+                    or path.name == "report.md" or any(p.startswith(".") or p == "plots" for p in parts))  # fmt: skip
+
+    files = [p for p in source.rglob("*") if p.is_file() and carried(p)]
     for file in sorted(files, key=lambda p: (p.suffix != ".pt", str(p))):
         copy = target / file.relative_to(source)
         copy.parent.mkdir(parents=True, exist_ok=True)

@@ -99,6 +99,7 @@ def test_a_failed_rerun_changes_neither_the_kept_files_nor_the_manifest(tmp_path
 RUN = ("python -c \"import pathlib; d = pathlib.Path('runs/bench/toy/seed0'); found = sorted(p.name for p in d.glob('*')) "
        "if d.is_dir() else []; d.mkdir(parents=True, exist_ok=True); n = len(list(d.glob('ckpt*'))); "
        "[(d / f).write_text(f) for f in ('config.yaml', f'ckpt{n}.pt', 'events.out.tfevents.1', '.lock')]; "
+       "(d.parent / 'report.md').write_text('rebuilt by the bench'); "
        "pathlib.Path('out').mkdir(exist_ok=True); pathlib.Path('out/report.md').write_text(str(found)); "
        "pathlib.Path('out/plots').mkdir(exist_ok=True)\"")
 
@@ -108,6 +109,7 @@ def test_carried_runs_travel_with_the_checkout_and_never_replace_local_files(tmp
     manifest.rerun(tmp_path, found, found.entry("toy"))
     carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy/seed0"
     assert sorted(p.name for p in carried.iterdir()) == ["ckpt0.pt", "config.yaml"]  # no events, no lock
+    assert not (carried.parent / "report.md").exists()  # nor what the bench makes again from its runs
     shutil.rmtree(tmp_path / "runs")  # a new checkout: `results restore` brings the runs back by hand…
     restore = subprocess.run([sys.executable, "-m", "lab.cli", "results", "restore", "toy"], cwd=tmp_path,
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
