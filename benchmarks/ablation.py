@@ -77,9 +77,10 @@ def seed_curves(benches: list[Path], env_id: str, seeds: int, out: Path) -> Path
         ax.grid(alpha=0.3)
         if runs:
             ax.legend(fontsize="small", loc="best")
-    for ax in axes[1:]:
-        ax.sharex(axes[0])
-        ax.sharey(axes[0])
+    xs, ys = [ax.get_xlim() for ax in axes], [ax.get_ylim() for ax in axes]
+    for ax in axes:  # every panel on the span of them all, so that none cuts a curve
+        ax.set_xlim(min(low for low, _ in xs), max(high for _, high in xs))
+        ax.set_ylim(min(low for low, _ in ys), max(high for _, high in ys))
     return save_figure(fig, out)[0]
 
 
@@ -112,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         title = args.title if done == len(args.row) else f"{args.title} ({done} of {len(args.row)} rows so far)"
         page = table_text(benches[:done], title, seeds=list(range(args.seeds)), envs=[args.env])
         if args.out is not None:
-            figure = seed_curves(benches[:done], args.env, args.seeds, args.out.parent / "plots" / f"{args.out.stem}-seeds")
-            page += f"\n![Each row's seeds, evaluation return against env steps]({figure.relative_to(args.out.parent)})\n"
+            stem = args.out.parent / "plots" / f"{args.out.stem}-seeds"
+            figure = seed_curves(benches[:done], args.env, args.seeds, stem).relative_to(args.out.parent)
+            page += f"\n![Each row's seeds, evaluation return against env steps]({figure})\n"
         write_page(page, args.out)
     return 0
 
