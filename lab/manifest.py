@@ -217,7 +217,7 @@ def _keep(root: Path, entry: Entry) -> None:
 
 def _copy_run_folder(source: Path, target: Path) -> None:
     """Copy what a run needs to resume or to be reused. Lock files and logs stay behind (hidden: they name
-    this machine's writer), and so do what is large and made again from the rest: TensorBoard event files
+    this machine's writer), and so does what is large and made again from the rest: TensorBoard event files
     (``progress.csv`` holds the same numbers) and reports with their plots (a bench or study rebuilds them).
     Checkpoints go first: a trainer may still be writing, and a log copied after its checkpoint is at least
     as long as the checkpoint records, which a resume cuts it back to."""
