@@ -261,8 +261,10 @@ def carry_in(root: Path, entry: Entry) -> list[Path]:
     the same as, the committed copy, and mixing the two would pair one run's checkpoint with another's log.
     """
     carried = root / entry.folder / CARRIED
+    if not carried.is_dir():
+        return []
     restored = []
-    for folder in sorted(p for p in carried.rglob("*") if p.is_dir()) if carried.is_dir() else []:
+    for folder in sorted(p for p in carried.rglob("*") if p.is_dir()):
         files = [f for f in folder.iterdir() if f.is_file()]
         target = root / folder.relative_to(carried)
         if not files or (target.is_dir() and any(f.is_file() for f in target.iterdir())):

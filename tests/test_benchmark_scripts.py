@@ -141,7 +141,8 @@ def test_an_ablation_tables_its_rows_in_order_after_each_and_a_ctrl_c_stops_the_
         time.sleep(0.2)
     os.killpg(ablation.pid, signal.SIGINT)  # a terminal's Ctrl-C: the script and its bench alike
     ablation.wait(timeout=120)
-    log.close(), errors.close()
+    log.close()
+    errors.close()
     out, err = (tmp_path / "out.log").read_text(), (tmp_path / "err.log").read_text()
     assert ablation.returncode != 0 and "interrupted: running cells saved checkpoints" in err, out[-2000:] + err[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())  # the bench stopped its run, not killed
