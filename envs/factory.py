@@ -32,6 +32,7 @@ from gymnasium.wrappers import vector as vector_wrappers
 
 from envs.tasks import TASK_IDS
 from envs.delay import Delay, DelayedReward, check_delay
+from envs.normalize import NormalizeObservation, NormalizeReward
 from envs.errors import BadInput
 
 Vectorization = Literal["auto", "native", "sync", "async"]
@@ -224,13 +225,13 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     if is_continuous(env):
         env = ClipAction(env)
     if options.normalize_obs:
-        env = vector_wrappers.NormalizeObservation(env)
+        env = NormalizeObservation(env)
         bound = options.clip_obs
         env = vector_wrappers.TransformObservation(env, lambda obs: np.clip(obs, -bound, bound))
     if options.reward_offset:
         env = RewardOffset(env, options.reward_offset)
     if options.normalize_reward:
-        env = vector_wrappers.NormalizeReward(env, gamma=options.gamma)
+        env = NormalizeReward(env, gamma=options.gamma)
         env = vector_wrappers.ClipReward(env, -options.clip_reward, options.clip_reward)
     if env.metadata.get("autoreset_mode") != AutoresetMode.NEXT_STEP:
         raise RuntimeError("a wrapper changed the autoreset mode")

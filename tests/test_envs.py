@@ -35,6 +35,7 @@ from envs import (
     vector_env_state,
 )
 from envs.factory import ClipAction, find_wrapper
+from envs.normalize import NormalizeObservation, batch_moments
 
 # CartPole's termination thresholds (gymnasium's cartpole.py).
 THETA_LIMIT = 12 * 2 * np.pi / 360  # ≈ 0.2095 rad
@@ -262,6 +263,47 @@ def test_normalized_observations_use_the_running_statistics(closing: list[Vector
         obs, raw = env.step(action)[0], raw_env.step(action)[0]
         want = np.clip((raw - rms["mean"]) / np.sqrt(rms["var"] + 1e-8), -1.5, 1.5)
         np.testing.assert_allclose(obs, want, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_moments_by_hand() -> None:
+    """x = [[1, 10], [3, 10], [8, 10]]: x̄ = [4, 10], s² = [(9 + 1 + 16) / 3, 0] = [26/3, 0]."""
+    mean, var = batch_moments(np.array([[1.0, 10.0], [3.0, 10.0], [8.0, 10.0]]))
+    assert np.array_equal(mean, [4.0, 10.0]) and np.array_equal(var, [26 / 3, 0.0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1,), (7,), (1, 5), (9, 17)])
+def test_batch_moments_are_numpy_s_bit_for_bit(dtype: type, shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(sum(shape))
+    for scale in (1e-3, 1.0, 1e4):
+        x = (rng.standard_normal(shape) * scale + 300.0).astype(dtype)
+        for ours, numpy_s in zip(batch_moments(x), (np.mean(x, axis=0), np.var(x, axis=0)), strict=True):
+            assert type(ours) is type(numpy_s) and np.asarray(ours).dtype == np.asarray(numpy_s).dtype
+            assert np.array_equal(ours, numpy_s)
+
+
+def test_normalization_is_gymnasium_s_bit_for_bit(closing: list[VectorEnv]) -> None:
+    """Our normalization wrappers, fed the same steps as gymnasium's, give the same observations, rewards and
+    statistics, float for float, autoresets included."""
+    theirs = vector_wrappers.NormalizeReward(
+        vector_wrappers.NormalizeObservation(vector_wrappers.RecordEpisodeStatistics(gym.make_vec(
+            "Pendulum-v1", num_envs=3, vectorization_mode="sync", max_episode_steps=30,
+            vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}))), gamma=0.9)  # fmt: skip
+    ours = make_vector("Pendulum-v1", 3, EnvOptions(normalize_obs=True, normalize_reward=True, gamma=0.9),
+                           max_episode_steps=30)  # fmt: skip
+    closing += [theirs, ours]
+    assert isinstance(find_wrapper(ours, vector_wrappers.NormalizeObservation), NormalizeObservation)
+    ours.reset(seed=4)
+    theirs.reset(seed=4)
+    for action in _actions(ours, 100, seed=5):  # three episodes of 30 steps and their autoresets
+        obs, reward, *_ = ours.step(action)
+        obs_g, reward_g, *_ = theirs.step(action)
+        # Ours also clips both to ±10, which these magnitudes never reach.
+        assert np.array_equal(obs, obs_g) and np.array_equal(reward, reward_g)
+    for name, rms in normalizer_state(ours).items():
+        gym_rms = theirs.env.obs_rms if name == "obs_rms" else theirs.return_rms
+        assert np.array_equal(rms["mean"], gym_rms.mean) and np.array_equal(rms["var"], gym_rms.var)
+        assert rms["count"] == gym_rms.count
 
 
 def test_normalized_observations_are_clipped(closing: list[VectorEnv]) -> None:
