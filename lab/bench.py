@@ -15,6 +15,7 @@ The report (``lab.report``) is rebuilt from disk at the end.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import yaml
 from agents import registry, rundir
 from agents.config import SEED_LIMIT, parse_overrides, read_yaml
 from envs.errors import BadInput, brief
-from lab.cells import Cell, Outcome, reused_elsewhere
+from lab.cells import Cell, Outcome, log_path, read_status, reused_elsewhere
 from lab.document import counted, fmt_duration
 from lab.executor import HEARTBEAT_S, Heartbeat, connect_ray, execute
 from lab.plan import resolve_run
@@ -166,6 +167,28 @@ def write_bench_yaml(bench_dir: Path, grid: Grid) -> None:
     path.write_text(yaml.safe_dump(merged, sort_keys=False))
 
 
+def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:
+    """Copy into ``bench_dir`` each completed run of the bench ``source`` that a cell asks for: same algo, env,
+    variant and seed, trained with the settings the cell asks for (its config.yaml), where the cell has no
+    run yet. Its console log comes along. A run still going or stopped in ``source`` stays there, so that no
+    run is trained twice. Returns how many runs were copied.
+
+    Each copy keeps its wall time, so a bench that reuses PPO's runs can give GRPO PPO's time as a budget
+    and compare the two at equal time (a stacked run's time is its stack's: stack both alike)."""
+    adopted = 0
+    for cell in cells:
+        here, there = cell.run_dir(bench_dir), cell.run_dir(source)
+        if (here.exists() and any(here.iterdir())) or read_status(there) != "completed":
+            continue
+        if rundir.config_differences(there, cell.algo, cell.config()):
+            continue
+        shutil.copytree(there, here, ignore=shutil.ignore_patterns(".*"), dirs_exist_ok=True)
+        if log_path(there).exists():
+            shutil.copy2(log_path(there), log_path(here))
+        adopted += 1
+    return adopted
+
+
 def build_reports(bench_dir: Path, heartbeat_s: float = HEARTBEAT_S) -> dict[str, Path]:
     """Write the bench report (``lab.report``) and, for a credit study (``credit.yaml``), the study's report,
     saying so first and every ``heartbeat_s`` seconds until done (bootstraps and plots take a while).
@@ -196,6 +219,7 @@ def run_grid(
     report: bool = True,
     stack: int = 1,
     heartbeat_s: float = HEARTBEAT_S,
+    reuse_from: Path | None = None,
 ) -> tuple[Path, list[Outcome]]:
     """Run every cell; rebuild the reports from disk (unless ``report`` is False). Returns the bench
     directory and the outcomes. A heartbeat (runs done, processes, steps/s, ETA) is printed every
@@ -205,7 +229,8 @@ def run_grid(
     (BadInput naming this one) before it writes anything. Under the lock, after the grid's settings and
     every cell's summary.json are checked, ``prepare(bench_dir)`` writes what a caller keeps beside the
     bench (a credit study's ``credit.yaml``). ``stack``: the most seeds of one (algo, env) cell trained side
-    by side in one process (``train --seeds``), for the algos that support it.
+    by side in one process (``train --seeds``), for the algos that support it. ``reuse_from``: another
+    bench whose completed runs this one asks for are copied in first (:func:`adopt_runs`).
     """
     bench_dir = root / grid.name
     if backend == "ray":
@@ -215,6 +240,9 @@ def run_grid(
     cells = grid.cells()
     with rundir.DirLock(bench_dir):
         check_bench_dir(bench_dir, grid)
+        if reuse_from is not None:
+            adopted = adopt_runs(cells, reuse_from, bench_dir)
+            print(f"reused {counted(adopted, 'completed run')} of {reuse_from}", flush=True)
         # Before any cell starts: BadInput naming an unreadable summary.json, or a run trained with other settings.
         others = [why for cell in cells if (why := reused_elsewhere(cell, bench_dir))]
         if others:

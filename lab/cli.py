@@ -161,12 +161,13 @@ def _stack(args: argparse.Namespace) -> int:
 
 
 def _run_grid(
-    grid: Any, workers: int, args: argparse.Namespace, reports: str, prepare: Callable[[Path], None] | None = None
+    grid: Any, workers: int, args: argparse.Namespace, reports: str, prepare: Callable[[Path], None] | None = None,
+    reuse_from: Path | None = None,
 ) -> int:
     """Run a planned grid, then say what completed, where the reports are, and what failed."""
     try:
         bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address, prepare=prepare,
-                                             stack=_stack(args))  # fmt: skip
+                                             stack=_stack(args), reuse_from=reuse_from)  # fmt: skip
     except KeyboardInterrupt:
         print("interrupted: running cells saved checkpoints; rerun the same command to continue", file=sys.stderr)
         return 130
@@ -187,11 +188,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workers = _workers(args)
     grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, grid_sets(args), args.name,
                            first_seed=args.first_seed)  # fmt: skip
+    reuse_from = Path(args.reuse_from) if args.reuse_from is not None else None
+    if reuse_from is not None and not reuse_from.is_dir():
+        raise BadInput(f"--reuse-from {brief(args.reuse_from, 80)} is not a folder; give another bench's folder, "
+                       "runs/bench/NAME")  # fmt: skip
     cells = len(grid.cells())
     print(f"bench {grid.name}: {counted(len(grid.algos), 'algo')} × {counted(len(grid.envs), 'env')} × "
           f"{grid.seeds_text()} = {counted(cells, 'run')}, {args.backend} backend, "
           f"{counted(workers, 'process', 'processes')} at a time → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
-    return _run_grid(grid, workers, args, "report: {0}/report.md")
+    return _run_grid(grid, workers, args, "report: {0}/report.md", reuse_from=reuse_from)
 
 
 def cmd_credit(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -214,6 +215,7 @@ def test_the_same_grid_on_a_local_ray_instance(tmp_path: Path, capsys: pytest.Ca
         (["--suite", "quick", "--set", "ppo.gamma=2"], "gamma must be in [0, 1]"),
         (["--suite", "quick", "--set", "trpo.gamma=0.9"], "ALGO.key=value (ALGO one of"),
         (["--suite", "quick", "--set", "gamma=2"], "gamma must be in [0, 1]"),  # key=value: every algo
+        (["--suite", "quick", "--reuse-from", "nowhere"], "--reuse-from 'nowhere' is not a folder"),
         (["--suite", "quick", "--backend", "ray", "--ray-address", "127.0.0.1:1"], "cannot reach a Ray cluster"),
     ],
 )
@@ -223,6 +225,31 @@ def test_bad_input_is_refused_before_any_run(
     assert main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, _ = bench.run_grid(tiny_grid("source", algos=["ppo"]), workers=1, backend="local", ray_address=None,
+                               root=tmp_path, report=False)  # fmt: skip
+    # Runs trained with other settings, and runs that did not complete, are left where they are.
+    assert bench.adopt_runs(tiny_grid("other", algos=["ppo"], total_steps=4096).cells(), source, tmp_path / "o") == 0
+    stopped = tmp_path / "stopped"
+    shutil.copytree(source, stopped)
+    summary = stopped / "CartPole-v1" / "ppo" / "seed1" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": "interrupted"}))
+    assert bench.adopt_runs(tiny_grid("some", algos=["ppo"]).cells(), stopped, tmp_path / "some") == 1
+
+    grid = tiny_grid("target", algos=["ppo"], seeds=3)
+    target, outcomes = bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path,
+                                      report=False, reuse_from=source)  # fmt: skip
+    assert "reused 2 completed runs of" in capsys.readouterr().out
+    assert sorted((o.cell.seed, o.status, o.attempts) for o in outcomes) == [
+        (0, "completed", 0), (1, "completed", 0), (2, "completed", 1)]  # fmt: skip
+    for seed in (0, 1):
+        copied, original = (d / "CartPole-v1" / "ppo" / f"seed{seed}" for d in (target, source))
+        assert (copied / "progress.csv").read_text() == (original / "progress.csv").read_text()
+        assert (copied.parent / f"seed{seed}.log").exists()
 
 
 def test_a_bench_keeps_its_settings(tmp_path: Path) -> None:
