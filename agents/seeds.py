@@ -103,9 +103,12 @@ class LaneAdam:
 
     def __init__(self, adam: SeedAdam, k: int) -> None:
         self.adam, self.k = adam, k
-        template = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=float(adam.lr[k]), eps=adam.eps,
-                                    fused=True)  # fmt: skip
-        self.param_groups: list[dict[str, Any]] = template.state_dict()["param_groups"]
+        # torch.optim.Adam's param group, written out: building an Adam to read it would import torch's compiler
+        # stack, over a second of every trainer process's start.
+        self.param_groups: list[dict[str, Any]] = [{
+            "lr": float(adam.lr[k]), "betas": (adam.beta1, adam.beta2), "eps": adam.eps, "weight_decay": 0,
+            "amsgrad": False, "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
+            "fused": True, "decoupled_weight_decay": False, "params": [0]}]  # fmt: skip
 
     @property
     def state(self) -> dict[int, dict[str, Tensor]]:

@@ -225,14 +225,11 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     if is_continuous(env):
         env = ClipAction(env)
     if options.normalize_obs:
-        env = NormalizeObservation(env)
-        bound = options.clip_obs
-        env = vector_wrappers.TransformObservation(env, lambda obs: np.clip(obs, -bound, bound))
+        env = NormalizeObservation(env, clip=options.clip_obs)
     if options.reward_offset:
         env = RewardOffset(env, options.reward_offset)
     if options.normalize_reward:
-        env = NormalizeReward(env, gamma=options.gamma)
-        env = vector_wrappers.ClipReward(env, -options.clip_reward, options.clip_reward)
+        env = NormalizeReward(env, gamma=options.gamma, clip=options.clip_reward)
     if env.metadata.get("autoreset_mode") != AutoresetMode.NEXT_STEP:
         raise RuntimeError("a wrapper changed the autoreset mode")
     return env

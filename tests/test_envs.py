@@ -283,25 +283,29 @@ def test_batch_moments_are_numpy_s_bit_for_bit(dtype: type, shape: tuple[int, ..
 
 
 def test_normalization_is_gymnasium_s_bit_for_bit(closing: list[VectorEnv]) -> None:
-    """Our normalization wrappers, fed the same steps as gymnasium's, give the same observations, rewards and
-    statistics, float for float, autoresets included."""
-    theirs = vector_wrappers.NormalizeReward(
-        vector_wrappers.NormalizeObservation(vector_wrappers.RecordEpisodeStatistics(gym.make_vec(
-            "Pendulum-v1", num_envs=3, vectorization_mode="sync", max_episode_steps=30,
-            vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}))), gamma=0.9)  # fmt: skip
-    ours = make_vector("Pendulum-v1", 3, EnvOptions(normalize_obs=True, normalize_reward=True, gamma=0.9),
-                           max_episode_steps=30)  # fmt: skip
+    """Our normalization wrappers, clips folded in, fed the same steps as gymnasium's wrappers with its clip
+    wrappers on top, give the same observations, rewards and statistics, float for float, autoresets included."""
+    normalized = vector_wrappers.NormalizeObservation(vector_wrappers.RecordEpisodeStatistics(gym.make_vec(
+        "Pendulum-v1", num_envs=3, vectorization_mode="sync", max_episode_steps=30,
+        vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP})))  # fmt: skip
+    clipped = vector_wrappers.TransformObservation(normalized, lambda obs: np.clip(obs, -0.5, 0.5))
+    theirs = vector_wrappers.ClipReward(vector_wrappers.NormalizeReward(clipped, gamma=0.9), -0.5, 0.5)
+    ours = make_vector("Pendulum-v1", 3, EnvOptions(normalize_obs=True, normalize_reward=True, gamma=0.9,
+                                                    clip_obs=0.5, clip_reward=0.5), max_episode_steps=30)  # fmt: skip
     closing += [theirs, ours]
     assert isinstance(find_wrapper(ours, vector_wrappers.NormalizeObservation), NormalizeObservation)
     ours.reset(seed=4)
     theirs.reset(seed=4)
+    clipped_obs = clipped_rewards = 0
     for action in _actions(ours, 100, seed=5):  # three episodes of 30 steps and their autoresets
         obs, reward, *_ = ours.step(action)
         obs_g, reward_g, *_ = theirs.step(action)
-        # Ours also clips both to ±10, which these magnitudes never reach.
         assert np.array_equal(obs, obs_g) and np.array_equal(reward, reward_g)
+        clipped_obs += int(np.sum(np.abs(obs) == 0.5))
+        clipped_rewards += int(np.sum(np.abs(reward) == 0.5))
+    assert clipped_obs and clipped_rewards, "both clips should bite at ±0.5"
     for name, rms in normalizer_state(ours).items():
-        gym_rms = theirs.env.obs_rms if name == "obs_rms" else theirs.return_rms
+        gym_rms = normalized.obs_rms if name == "obs_rms" else theirs.env.return_rms
         assert np.array_equal(rms["mean"], gym_rms.mean) and np.array_equal(rms["var"], gym_rms.var)
         assert rms["count"] == gym_rms.count
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -118,9 +120,21 @@ def test_seed_adam_is_torch_adam_per_row_and_leaves_rows_not_stepping_alone() ->
     # Row 1's view reads back into torch's own Adam, as a single run resumes it.
     lane = LaneAdam(adam, 1)
     fresh = torch.optim.Adam([torch.nn.Parameter(start[1].clone())], lr=0.1, eps=1e-5, fused=True)
+    ours, torchs = lane.state_dict()["param_groups"][0], fresh.state_dict()["param_groups"][0]
+    assert {key: ours[key] for key in torchs} == torchs  # the param group a single run's torch Adam writes
     fresh.load_state_dict(lane.state_dict())
     assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], torch_adams[1].state_dict()["state"][0]["exp_avg"])
 
+
+
+def test_a_seeds_optimizer_does_not_import_torchs_compiler_stack() -> None:
+    # torch.optim.Adam's constructor imports torch._dynamo (over a second); every trainer process builds a LaneAdam.
+    script = ("import sys, torch\nfrom agents.seeds import SeedAdam\n"
+              "flat = torch.nn.Parameter(torch.zeros(2, 3)); flat.grad = torch.zeros_like(flat)\n"
+              "adam = SeedAdam(flat, lr=0.1); adam.lane(1).state_dict(); adam.step(torch.tensor([True, True]))\n"
+              "print('torch._dynamo' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 # ── a seed's numbers do not depend on its neighbours ───────────────────────────────────────────────
 
