@@ -174,7 +174,10 @@ def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:
     run is trained twice. Returns how many runs were copied.
 
     Each copy keeps its wall time, so a bench that reuses PPO's runs can give GRPO PPO's time as a budget
-    and compare the two at equal time (a stacked run's time is its stack's: stack both alike)."""
+    and compare the two at equal time (a stacked run's time is its stack's: stack both alike).
+
+    A copy is made in a hidden folder beside the cell's and renamed into place, so a stop mid-copy leaves the
+    cell empty, to be adopted again, never holding part of a run (reports do not read hidden folders)."""
     adopted = 0
     for cell in cells:
         here, there = cell.run_dir(bench_dir), cell.run_dir(source)
@@ -182,9 +185,14 @@ def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:
             continue
         if rundir.config_differences(there, cell.algo, cell.config()):
             continue
-        shutil.copytree(there, here, ignore=shutil.ignore_patterns(".*"), dirs_exist_ok=True)
+        staging = here.with_name(f".{here.name}.adopting")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(there, staging, ignore=shutil.ignore_patterns(".*"))
         if log_path(there).exists():
             shutil.copy2(log_path(there), log_path(here))
+        if here.exists():
+            here.rmdir()  # empty, checked above
+        staging.rename(here)
         adopted += 1
     return adopted
 

@@ -241,8 +241,13 @@ def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
     assert bench.adopt_runs(tiny_grid("some", algos=["ppo"]).cells(), stopped, tmp_path / "some") == 1
 
     grid = tiny_grid("target", algos=["ppo"], seeds=3)
+    # A copy stopped halfway, in its hidden staging folder, is thrown away and made again.
+    stale = tmp_path / "target" / "CartPole-v1" / "ppo" / ".seed0.adopting"
+    stale.mkdir(parents=True)
+    (stale / "checkpoint.pt").write_bytes(b"part of a checkpoint")
     target, outcomes = bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path,
                                       report=False, reuse_from=source)  # fmt: skip
+    assert not stale.exists()
     assert "reused 2 completed runs of" in capsys.readouterr().out
     assert sorted((o.cell.seed, o.status, o.attempts) for o in outcomes) == [
         (0, "completed", 0), (1, "completed", 0), (2, "completed", 1)]  # fmt: skip
