@@ -28,8 +28,11 @@ def _rms_state(rms: Any) -> dict[str, Any]:
 
 
 def _load_rms(rms: Any, state: dict[str, Any]) -> None:
-    rms.mean = np.array(state["mean"], dtype=np.asarray(rms.mean).dtype, copy=True)
-    rms.var = np.array(state["var"], dtype=np.asarray(rms.var).dtype, copy=True)
+    # The saved dtype, not the fresh statistics' own: gymnasium's running mean of float64 observations is
+    # float64 after its first update even where the space says float32, and a cast would round it, so a
+    # resumed run would normalize differently from one that never stopped.
+    rms.mean = np.array(state["mean"], copy=True)
+    rms.var = np.array(state["var"], copy=True)
     rms.count = float(state["count"])
 
 

@@ -332,18 +332,22 @@ def test_freeze_normalizers_stops_the_statistics(closing: list[VectorEnv]) -> No
             assert np.array_equal(after[name][key], frozen[name][key]), f"{name}.{key} changed while frozen"
 
 
-def test_normalizer_state_round_trip(closing: list[VectorEnv]) -> None:
-    """Loaded statistics equal the saved ones, and a frozen copy normalizes exactly as the original."""
-    trained = make_vector("Pendulum-v1", 2, BOTH_NORMS)
-    fresh = make_vector("Pendulum-v1", 2, BOTH_NORMS)
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "InvertedPendulum-v5"])  # float32 and float64 observations
+def test_normalizer_state_round_trip(env_id: str, closing: list[VectorEnv]) -> None:
+    """Loaded statistics equal the saved ones, dtype included, and a frozen copy normalizes exactly as the
+    original. MuJoCo's float64 observations make the running mean float64 although the space says float32."""
+    trained = make_vector(env_id, 2, BOTH_NORMS)
+    fresh = make_vector(env_id, 2, BOTH_NORMS)
     closing += [trained, fresh]
     _warm_up(trained, 60)
     state = normalizer_state(trained)
     load_normalizer_state(fresh, state)
     loaded = normalizer_state(fresh)
     for name in state:
-        for key in ("mean", "var", "count"):
+        for key in ("mean", "var"):
+            assert loaded[name][key].dtype == state[name][key].dtype
             assert np.array_equal(loaded[name][key], state[name][key])
+        assert loaded[name]["count"] == state[name]["count"]
     assert state["obs_rms"]["count"] > 100, "the statistics were updated during the warm-up"
 
     for env in (trained, fresh):

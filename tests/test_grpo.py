@@ -137,9 +137,11 @@ def test_branching_from_mid_episode_states(tmp_path: Path) -> None:
     assert all(float(r["grpo/restore_time_s"]) > 0 for r in rows)
 
 
-def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path: Path) -> None:
-    cfg = grpo_config(total_steps=30_000, num_groups=4, group_size=4, normalize_obs=True, eval_interval=10_000,
-                      eval_episodes=2, checkpoint_interval=0)  # fmt: skip
+# InvertedPendulum-v5: MuJoCo's float64 observations, whose running mean a checkpoint must not round.
+@pytest.mark.parametrize("env_id,continuous", [("CartPole-v1", False), ("InvertedPendulum-v5", True)])
+def test_interrupted_and_resumed_run_ends_with_the_same_parameters(env_id: str, continuous: bool, tmp_path: Path) -> None:
+    cfg = grpo_config(env_id, continuous, total_steps=30_000, num_groups=4, group_size=4, normalize_obs=True,
+                      eval_interval=10_000, eval_episodes=2, checkpoint_interval=0)  # fmt: skip
     run_training(grpo, cfg, tmp_path / "straight")
 
     with pytest.MonkeyPatch.context() as patch:
