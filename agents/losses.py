@@ -84,6 +84,9 @@ def k2_kl(log_ratio: Tensor) -> Tensor:
     return 0.5 * log_ratio.pow(2)
 
 
+K3_LOG_RATIO_LIMIT = 20.0
+
+
 def k3_kl(log_ratio: Tensor) -> Tensor:
     """Schulman's k3 estimator of KL(p ‖ q) from a sample x ~ p, per sample: unbiased and non-negative.
 
@@ -100,7 +103,12 @@ def k3_kl(log_ratio: Tensor) -> Tensor:
       −Σ_x π_ref(x) ∇ log π_θ(x) = ∇ KL(π_ref ‖ π_θ): the gradient of the *reverse* direction of the
       KL the value estimates. Both pull π_θ toward π_ref and agree to first order when π_θ ≈ π_ref.
     So β · k3 is a penalty that keeps π_θ near π_ref, not the exact gradient of β · KL(π_θ ‖ π_ref).
+
+    log r is clamped to [−20, 20] first (as verl's low-variance KL does): r = e^20 ≈ 5·10⁸ is far past any
+    meaningful estimate, and float32's exp overflows at 88, where a policy whose σ has collapsed sends
+    samples of π_old (an inf loss, then NaN parameters). Beyond the clamp a sample adds no gradient.
     """
+    log_ratio = log_ratio.clamp(-K3_LOG_RATIO_LIMIT, K3_LOG_RATIO_LIMIT)
     return torch.expm1(log_ratio) - log_ratio
 
 
