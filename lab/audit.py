@@ -34,7 +34,7 @@ from agents.audit_scores import NOISE_TARGET, noise_share
 from envs import start_states as starts
 from envs.errors import BadInput
 from lab.document import Block, Heading, Image, Para, Table, fmt_duration, fmt_sig, render_html, render_markdown
-from lab.executor import HEARTBEAT_S, Heartbeat
+from lab.board import HEARTBEAT_S, Heartbeat
 from lab.results import env_label, find_runs, natural_key
 
 DISTANCE_BINS = ((1, 10), (10, 100), (100, 1000), (1000, 10**9))

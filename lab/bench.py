@@ -29,7 +29,8 @@ from agents.config import SEED_LIMIT, parse_overrides, read_yaml
 from envs.errors import BadInput, brief
 from lab.cells import Cell, Outcome, log_path, read_status, reused_elsewhere
 from lab.document import counted, fmt_duration
-from lab.executor import HEARTBEAT_S, Heartbeat, connect_ray, execute
+from lab.board import HEARTBEAT_S, Heartbeat
+from lab.executor import connect_ray, execute
 from lab.plan import resolve_run
 from lab.suites import SUITES, Suite
 

@@ -1,5 +1,5 @@
 """Where cells run: a pool of ``--workers`` processes on this machine, or Ray tasks on a cluster, with a progress
-board and the driver's stop signals.
+board (``lab/board.py``) and the driver's stop signals.
 
 Both backends train the same stacks of cells with the same :func:`lab.cells.run_cells`. On ``ray`` every
 stack is a Ray task asking for one CPU. The task trains in a scratch folder on whichever node runs it and
@@ -16,12 +16,9 @@ import io
 import os
 import signal
 import socket
-import sys
 import tarfile
 import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from functools import partial
@@ -43,146 +40,8 @@ from lab.cells import (
     still_written,
     wait_for_writer,
 )
-from lab.document import fmt_duration
+from lab.board import HEARTBEAT_S, Board, Heartbeat
 from lab.raywatch import init_local
-
-
-HEARTBEAT_S = 10.0
-"""Seconds between heartbeats while a grid runs or its report is built: a silent minute reads as a hang. The
-trainers print their progress lines (which the heartbeat reads) as often."""
-
-
-class Heartbeat:
-    """Calls ``beat(elapsed_s)`` every ``every_s`` seconds on a thread of its own, from entering until leaving."""
-
-    def __init__(self, beat: Callable[[float], None], every_s: float = HEARTBEAT_S) -> None:
-        if not every_s > 0:
-            raise ValueError(f"a heartbeat interval must be positive, got {every_s}")
-        self.beat, self.every_s = beat, every_s
-        self.halt = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        while not self.halt.wait(self.every_s):
-            self.beat(time.monotonic() - start)
-
-    def __enter__(self) -> Heartbeat:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.halt.set()
-        self.thread.join()
-
-
-class Board:
-    """Overall progress: a line as each process starts and each run ends, and, at each :meth:`beat` (a
-    :class:`Heartbeat` calls it), the done/total runs, the trainer processes and the runs in them, env steps/s
-    over the grid and an ETA.
-
-    Processes and runs differ: a process trains a stack of up to ``--stack`` seeds. ``slots``: the processes
-    that run at once (``--workers``), or None on Ray, which queues its tasks itself. ``probe``: (steps so far,
-    steps/s) of each seed the running trainers have reported (:func:`lab.cells.live_progress`); without one (Ray,
-    whose trainers log on other machines) the ETA comes from the runs finished so far. On a terminal a bar
-    carries the heartbeat; where stdout is not a terminal (a log, CI), each heartbeat is a plain line too.
-    """
-
-    def __init__(
-        self, cells: list[Cell], slots: int | None, probe: Callable[[], list[tuple[int, float]]] | None = None
-    ) -> None:
-        self.cells, self.total, self.slots, self.probe = cells, len(cells), slots, probe
-        self.done = self.failed = self.running = self.processes = self.trained = 0
-        self.ended: set[Cell] = set()
-        self.budgets: dict[tuple[Any, ...], int] = {}  # stack key → total_steps: resolved once, not per seed
-        self.rate: float | None = None  # the last env steps/s measured: kept while trainers start up
-        self.interactive = sys.stderr.isatty()
-        self.lines = not (self.interactive and sys.stdout.isatty())  # heartbeats as lines, unless all is a terminal
-        self.start = time.monotonic()
-        self.lock = threading.Lock()
-        if self.interactive:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total, unit="run", dynamic_ncols=True, desc="bench")
-
-    def launched(self, cells: list[Cell], process: bool = True) -> None:
-        """``cells`` start, side by side in one process (or Ray task); ``process=False``: resolved without one."""
-        self.running += len(cells)
-        self.processes += process
-        seeds = ",".join(str(cell.seed) for cell in cells)
-        self._show(f"started  {cells[0].label} {cells[0].algo} seed{'s' if len(cells) > 1 else ''} {seeds}")
-
-    def finished(self, outcome: Outcome) -> None:
-        self.running -= 1
-        self.done += 1
-        self.failed += outcome.status == "failed"
-        self.trained += outcome.attempts > 0
-        self.ended.add(outcome.cell)
-        skipped = outcome.attempts == 0 and outcome.status == "completed"
-        how = "skipped (done)" if skipped else outcome.status + (" (resumed)" if outcome.resumed else "")
-        self._show(f"{how:<21} {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}"
-                   + (f": {outcome.error}" if outcome.error and outcome.status == "failed" else ""))  # fmt: skip
-        if self.interactive:
-            self.bar.update(1)
-
-    def exited(self, outcomes: list[Outcome]) -> None:
-        """A process (or Ray task) has ended, with these outcomes of its runs."""
-        self.processes -= 1
-        for outcome in outcomes:
-            self.finished(outcome)
-
-    def _budget(self, cell: Cell) -> int:
-        if cell.total_steps is not None:
-            return cell.total_steps
-        if cell.stack_key not in self.budgets:
-            self.budgets[cell.stack_key] = cell.config().total_steps
-        return self.budgets[cell.stack_key]
-
-    def status(self) -> str:
-        """``processes 2/2 · runs 6 running, 3/9 done · 41,200 steps/s · ETA 1m20s``"""
-        elapsed = time.monotonic() - self.start
-        live = self.probe() if self.probe is not None else []
-        if live:
-            self.rate = sum(sps for _, sps in live)
-        eta: float | None = None
-        if self.done == self.total:
-            eta = 0.0
-        elif self.rate:  # the steps left of every run not ended, over the rate of those training now
-            left = sum(self._budget(cell) for cell in self.cells if cell not in self.ended)
-            eta = max(left - sum(step for step, _ in live), 0) / self.rate
-        elif self.trained:
-            eta = elapsed / self.trained * (self.total - self.done)
-        where = f"processes {self.processes}/{self.slots}" if self.slots else f"Ray tasks {self.processes}"
-        failed = f" ({self.failed} failed)" if self.failed else ""
-        rate = f"{self.rate:,.0f} steps/s" if self.rate is not None else "steps/s n/a"
-        return (f"{where} · runs {self.running} running, {self.done}/{self.total} done{failed} · {rate} · "
-                f"ETA {fmt_duration(eta) if eta is not None else 'n/a'}")  # fmt: skip
-
-    def beat(self) -> None:
-        """One heartbeat: the bar's text on a terminal, and a plain line where stdout is not one."""
-        text = self.status()
-        if self.interactive:
-            with self.lock:
-                self.bar.set_postfix_str(text)
-        if self.lines:
-            self._print(f"[{fmt_duration(time.monotonic() - self.start)}] {text}")
-
-    def _show(self, line: str) -> None:
-        self._print(f"[{self.done}/{self.total} done, {self.running} running in {self.processes} "
-                    f"process{'es' if self.processes != 1 else ''}, {self.failed} failed] {line}")  # fmt: skip
-
-    def _print(self, line: str) -> None:
-        with self.lock:  # the heartbeat's thread prints too
-            if self.interactive:
-                self.bar.write(line)  # above the bar, which stays at the bottom
-            else:
-                print(line, flush=True)
-
-    def close(self) -> None:
-        """A last heartbeat, which says where the grid ended, and the bar closed."""
-        self.beat()
-        if self.interactive:
-            self.bar.close()
 
 
 def run_local(
@@ -378,7 +237,7 @@ def execute(
     ``heartbeat_s`` seconds; (outcomes, interrupted)."""
     stop = Stop()
     local = backend == "local"
-    board = Board(cells, workers if local else None, partial(live_progress, stop) if local else None)
+    board = Board(cells, workers if local else None, partial(live_progress, stop) if local else None, stack)
     outcomes: list[Outcome] = []
     try:
         with stop_signals(), Heartbeat(lambda _: board.beat(), heartbeat_s):

@@ -18,6 +18,7 @@ from their checkpoints in any later checkout.
 from __future__ import annotations
 
 import datetime
+import filecmp
 import os
 import re
 import shlex
@@ -215,22 +216,46 @@ def _keep(root: Path, entry: Entry) -> None:
             shutil.copy2(src, dst)
 
 
-def _copy_run_folder(source: Path, target: Path) -> None:
+def _copy_run_folder(source: Path, target: Path, adopted_from: Path | None = None) -> None:
     """Copy what a run needs to resume or to be reused. Lock files and logs stay behind (hidden: they name
     this machine's writer), and so does what is large and made again from the rest: TensorBoard event files
     (``progress.csv`` holds the same numbers) and reports with their plots (a bench or study rebuilds them).
-    Checkpoints go first: a trainer may still be writing, and a log copied after its checkpoint is at least
-    as long as the checkpoint records, which a resume cuts it back to."""
+    So do runs the bench adopted (``--reuse-from``, ``adopted_from``) and still holds as they came: the
+    command adopts them again from there. Checkpoints go first: a trainer may still be writing, and a log
+    copied after its checkpoint is at least as long as the checkpoint records, which a resume cuts it back to."""
     def carried(path: Path) -> bool:
         parts = path.relative_to(source).parts
         return not (path.name.startswith("events.out.tfevents") or path.suffix == ".html"
                     or path.name == "report.md" or any(p.startswith(".") or p == "plots" for p in parts))  # fmt: skip
 
     files = [p for p in source.rglob("*") if p.is_file() and carried(p)]
+    if adopted_from is not None:
+        files = _not_adopted(files, source, adopted_from)
     for file in sorted(files, key=lambda p: (p.suffix != ".pt", str(p))):
         copy = target / file.relative_to(source)
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(file, copy)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return b.is_file() and a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+
+
+def _not_adopted(files: list[Path], source: Path, adopted_from: Path) -> list[Path]:
+    """``files`` (under the bench folder ``source``) less the runs and console logs that are byte for byte
+    their counterparts in ``adopted_from``. A run counts whole (every file of its folder the same), so that a
+    restored checkout never holds half of one."""
+    same = {f for f in files if _same_file(f, adopted_from / f.relative_to(source))}
+    run_of = {f: next((d for d in [f.parent, *f.parent.parents]
+                       if d.is_relative_to(source) and (d / "config.yaml").is_file()), None) for f in files}  # fmt: skip
+    differing_runs = {run_of[f] for f in files if f not in same}
+    return [f for f in files if f not in same or (run_of[f] is not None and run_of[f] in differing_runs)]
+
+
+def reuse_source(root: Path, entry: Entry) -> Path | None:
+    """The folder the entry's bench adopts finished runs from (``--reuse-from``), if it names one."""
+    argv = argv_of(entry.command)
+    return root / argv[argv.index("--reuse-from") + 1] if "--reuse-from" in argv[:-1] else None
 
 
 def carry_out(root: Path, entry: Entry) -> list[Path]:
@@ -247,7 +272,8 @@ def carry_out(root: Path, entry: Entry) -> list[Path]:
             staging = target.with_name(target.name + ".partial")
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            _copy_run_folder(source, staging)
+            adopted = reuse_source(root, entry)
+            _copy_run_folder(source, staging, adopted if adopted is not None and adopted.is_dir() else None)
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
             copied.append(source.relative_to(root))
@@ -304,7 +330,9 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
     for folder in carry_in(root, entry):
         print(f"{entry.name}: restored {folder} from {entry.folder}/{CARRIED}", flush=True)
     output = root / (entry.output or entry.folder)
-    reused = entry.output is not None and output.is_dir() and any(output.iterdir())
+    # Runs an earlier invocation finished: left in the output, or adopted from another bench's folder.
+    reused = (entry.output is not None and output.is_dir() and any(output.iterdir())) or (
+        reuse_source(root, entry) is not None)
     commit, started = git_commit(root), time.monotonic()
     # In a session of its own, so that a Ctrl-C on the terminal reaches the command once, through _follow.
     child = subprocess.Popen(argv_of(entry.command), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -16,7 +16,8 @@ import optuna
 from agents import rundir
 from lab.cells import Cell, Outcome, Stop, live_progress, pack_stacks, run_cells
 from lab.document import fmt_duration
-from lab.executor import Heartbeat, import_ray, pack_run, unpack_run
+from lab.board import Heartbeat
+from lab.executor import import_ray, pack_run, unpack_run
 from lab.results import read_progress
 
 POLL_S = 1.0
@@ -47,7 +48,7 @@ def study_status(elapsed: float, counts: dict[str, int], finished: int, trials: 
 
 def study_heartbeat(counts: dict[str, int], finished: int, trials: int, pending: dict[Any, Any], stop: Stop,
                     seeds: int, steps_per_seed: int | None) -> Heartbeat:  # fmt: skip
-    """A :class:`~lab.executor.Heartbeat` that prints :func:`study_status` every 10 s, in logs as on terminals."""
+    """A :class:`~lab.board.Heartbeat` that prints :func:`study_status` every 10 s, in logs as on terminals."""
     return Heartbeat(lambda elapsed: print(study_status(elapsed, counts, finished, trials, len(pending),
                                                         live_progress(stop), seeds, steps_per_seed), flush=True))  # fmt: skip
 

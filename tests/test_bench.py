@@ -20,9 +20,9 @@ import pytest
 from agents.runlog import Progress
 from envs.errors import BadInput
 from lab import bench, normalized, report
+from lab.board import Board
 from lab.cells import Cell, Outcome, Stop, live_progress
 from lab.cli import main
-from lab.executor import Board
 from tests.conftest import REPO, read_csv, wait_for
 
 # Small budgets: PPO's CartPole preset does 256 steps an iteration; GRPO with B = G = 2 at most 4·500 steps.
@@ -155,6 +155,25 @@ def test_the_heartbeat_reads_each_seeds_latest_progress_line_and_estimates_the_t
     board.close()  # a last heartbeat, as a line: stdout is not a terminal here
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.endswith("] processes 0/2 · runs 0 running, 2/2 done (1 failed) · 1,010 steps/s · ETA 0s")
+
+
+def test_the_eta_of_runs_with_a_time_budget_is_at_most_what_their_budgets_leave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("lab.board.time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    cells = [Cell("ppo", "CartPole-v1", seed, 10_000_000, ("budget_seconds=100",)) for seed in (0, 1, 2)]
+    board = Board(cells, slots=1, probe=lambda: [(1000, 10.0), (1000, 10.0)], stack=2)  # stacks: seeds 0,2 and 1
+    board.launched([cells[0], cells[2]])
+    clock[0] += 40.0
+    # By steps: 3e7 − 2,000 steps at 20 steps/s, 17 days. By time: the stack's 60 s left, then seed 1's 100 s.
+    assert board.status().endswith("· 20 steps/s · ETA 2m40s")
+    board.exited([Outcome(cells[0], "completed"), Outcome(cells[2], "completed")])
+    board.launched([cells[1]])
+    clock[0] += 30.0
+    assert board.status().endswith("ETA 1m10s")
+    mixed = Board([*cells, Cell("ppo", "CartPole-v1", 3, 2000, ())], slots=1, probe=lambda: [(1000, 10.0)])
+    assert mixed.status().endswith("ETA 833h21m")  # a run without a time budget: the steps decide
 
 
 def test_an_interrupted_grid_resumes(tmp_path: Path) -> None:

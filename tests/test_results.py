@@ -65,6 +65,7 @@ def test_a_rerun_keeps_the_files_records_provenance_and_the_page_shows_them(tmp_
     produced = manifest.load(tmp_path).entry("toy").produced  # written to the file, not only returned
     assert produced == updated.entry("toy").produced
     assert produced["code_version"] == 3 and produced["wall_s"] >= 0 and produced["machine"]
+    assert produced["reused_runs"] is False
     assert updated.current(updated.entry("toy"))
     page = pages.result_page(tmp_path, updated, updated.entry("toy"))
     assert page.startswith("# Toy\n")
@@ -72,6 +73,15 @@ def test_a_rerun_keeps_the_files_records_provenance_and_the_page_shows_them(tmp_
     body = page.split("Kept files")[1]
     assert "[the code]" not in body and "and the code" in body  # a link out of the results keeps only its text
     assert "From older code" not in page
+
+
+def test_a_bench_that_adopts_another_s_runs_is_recorded_as_reusing_runs(tmp_path: Path) -> None:
+    # Its wall time is the copy's, not the training's: the page must say so.
+    found = _toy(tmp_path, WRITE.removesuffix('"') + '" --reuse-from runs/bench/other')
+    produced = manifest.rerun(tmp_path, found, found.entry("toy")).entry("toy").produced
+    assert produced["reused_runs"] is True
+    page = pages.result_page(tmp_path, manifest.load(tmp_path), manifest.load(tmp_path).entry("toy"))
+    assert "it reused runs an earlier invocation had finished" in page
 
 
 def test_a_rerun_keeps_what_was_added_to_the_manifest_while_its_command_ran(tmp_path: Path) -> None:
@@ -134,6 +144,27 @@ def test_carried_runs_travel_with_the_checkout_and_never_replace_local_files(tmp
 STOPPABLE = ("python -c \"import pathlib, signal, sys, time; d = pathlib.Path('runs/bench/toy/seed0'); "
              "d.mkdir(parents=True); signal.signal(signal.SIGINT, lambda *a: ((d / 'checkpoint.pt').write_text('at stop'), "
              "sys.exit(1))); print('ready', flush=True); time.sleep(60)\"")
+
+
+def test_runs_adopted_with_reuse_from_are_not_carried_twice(tmp_path: Path) -> None:
+    def write(folder: Path, files: dict[str, str]) -> None:
+        for name, text in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+
+    adopted = {"ppo/seed0/config.yaml": "ppo", "ppo/seed0/checkpoint.pt": "weights", "ppo/seed0.log": "log",
+               "grpo/seed0/config.yaml": "grpo"}  # fmt: skip
+    write(tmp_path / "runs/bench/suite", {**adopted, "grpo/seed0/progress.csv": "the suite's run"})
+    # The bench adopted PPO's run as it was; its GRPO run shares a config file with the suite's, no more.
+    write(tmp_path / "runs/bench/toy", {**adopted, "grpo/seed0/progress.csv": "a longer run", "bench.yaml": "grid"})
+    found = _toy(tmp_path, "python -c pass --reuse-from runs/bench/suite", carry=["runs/bench/toy"])
+    manifest.carry_out(tmp_path, found.entry("toy"))
+    carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy"
+    assert sorted(str(p.relative_to(carried)) for p in carried.rglob("*") if p.is_file()) == [
+        "bench.yaml", "grpo/seed0/config.yaml", "grpo/seed0/progress.csv"]  # the GRPO run whole, not half
+    shutil.rmtree(tmp_path / "runs/bench/toy")
+    manifest.carry_in(tmp_path, found.entry("toy"))  # a new checkout; the bench adopts PPO's run again
+    assert (tmp_path / "runs/bench/toy/grpo/seed0/progress.csv").read_text() == "a longer run"
 
 
 def test_a_stopped_rerun_passes_the_stop_on_once_and_carries_what_the_command_saved(tmp_path: Path) -> None:
