@@ -113,14 +113,14 @@ class Board:
 
     def _time_left(self, left: list[Cell]) -> float | None:
         """An upper bound on the time the runs ``left`` still take, if each has a time budget; None otherwise."""
+        if not left or self.slots is None:
+            return None
         seconds: dict[Cell, float] = {}
         for cell in left:
             budget = self._budget(cell)[1]
             if budget is None:
                 return None
             seconds[cell] = budget
-        if not left or self.slots is None:
-            return None
         now = time.monotonic()
         running = [seconds[c] - (now - self.launches[c]) for c in left if c in self.launches]
         queued = pack_stacks([c for c in left if c not in self.launches], self.stack)

@@ -238,7 +238,7 @@ def _copy_run_folder(source: Path, target: Path, adopted_from: Path | None = Non
 
 
 def _same_file(a: Path, b: Path) -> bool:
-    return b.is_file() and a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+    return b.is_file() and filecmp.cmp(a, b, shallow=False)  # files of different sizes are unequal unread
 
 
 def _not_adopted(files: list[Path], source: Path, adopted_from: Path) -> list[Path]:
@@ -264,6 +264,8 @@ def carry_out(root: Path, entry: Entry) -> list[Path]:
     A folder that no longer exists here keeps its committed copy: a checkout that never ran it loses nothing.
     """
     copied = []
+    adopted = reuse_source(root, entry)
+    adopted = adopted if adopted is not None and adopted.is_dir() else None
     for pattern in entry.carry:
         for source in sorted(root.glob(pattern)):
             if not source.is_dir():
@@ -272,8 +274,7 @@ def carry_out(root: Path, entry: Entry) -> list[Path]:
             staging = target.with_name(target.name + ".partial")
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            adopted = reuse_source(root, entry)
-            _copy_run_folder(source, staging, adopted if adopted is not None and adopted.is_dir() else None)
+            _copy_run_folder(source, staging, adopted)
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
             copied.append(source.relative_to(root))
