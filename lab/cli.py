@@ -309,18 +309,24 @@ def cmd_results(args: argparse.Namespace) -> int:
     root = Path.cwd()
     found = manifest.load(root)
     if args.action in ("save", "restore"):
+        kept = False
         for entry in manifest.select(found, args.names, args.all, args.cheap):
             if args.action == "save":
                 for folder in manifest.carry_out(root, entry):
                     print(f"{entry.name}: {folder} → {entry.folder}/{manifest.CARRIED}")
+                if (saved := manifest.keep_progress(root, found, entry)) is not None:
+                    found, kept = saved, True
+                    print(f"{entry.name}: its files so far → {entry.folder} (its page says it is in progress)")
             else:
                 for folder in manifest.carry_in(root, entry):
                     print(f"{entry.name}: {entry.folder}/{manifest.CARRIED} → {folder}")
-        return 0
+        if not kept:
+            return 0
     if args.action == "list":
         for e in found.entries:
             p = e.produced
-            state = ", older code" if found.older(e) else ""
+            saved = f", in progress (saved {e.progress['date']})" if e.progress else ""
+            state = ", older code" if found.older(e) else saved
             print(f"{e.name:<32} {e.cost:<5} {p.get('date', 'not produced yet')}, commit {p.get('commit', '—')}{state}\n"
                   f"    {e.command}")  # fmt: skip
         return 0

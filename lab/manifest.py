@@ -42,13 +42,14 @@ MANIFEST = Path("benchmarks/manifest.yaml")
 HEADER = """\
 # Every result the project commits. Edit the entries by hand, but not `produced`: `testbed results run`
 # writes it when it reruns an entry's command and keeps its files (entries made before that command
-# existed carry what their files and the history record). `testbed results pages`
+# existed carry what their files and the history record). Nor `progress`: `testbed results save` writes it
+# when it keeps the files of a result still being made. `testbed results pages`
 # rebuilds docs/results/ and the README's generated blocks from this file and the kept files.
 # code_version: raise it when a change alters what the algorithms compute; results produced at a lower
 # version are shown as from older code, with their commit, and stay out of the headline tables.
 """
 ENTRY_KEYS = {"name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget",
-              "cost", "fresh", "last_line", "carry", "produced"}  # fmt: skip
+              "cost", "fresh", "last_line", "carry", "produced", "progress"}  # fmt: skip
 COSTS = ("cheap", "long")
 CARRIED = "carried"  # under an entry's folder: its carried runs, at their paths from the repository root
 
@@ -72,6 +73,8 @@ class Entry:
     last_line: str | None = None  # keep the last line the command printed (a test run's count) in this file
     carry: tuple[str, ...] = ()  # glob patterns of run folders under runs/ that travel with the checkout
     produced: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, wall_s, code_version
+    # Of a long result not produced yet: where its files so far were saved (``testbed results save``).
+    progress: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, code_version
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ def _entry(raw: Any, where: str) -> Entry:
                        "a rerun reuses); drop one of the two")  # fmt: skip
     values["carry"] = tuple(carry)
     values["produced"] = dict(raw.get("produced") or {})
+    values["progress"] = dict(raw.get("progress") or {})
     return Entry(**values)
 
 
@@ -141,13 +145,13 @@ def load(root: Path) -> Manifest:
 def save(root: Path, manifest: Manifest) -> None:
     """Write the manifest back, keys in a fixed order; written whole to a temporary file, then renamed."""
     order = ["name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget", "cost",
-             "fresh", "last_line", "carry", "produced"]  # fmt: skip
+             "fresh", "last_line", "carry", "produced", "progress"]  # fmt: skip
     results = []
     for e in manifest.entries:
         values = {"name": e.name, "title": e.title, "about": e.about, "command": e.command, "output": e.output,
                   "folder": e.folder, "keep": list(e.keep), "page": e.page, "seeds": e.seeds, "budget": e.budget,
                   "cost": e.cost, "fresh": e.fresh or None, "last_line": e.last_line, "carry": list(e.carry) or None,
-                  "produced": e.produced or None}  # fmt: skip
+                  "produced": e.produced or None, "progress": e.progress or None}  # fmt: skip
         results.append({k: values[k] for k in order if values[k] is not None})
     text = HEADER + yaml.safe_dump({"code_version": manifest.code_version, "results": results}, sort_keys=False,
                                    allow_unicode=True, width=110, default_flow_style=None)  # fmt: skip
@@ -196,17 +200,9 @@ def select(manifest: Manifest, names: Sequence[str], every: bool, cheap: bool) -
     return [manifest.entry(n) for n in names]
 
 
-def _keep(root: Path, entry: Entry) -> None:
-    """Copy the kept files from where the command wrote them, replacing the committed ones."""
-    if entry.output is None:
-        return
-    source, target = root / entry.output, root / entry.folder
-    copied = [k for k in entry.keep if k != entry.last_line]  # that one is written by the rerun itself
-    missing = [k for k in copied if not (source / k).exists()]
-    if missing:
-        raise BadInput(f"{entry.name}: the command ended but {source} lacks {missing}; nothing was replaced")
+def _copy_kept(source: Path, target: Path, kept: list[str]) -> None:
     target.mkdir(parents=True, exist_ok=True)
-    for k in copied:
+    for k in kept:
         src, dst = source / k, target / k
         if src.is_dir():
             shutil.rmtree(dst, ignore_errors=True)
@@ -214,6 +210,43 @@ def _keep(root: Path, entry: Entry) -> None:
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
+
+
+def _keep(root: Path, entry: Entry) -> None:
+    """Copy the kept files from where the command wrote them, replacing the committed ones."""
+    if entry.output is None:
+        return
+    source = root / entry.output
+    copied = [k for k in entry.keep if k != entry.last_line]  # that one is written by the rerun itself
+    missing = [k for k in copied if not (source / k).exists()]
+    if missing:
+        raise BadInput(f"{entry.name}: the command ended but {source} lacks {missing}; nothing was replaced")
+    _copy_kept(source, root / entry.folder, copied)
+
+
+def keep_progress(root: Path, manifest: Manifest, entry: Entry) -> Manifest | None:
+    """Keep what a long result's command has written so far (a bench's report as its last invocation left
+    it, say) and record where in ``progress``; the manifest as saved, or None when there is nothing to keep.
+
+    Only for a result not produced yet: a produced one's kept files stay the finished result's until a
+    rerun ends. Its page then shows the part so far, marked as such (``lab.pages``)."""
+    if entry.produced or entry.output is None or entry.page is None or not (root / entry.output / entry.page).is_file():
+        return None
+    _copy_kept(root / entry.output, root / entry.folder, [k for k in entry.keep if (root / entry.output / k).exists()])
+    progress = {"commit": git_commit(root), "date": datetime.date.today().isoformat(), "machine": machine_line(),
+                "code_version": manifest.code_version}  # fmt: skip
+    return _record(root, entry.name, progress=progress)
+
+
+def _record(root: Path, name: str, **fields: dict[str, Any]) -> Manifest:
+    """Write ``fields`` into one entry of the manifest file as it is now, not as it was when a (perhaps
+    hours-long) command started: entries added or produced meanwhile, by hand or by another `results run`,
+    are kept. The manifest saved."""
+    current = load(root)
+    updated = Manifest(current.code_version, tuple(Entry(**{**e.__dict__, **fields}) if e.name == name else e
+                                                   for e in current.entries))  # fmt: skip
+    save(root, updated)
+    return updated
 
 
 def _copy_run_folder(source: Path, target: Path, adopted_from: Path | None = None) -> None:
@@ -353,14 +386,7 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
         (root / entry.folder / entry.last_line).write_text(last + "\n")
     produced = {"commit": commit, "date": datetime.date.today().isoformat(), "machine": machine_line(),
                 "wall_s": round(wall, 1), "reused_runs": reused, "code_version": manifest.code_version}  # fmt: skip
-    # The file as it is now, not as it was when this (perhaps hours-long) command started: entries added or
-    # produced meanwhile, by hand or by another `results run`, are kept.
-    current = load(root)
-    entries = tuple(Entry(**{**e.__dict__, "produced": produced}) if e.name == entry.name else e
-                    for e in current.entries)  # fmt: skip
-    updated = Manifest(current.code_version, entries)
-    save(root, updated)
-    return updated
+    return _record(root, entry.name, produced=produced, progress={})
 
 
 def pytest_line(text: str) -> tuple[int, float] | None:

@@ -72,8 +72,8 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return render_markdown([Table(header, rows)]).rstrip("\n")
 
 
-def _provenance(manifest: Manifest, entry: Entry) -> list[str]:
-    p = entry.produced
+def _provenance(root: Path, manifest: Manifest, entry: Entry) -> list[str]:
+    p = entry.produced or entry.progress
     rows = [("command", f"`{entry.command}`"), ("seeds", entry.seeds), ("budget", entry.budget),
             ("machine", p.get("machine", "not recorded")), ("code", f"commit {p.get('commit', 'not recorded')}"),
             ("date", str(p.get("date", "not recorded")))]  # fmt: skip
@@ -86,6 +86,12 @@ def _provenance(manifest: Manifest, entry: Entry) -> list[str]:
                   "before a change to what the algorithms compute: the numbers may differ from today's code "
                   "by more than seed noise. It is left out of the headline tables until it is rerun with "
                   f"`testbed results run {entry.name}`."]  # fmt: skip
+    if entry.progress and not entry.produced:
+        runs = (f"the {len(completed_runs(root, entry))} runs finished so far" if "summary.csv" in entry.keep
+                else "what its command had finished")  # fmt: skip
+        lines += ["", f"!!! note \"In progress\"\n    Saved part way on {p.get('date')} at commit {p.get('commit')}: "
+                  f"{runs}, as the command's last invocation reported them. `testbed results run {entry.name}` "
+                  "goes on with the rest; the numbers below are final for the runs they show."]  # fmt: skip
     return lines
 
 
@@ -94,14 +100,14 @@ def result_page(root: Path, manifest: Manifest, entry: Entry) -> str:
     source = Path(entry.folder) / (entry.page or entry.last_line or "")
     body = ""
     if (entry.page or entry.last_line) and not (root / source).exists():
-        if entry.produced:
+        if entry.produced or entry.progress:
             raise BadInput(f"{entry.name}: {source} does not exist; make it again with `testbed results run {entry.name}`")
         body = f"Not produced yet: `testbed results run {entry.name}` makes it."
     elif entry.page or entry.last_line:
         body = (root / source).read_text()
     if body.startswith("# "):  # the page has its own title
         body = body.split("\n", 1)[1] if "\n" in body else ""
-    lines = [f"# {entry.title}", "", entry.about, "", *_provenance(manifest, entry), "",
+    lines = [f"# {entry.title}", "", entry.about, "", *_provenance(root, manifest, entry), "",
              f"Kept files: {', '.join(f'`{entry.folder}/{k}`' for k in entry.keep)}.", "",
              _demote(_relink(body.strip(), root, source)), ""]  # fmt: skip
     return "\n".join(lines)
@@ -116,13 +122,15 @@ def index_page(manifest: Manifest) -> str:
              "the README's tables. Final results use seeds that tuning and sweeps never saw.", ""]  # fmt: skip
     groups = (("Produced by today's algorithms", manifest.current),
               ("From older code", manifest.older),
-              ("Not produced yet", lambda e: not e.produced))  # fmt: skip
+              ("In progress", lambda e: not e.produced and bool(e.progress)),
+              ("Not produced yet", lambda e: not e.produced and not e.progress))  # fmt: skip
     for heading, belongs in groups:
         chosen = [e for e in manifest.entries if belongs(e)]
         if not chosen:
             continue
-        rows = [[f"[{e.title}]({e.name}.md)", f"`{e.command}`", e.seeds, str(e.produced.get("machine", DASH)).split(";")[0],
-                 f"{e.produced.get('commit', DASH)}, {e.produced.get('date', DASH)}"] for e in chosen]  # fmt: skip
+        made = [e.produced or e.progress for e in chosen]
+        rows = [[f"[{e.title}]({e.name}.md)", f"`{e.command}`", e.seeds, str(p.get("machine", DASH)).split(";")[0],
+                 f"{p.get('commit', DASH)}, {p.get('date', DASH)}"] for e, p in zip(chosen, made)]  # fmt: skip
         lines += [f"## {heading}", "", _table(["result", "command", "seeds", "machine", "commit, date"], rows), ""]
     return "\n".join(lines)
 

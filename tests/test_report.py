@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from envs.errors import BadInput
 from lab import plot
 from lab.plot import mean_curve, plot_runs
-from lab.normalized import load_reference_scores
+from lab.normalized import load_reference_scores, reference_for
 from lab.report import build_report
 from lab.results import find_runs
 from lab.stats import bootstrap_ci, iqm
@@ -384,6 +384,18 @@ def test_build_report_leaves_out_envs_without_references(tmp_path: Path) -> None
     with open(written["summary"], newline="") as f:
         running = list(csv.DictReader(f))[1]
     assert (running["status"], running["total_steps"], running["sps"]) == ("running", "2048", "")
+
+
+def test_env_kwargs_that_only_choose_the_observation_keep_the_reference_scores(tmp_path: Path) -> None:
+    # Ant's presets leave out the contact forces: the reward is the same, so the suite's aggregate counts it.
+    for env_id, kwargs in (("Ant-v5", {"include_cfrc_ext_in_observation": False}), ("Hopper-v5", {"healthy_reward": 0})):
+        run_dir = make_run(tmp_path / env_id, env_id, "ppo", 0, linear_evals(2))
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "env_kwargs": kwargs}))
+    refs = load_reference_scores()
+    found = {run.env_id: reference_for(run, refs) for run in find_runs([tmp_path])}
+    assert found == {"Ant-v5[include_cfrc_ext_in_observation=False]": refs["Ant-v5"],
+                     "Hopper-v5[healthy_reward=0]": None}  # another reward: another scale
 
 
 def test_build_report_refuses_a_dir_without_runs(tmp_path: Path) -> None:

@@ -194,6 +194,30 @@ def test_an_older_result_is_marked_and_a_missing_one_says_how_to_make_it(tmp_pat
     assert "## From older code" in pages.index_page(older)
 
 
+def test_a_long_result_saved_part_way_shows_its_runs_so_far_until_a_rerun_finishes_it(tmp_path: Path) -> None:
+    found = _toy(tmp_path, WRITE, keep=["report.md", "summary.csv", "plots"])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("# Report\n\ntwo cells so far\n")  # no plots yet: what exists is kept
+    (out / "summary.csv").write_text("algo,status\nppo,completed\nppo,completed\ngrpo,failed\n")
+    saved = manifest.keep_progress(tmp_path, found, found.entry("toy"))
+    assert saved is not None and manifest.load(tmp_path).entry("toy").progress == saved.entry("toy").progress
+    progress = saved.entry("toy").progress
+    assert {"commit", "date", "machine"} <= set(progress) and progress["code_version"] == 3
+    assert not saved.entry("toy").produced
+    page = pages.result_page(tmp_path, saved, saved.entry("toy"))
+    assert "!!! note \"In progress\"" in page and "the 2 runs finished so far" in page and "two cells so far" in page
+    assert f"commit {progress['commit']}" in page and "Not produced yet" not in page
+    index = pages.index_page(saved)
+    assert "## In progress" in index and "## Not produced yet" not in index
+    updated = manifest.rerun(tmp_path, saved, saved.entry("toy"))  # the command finishes: progress is over
+    assert updated.entry("toy").produced and not manifest.load(tmp_path).entry("toy").progress
+    assert "In progress" not in pages.result_page(tmp_path, updated, updated.entry("toy"))
+    (out / "report.md").write_text("# Report\n\nsomething else\n")
+    assert manifest.keep_progress(tmp_path, updated, updated.entry("toy")) is None  # a produced result keeps its files
+    assert "something else" not in (tmp_path / "benchmarks/results/toy/report.md").read_text()
+
+
 def test_bad_manifests_and_selections_are_refused_before_any_work(tmp_path: Path) -> None:
     found = _toy(tmp_path, WRITE)
     with pytest.raises(BadInput, match="one of the three"):
