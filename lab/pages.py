@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import numpy as np
 
@@ -34,7 +35,8 @@ FIGURES = Path("docs/figures")
 BUSY = "a busy machine is slower"
 HEADLINE = "classic"  # the README's table and figure
 FIGURE = "plots/LunarLander-v3-steps.png"
-LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
+# A label may hold one level of brackets: an env variant's alt text, "Ant-v5[include_…=False]: …".
+LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\])\(([^)\s]+)\)")
 
 
 def _demote(markdown: str) -> str:
@@ -59,11 +61,11 @@ def _relink(markdown: str, root: Path, source: Path) -> str:
         if re.match(r"[a-z]+:|#|/", target):
             return match.group(0)
         path, _, anchor = target.partition("#")
-        resolved = (root / source.parent / path).resolve()
+        resolved = (root / source.parent / unquote(path)).resolve()  # reports percent-encode [ ] = in names
         results = (root / RESULTS).resolve()
         if not resolved.is_relative_to(results) or resolved.suffix == ".md" or not resolved.exists():
             return label.lstrip("!").strip("[]")
-        return f"{label}({FILES}/{resolved.relative_to(results).as_posix()}{'#' + anchor if anchor else ''})"
+        return f"{label}({FILES}/{quote(resolved.relative_to(results).as_posix())}{'#' + anchor if anchor else ''})"
 
     return LINK.sub(one, markdown)
 

@@ -73,6 +73,11 @@ def test_a_rerun_keeps_the_files_records_provenance_and_the_page_shows_them(tmp_
     body = page.split("Kept files")[1]
     assert "[the code]" not in body and "and the code" in body  # a link out of the results keeps only its text
     assert "From older code" not in page
+    # A variant's plot: brackets in the alt text, the file name percent-encoded as reports write it.
+    (kept / "plots/Ant-v5[obs=False].png").write_bytes(b"png")
+    (kept / "report.md").write_text("# R\n\n![Ant-v5[obs=False]: curve](plots/Ant-v5%5Bobs%3DFalse%5D.png)\n")
+    page = pages.result_page(tmp_path, updated, updated.entry("toy"))
+    assert "![Ant-v5[obs=False]: curve](files/toy/plots/Ant-v5%5Bobs%3DFalse%5D.png)" in page
 
 
 def test_a_bench_that_adopts_another_s_runs_is_recorded_as_reusing_runs(tmp_path: Path) -> None:
