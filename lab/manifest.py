@@ -99,6 +99,10 @@ class Manifest:
         """Whether the entry was produced, but by algorithms that computed otherwise than today's."""
         return bool(entry.produced) and not self.current(entry)
 
+    def in_progress(self, entry: Entry) -> bool:
+        """Whether the entry is not produced yet but its files so far were kept (``testbed results save``)."""
+        return bool(entry.progress) and not entry.produced
+
 
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict) or "name" not in raw:

@@ -88,7 +88,7 @@ def _provenance(root: Path, manifest: Manifest, entry: Entry) -> list[str]:
                   "before a change to what the algorithms compute: the numbers may differ from today's code "
                   "by more than seed noise. It is left out of the headline tables until it is rerun with "
                   f"`testbed results run {entry.name}`."]  # fmt: skip
-    if entry.progress and not entry.produced:
+    if manifest.in_progress(entry):
         runs = (f"the {len(completed_runs(root, entry))} runs finished so far" if "summary.csv" in entry.keep
                 else "what its command had finished")  # fmt: skip
         lines += ["", f"!!! note \"In progress\"\n    Saved part way on {p.get('date')} at commit {p.get('commit')}: "
@@ -124,7 +124,7 @@ def index_page(manifest: Manifest) -> str:
              "the README's tables. Final results use seeds that tuning and sweeps never saw.", ""]  # fmt: skip
     groups = (("Produced by today's algorithms", manifest.current),
               ("From older code", manifest.older),
-              ("In progress", lambda e: not e.produced and bool(e.progress)),
+              ("In progress", manifest.in_progress),
               ("Not produced yet", lambda e: not e.produced and not e.progress))  # fmt: skip
     for heading, belongs in groups:
         chosen = [e for e in manifest.entries if belongs(e)]
