@@ -3,18 +3,20 @@ for their spaces, the observation statistics evaluation uses, and the env part o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import VectorEnv
+from gymnasium.vector import SyncVectorEnv, VectorEnv
 
 import envs as envs_pkg
 from agents.config import RunConfig
 from agents.networks import NetworkSpec
 from agents.rollout import RolloutState
 from envs.errors import BadInput, brief
+from envs.snapshot import is_restorable
 
 # Evaluation episodes use seeds EVAL_SEED_BASE, EVAL_SEED_BASE + 1, …: the same start states for every
 # run, algorithm and training seed, and never a training seed.
@@ -45,6 +47,12 @@ def open_envs(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **train
     kwargs define it (``eval_env_kwargs`` on top), with its own time limit, so scores stay comparable
     across agents. A delayed reward does not change an episode's return, which is what evaluation reports.
     """
+    train = open_train_env(cfg, n_envs, options, **train_kwargs)
+    return envs_around(train, make_eval_env(cfg, cfg.eval_episodes))
+
+
+def open_train_env(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **train_kwargs: Any) -> VectorEnv:
+    """The training vector env of :func:`open_envs`; BadInput for action spaces the agents cannot handle."""
     train = envs_pkg.make_vector(cfg.env_id, n_envs, options, **cfg.env_kwargs, **train_kwargs)
     action_space = train.single_action_space
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)) or (
@@ -52,9 +60,13 @@ def open_envs(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **train
     ):
         train.close()
         raise BadInput(f"{cfg.env_id} has action space {action_space}; the agents support Discrete and 1-D Box actions")
-    evaluation = make_eval_env(cfg, cfg.eval_episodes)
+    return train
+
+
+def envs_around(train: VectorEnv, evaluation: VectorEnv) -> Envs:
+    """A training and an evaluation env with the shapes of the training env's spaces."""
     obs_dim, action_dim, continuous = space_dims(train)
-    action_shape = tuple(action_space.shape) if continuous else ()
+    action_shape = tuple(train.single_action_space.shape) if continuous else ()
     return Envs(train, evaluation, continuous, obs_dim, action_dim, action_shape)
 
 
@@ -101,31 +113,97 @@ def observation_statistics(normalizers: dict[str, Any]) -> dict[str, Any]:
     return {name: stats for name, stats in normalizers.items() if name != "return_rms"}
 
 
-def obs_statistics(env: VectorEnv) -> dict[str, Any]:
-    """The observation statistics of a training env, as evaluation uses them (no reward scaling)."""
-    return observation_statistics(envs_pkg.normalizer_state(env))
+def obs_statistics(env: VectorEnv | SharedEnv, seed: int = 0, seeds: int = 1) -> dict[str, Any]:
+    """The observation statistics of a training env, as evaluation uses them (no reward scaling); seed
+    ``seed``'s where ``seeds`` seeds share the env."""
+    vector_env = env.env if isinstance(env, SharedEnv) else env
+    return observation_statistics(envs_pkg.normalizer_state(vector_env, seed, seeds))
 
 
-def save_envs(env: VectorEnv, state: RolloutState) -> dict[str, Any]:
-    """The env part of a checkpoint: the full env state where supported, always the normalizers."""
+# ── a stack's training envs: one vector env for all its seeds where that is exact ───────────────────
+
+
+@dataclass
+class SharedEnv:
+    """A training vector env of ``seeds`` consecutive seeds of a stack, from its ``first``: N sub-envs each,
+    sub-envs j·N … (j+1)·N − 1 the j-th seed's, each seed with normalizer statistics of its own
+    (``EnvOptions.stacked_seeds``). ``rollout`` carries its S_b·N rows from segment to segment."""
+
+    env: VectorEnv
+    first: int
+    seeds: int
+    rollout: RolloutState
+
+    @property
+    def stack(self) -> slice:
+        """Its seeds' places in the stack."""
+        return slice(self.first, self.first + self.seeds)
+
+    def rows(self, j: int) -> slice:
+        """The sub-envs of its j-th seed."""
+        n = self.env.num_envs // self.seeds
+        return slice(j * n, (j + 1) * n)
+
+
+def seat(shared_envs: list[SharedEnv], k: int) -> tuple[SharedEnv, int, int]:
+    """Seed k's training env, the seed's place j among the env's seeds, and their number."""
+    shared = next(shared for shared in shared_envs if shared.first <= k < shared.first + shared.seeds)
+    return shared, k - shared.first, shared.seeds
+
+
+def open_shared_envs(cfgs: list[RunConfig], n_envs: int, options: envs_pkg.EnvOptions) -> list[SharedEnv]:
+    """The training envs of a stack's seeds, reset with their seeds (sub-env i of the seed s with s + i).
+
+    One vector env for all S seeds where its sub-envs step one by one (sync) and can be saved exactly
+    (``envs.snapshot``): a seed's sub-envs are then stepped and saved as in a vector env of their own, with
+    one pass through the wrappers per step instead of S. Otherwise (a native vector env draws one stream of
+    random numbers for all its sub-envs) each seed has its own.
+    """
+    first = open_train_env(cfgs[0], n_envs, options)
+    base = first.unwrapped
+    if len(cfgs) > 1 and isinstance(base, SyncVectorEnv) and all(is_restorable(e) for e in base.envs):
+        first.close()
+        stacked = dataclasses.replace(options, stacked_seeds=len(cfgs))
+        shared = [(open_train_env(cfgs[0], n_envs * len(cfgs), stacked), 0, cfgs)]
+    else:
+        shared = [(first if k == 0 else open_train_env(cfg, n_envs, options), k, [cfg]) for k, cfg in enumerate(cfgs)]
+    opened = []
+    for env, k, seeds in shared:
+        seed: int | list[int] = seeds[0].seed if len(seeds) == 1 else [c.seed + i for c in seeds for i in range(n_envs)]
+        obs, _ = env.reset(seed=seed)
+        rows = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(env.num_envs, dtype=bool))
+        opened.append(SharedEnv(env, k, len(seeds), rows))
+    return opened
+
+
+def save_envs(shared: SharedEnv, j: int) -> dict[str, Any]:
+    """The env part of seed j's checkpoint, as from a vector env of its own: its full env state where
+    supported, always its normalizers, and its rows of the rollout state."""
+    rows, state = shared.rows(j), shared.rollout
     return {
-        "env_state": envs_pkg.vector_env_state(env),
-        "normalizers": envs_pkg.normalizer_state(env),
-        "rollout": {"next_obs": state.next_obs, "next_is_autoreset": state.next_is_autoreset},
+        "env_state": envs_pkg.vector_env_state(shared.env, j, shared.seeds),
+        "normalizers": envs_pkg.normalizer_state(shared.env, j, shared.seeds),
+        "rollout": {"next_obs": state.next_obs[rows], "next_is_autoreset": state.next_is_autoreset[rows]},
     }
 
 
-def restore_envs(env: VectorEnv, ckpt: dict[str, Any], seed: int) -> RolloutState:
-    """Put the training env back as the checkpoint left it.
+def restore_envs(shared: SharedEnv, j: int, ckpt: dict[str, Any], seed: int) -> None:
+    """Put seed j's training envs back as its checkpoint left them.
 
     Exact where the checkpoint holds the full env state; otherwise the normalizer statistics are
-    restored and every sub-env starts a new episode from a seed derived from the step count.
+    restored and, in an env of its own, every sub-env starts a new episode from a seed derived from the
+    step count (in a shared env, which holds only envs whose state is saved, the episodes go on from the
+    stack's reset).
     """
+    rows, state = shared.rows(j), shared.rollout
     if ckpt["env_state"] is not None:
-        env.reset(seed=seed)
-        envs_pkg.load_vector_env_state(env, ckpt["env_state"])
-        rollout = ckpt["rollout"]
-        return RolloutState(np.asarray(rollout["next_obs"], dtype=np.float32), np.asarray(rollout["next_is_autoreset"]))
-    envs_pkg.load_normalizer_state(env, ckpt["normalizers"])
-    obs, _ = env.reset(seed=seed + ckpt["global_step"])
-    return RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(env.num_envs, dtype=bool))
+        if shared.seeds == 1:
+            shared.env.reset(seed=seed)
+        envs_pkg.load_vector_env_state(shared.env, ckpt["env_state"], j, shared.seeds)
+        state.next_obs[rows] = np.asarray(ckpt["rollout"]["next_obs"], dtype=np.float32)
+        state.next_is_autoreset[rows] = np.asarray(ckpt["rollout"]["next_is_autoreset"])
+        return
+    envs_pkg.load_normalizer_state(shared.env, ckpt["normalizers"], j, shared.seeds)
+    if shared.seeds == 1:
+        obs, _ = shared.env.reset(seed=seed + ckpt["global_step"])
+        shared.rollout = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(shared.env.num_envs, dtype=bool))

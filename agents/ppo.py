@@ -41,16 +41,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-import numpy as np
 import torch
+from gymnasium.vector import VectorEnv
 from torch import Tensor
 
 from agents import advantages as adv
 from agents import losses
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.networks import Act, ActorCritic, StackedNetworks
-from agents.plumbing import Envs, network_spec, obs_statistics, open_envs, restore_envs, save_envs
-from agents.rollout import RolloutState, Segment, SegmentBuffers, join_segments, segment_steps
+from agents.plumbing import (
+    SharedEnv, envs_around, make_eval_env, network_spec, obs_statistics, open_shared_envs, restore_envs, save_envs,
+    seat,
+)  # fmt: skip
+from agents.rollout import Segment, SegmentBuffers, join_segments, segment_steps
 from agents.seeding import seed_everything
 from agents.seeds import Minibatches, SeedAdam, SeedGenerators, by_seed, masked_mean
 from agents.training import Collected, Lane, run_stack
@@ -140,28 +143,26 @@ class Learner:
     def __init__(self, cfgs: list[PPOConfig]) -> None:
         """Each seed's envs and ActorCritic, seeded as a single run seeds them, then stacked."""
         self.cfgs, self.random = list(cfgs), SeedGenerators()
-        self.envs: list[Envs] = []  # one vector env per seed: its own normalizers and random numbers
+        self.shared: list[SharedEnv] = []  # the training envs: one for all seeds where that is exact
+        self.evals: list[VectorEnv] = []  # each seed's evaluation env
         models: list[ActorCritic] = []  # each seed's network, whose parameters become views of its row
         try:
+            self.shared = open_shared_envs(self.cfgs, cfgs[0].n_envs, env_options(cfgs[0]))
             for cfg in cfgs:
                 seed_everything(cfg.seed)
-                self.envs.append(open_envs(cfg, cfg.n_envs, env_options(cfg)))
-                models.append(ActorCritic(network_spec(self.envs[-1].train, cfg, cfg.shared_trunk)).to(cfg.device))
+                self.evals.append(make_eval_env(cfg, cfg.eval_episodes))
+                models.append(ActorCritic(network_spec(self.shared[0].env, cfg, cfg.shared_trunk)).to(cfg.device))
                 self.random.capture(cfg.device)
         except BaseException:
             self.close()
             raise
-        self.rollouts: list[RolloutState] = []  # each seed's next observations, carried across segments
-        self.buffers: list[SegmentBuffers] = []  # each seed's (T, N) storage, reused by every segment
-        for cfg, envs in zip(cfgs, self.envs, strict=True):
-            obs, _ = envs.train.reset(seed=cfg.seed)
-            self.rollouts.append(RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(cfg.n_envs, dtype=bool)))
-            self.buffers.append(SegmentBuffers(cfg.n_steps, cfg.n_envs, envs.obs_dim, envs.action_shape,
-                                               not envs.continuous))  # fmt: skip
+        self.envs = envs_around(self.shared[0].env, self.evals[0])  # the spaces' shapes
+        self.buffers = [SegmentBuffers(cfgs[0].n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape,
+                                       not self.envs.continuous) for shared in self.shared]  # fmt: skip
         self.net = StackedNetworks(models)
         self.adam = SeedAdam(self.net.flat, cfgs[0].learning_rate)
-        self.lanes = [Lane(model, model, self.adam.lane(k), envs.eval, partial(obs_statistics, envs.train),
-                           {"actor_critic": model}) for k, (model, envs) in enumerate(zip(models, self.envs))]
+        self.lanes = [Lane(model, model, self.adam.lane(k), self.evals[k], partial(obs_statistics, *seat(self.shared, k)),
+                           {"actor_critic": model}) for k, model in enumerate(models)]  # fmt: skip
 
     @property
     def cfg(self) -> PPOConfig:
@@ -169,27 +170,36 @@ class Learner:
         return self.cfgs[0]
 
     def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
-        """T steps in each running seed's N envs (``rollout.segment_steps``), every step's actions from one
-        batched forward pass, each seed's drawn from its own generator."""
-        cfg, S = self.cfg, len(self.cfgs)
-        lanes = [k for k in range(S) if running[k]]
-        steps = {k: segment_steps(self.envs[k].train, self.rollouts[k], self.buffers[k]) for k in lanes}
-        obs = torch.zeros((S, cfg.n_envs, self.envs[0].obs_dim))  # (S, N, obs_dim)  idle seeds act on zeros
+        """T steps in every training env (``rollout.segment_steps``), every step's actions from one batched
+        forward pass, each seed's drawn from its own generator. A seed no longer running has ended: its envs
+        (where seeds share them) step with zero actions, and nothing of it is kept."""
+        cfg, S, N = self.cfg, len(self.cfgs), self.cfg.n_envs
+        steps = [segment_steps(shared.env, shared.rollout, buffers) for shared, buffers in zip(self.shared, self.buffers)]
+        obs = torch.zeros((S, N, self.envs.obs_dim))  # (S, N, obs_dim)  idle seeds act on zeros
         generators = [g if on else None for g, on in zip(self.random.torch, running, strict=True)]
+        idle = ~torch.tensor(running)  # (S,)
         with torch.inference_mode():
-            current = {k: next(steps[k]) for k in lanes}
+            current = [next(step) for step in steps]  # each (S_b·N, obs_dim)
             for _ in range(cfg.n_steps):
-                for k in lanes:
-                    obs[k] = torch.from_numpy(current[k])
+                for shared, shared_obs in zip(self.shared, current):
+                    obs[shared.stack] = torch.from_numpy(shared_obs).view(shared.seeds, N, -1)
                 out, values = self.net.heads(obs.to(cfg.device))
                 actions, log_probs = self.net.sample(out, generators)
-                current = {k: steps[k].send(Act(actions[k].cpu(), log_probs[k].cpu(), values[k].cpu())) for k in lanes}
-            for k in lanes:  # each seed's next observations: its segment's last bootstrap values
-                obs[k] = torch.from_numpy(current[k])
+                actions, log_probs, values = actions.cpu(), log_probs.cpu(), values.cpu()
+                actions[idle] = 0
+                current = [step.send(Act(*(x[shared.stack].flatten(0, 1) for x in (actions, log_probs, values))))
+                           for step, shared in zip(steps, self.shared)]  # fmt: skip
+            for shared, shared_obs in zip(self.shared, current):  # the next observations: the last bootstrap values
+                obs[shared.stack] = torch.from_numpy(shared_obs).view(shared.seeds, N, -1)
             last_values = self.net.heads(obs.to(cfg.device))[1].cpu()  # (S, N)
-        segments = {k: finish(steps[k], last_values[k]) for k in lanes}
-        return [Collected(segments[k], cfg.batch_size, *self.rollouts[k].take_episodes()) if running[k] else None
-                for k in range(S)]  # fmt: skip
+        collected: list[Collected | None] = []  # in the stack's order, as the shared envs are
+        for step, shared in zip(steps, self.shared):
+            segment = finish(step, last_values[shared.stack].flatten())  # (T, S_b·N)
+            for j in range(shared.seeds):
+                episodes = shared.rollout.take_episodes(shared.rows(j))
+                keep = running[shared.first + j]
+                collected.append(Collected(segment.columns(shared.rows(j)), cfg.batch_size, *episodes) if keep else None)
+        return collected
 
     def learn(
         self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
@@ -218,14 +228,14 @@ class Learner:
         return metrics
 
     def save(self, k: int) -> dict[str, Any]:
-        return save_envs(self.envs[k].train, self.rollouts[k])
+        return save_envs(*seat(self.shared, k)[:2])
 
     def load(self, k: int, checkpoint: dict[str, Any]) -> None:  # the envs as the checkpoint left them, where possible
-        self.rollouts[k] = restore_envs(self.envs[k].train, checkpoint, self.cfgs[k].seed)
+        restore_envs(*seat(self.shared, k)[:2], checkpoint, self.cfgs[k].seed)
 
     def close(self) -> None:
-        for envs in self.envs:
-            envs.close()
+        for env in [shared.env for shared in self.shared] + self.evals:
+            env.close()
 
 
 def env_options(cfg: PPOConfig) -> EnvOptions:

@@ -45,6 +45,10 @@ class Segment:
     def done(self) -> Tensor:
         return self.terminated | self.truncated
 
+    def columns(self, cols: slice) -> Segment:
+        """The segment of the envs ``cols`` alone (one seed's, of a vector env that seeds share)."""
+        return Segment(**{name: getattr(self, name)[:, cols] for name in self.__dataclass_fields__})
+
 
 @dataclass
 class RolloutState:
@@ -54,12 +58,16 @@ class RolloutState:
     next_is_autoreset: np.ndarray  # (N,) bool: the sub-env ended its episode on the previous step
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    episode_envs: list[int] = field(default_factory=list)  # the sub-env each episode ran in
 
-    def take_episodes(self) -> tuple[list[float], list[int]]:
-        """The returns and lengths of the episodes that ended since the last call, for the logs."""
-        taken = list(self.episode_returns), list(self.episode_lengths)
-        self.episode_returns.clear()
-        self.episode_lengths.clear()
+    def take_episodes(self, rows: slice) -> tuple[list[float], list[int]]:
+        """The returns and lengths of the episodes that ended in sub-envs ``rows`` since they were last
+        taken, for the logs."""
+        envs = range(len(self.next_obs))[rows]
+        mine = [i for i, env in enumerate(self.episode_envs) if env in envs]
+        taken = [self.episode_returns[i] for i in mine], [self.episode_lengths[i] for i in mine]
+        for i in reversed(mine):
+            del self.episode_returns[i], self.episode_lengths[i], self.episode_envs[i]
         return taken
 
 
@@ -105,6 +113,7 @@ def segment_steps(env: VectorEnv, state: RolloutState, buffers: SegmentBuffers) 
             finished = info["_episode"]
             state.episode_returns.extend(info["episode"]["r"][finished].tolist())
             state.episode_lengths.extend(info["episode"]["l"][finished].tolist())
+            state.episode_envs.extend(np.flatnonzero(finished).tolist())
     state.next_obs, state.next_is_autoreset = np.asarray(next_obs, dtype=np.float32), next_is_autoreset
     last_values = yield state.next_obs
     values = buffers.values.clone()

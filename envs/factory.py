@@ -62,10 +62,15 @@ class EnvOptions:
     reward_offset: float = 0.0
     """c, subtracted from every step's reward before any normalization: r' = r − c (ARS's alive-bonus
     offset). The episode statistics keep the env's own return."""
+    stacked_seeds: int = 1
+    """S: seeds sharing the vector env, sub-envs k·N … (k+1)·N − 1 seed k's, each with normalizer statistics
+    of its own (``envs.normalize.SeedStatistics``)."""
 
     def __post_init__(self) -> None:
         if self.reward_delay is not None:
             check_delay(self.reward_delay)
+        if self.stacked_seeds < 1:
+            raise BadInput(f"stacked_seeds must be at least 1, got {self.stacked_seeds}")
 
 
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -187,6 +192,8 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     check_env_installed(env_id)
     if num_envs < 1:
         raise BadInput(f"num_envs must be at least 1, got {num_envs}")
+    if num_envs % options.stacked_seeds:
+        raise BadInput(f"num_envs={num_envs} sub-envs cannot be split evenly among {options.stacked_seeds} seeds")
     delayed = options.reward_delay not in (None, 1)
     mode = options.vectorization
     if mode == "auto":
@@ -225,11 +232,11 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     if is_continuous(env):
         env = ClipAction(env)
     if options.normalize_obs:
-        env = NormalizeObservation(env, clip=options.clip_obs)
+        env = NormalizeObservation(env, clip=options.clip_obs, groups=options.stacked_seeds)
     if options.reward_offset:
         env = RewardOffset(env, options.reward_offset)
     if options.normalize_reward:
-        env = NormalizeReward(env, gamma=options.gamma, clip=options.clip_reward)
+        env = NormalizeReward(env, gamma=options.gamma, clip=options.clip_reward, groups=options.stacked_seeds)
     if env.metadata.get("autoreset_mode") != AutoresetMode.NEXT_STEP:
         raise RuntimeError("a wrapper changed the autoreset mode")
     return env

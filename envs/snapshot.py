@@ -51,9 +51,9 @@ def _is_mujoco(base: gym.Env) -> bool:
 
 
 def _is_classic(base: gym.Env) -> bool:
-    # Only gymnasium's classic-control envs keep their whole dynamics state in `state`; other envs
-    # (CarRacing's rendered frame, say) use the name for something else.
-    return type(base).__module__.startswith("gymnasium.envs.classic_control") and hasattr(base, "state")
+    # Only gymnasium's classic-control envs keep their whole dynamics state in `state` (set by their first
+    # reset); other envs (CarRacing's rendered frame, say) use the name for something else.
+    return type(base).__module__.startswith("gymnasium.envs.classic_control")
 
 
 def _is_task(base: gym.Env) -> bool:

@@ -5,6 +5,7 @@ and recreation from its spec."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -35,7 +36,7 @@ from envs import (
     vector_env_state,
 )
 from envs.factory import ClipAction, find_wrapper
-from envs.normalize import NormalizeObservation, batch_moments
+from envs.normalize import FastRunningMeanStd, NormalizeObservation, SeedStatistics, batch_moments
 
 # CartPole's termination thresholds (gymnasium's cartpole.py).
 THETA_LIMIT = 12 * 2 * np.pi / 360  # ≈ 0.2095 rad
@@ -308,6 +309,71 @@ def test_normalization_is_gymnasium_s_bit_for_bit(closing: list[VectorEnv]) -> N
         gym_rms = normalized.obs_rms if name == "obs_rms" else theirs.env.return_rms
         assert np.array_equal(rms["mean"], gym_rms.mean) and np.array_equal(rms["var"], gym_rms.var)
         assert rms["count"] == gym_rms.count
+
+
+@pytest.mark.parametrize("N", [1, 3, 9])
+def test_seed_statistics_are_each_seeds_own_statistics_bit_for_bit(N: int) -> None:
+    """Three seeds' statistics in one SeedStatistics, updated with batches of 3·N rows (every row, and some
+    rows only), are the floats of three FastRunningMeanStd each updated with its seed's rows."""
+    rng = np.random.default_rng(N)
+    for shape in [(5,), ()]:
+        shared = SeedStatistics([FastRunningMeanStd(shape=shape) for _ in range(3)], N)
+        own = [FastRunningMeanStd(shape=shape) for _ in range(3)]
+        for step in range(20):
+            x = rng.standard_normal((3 * N, *shape)) * rng.uniform(0.1, 100.0)
+            rows = np.ones(3 * N, dtype=bool) if step % 2 else rng.random(3 * N) < 0.5
+            shared.rows = rows
+            shared.update(x[rows])
+            for k, stats in enumerate(own):
+                if rows[k * N : (k + 1) * N].any():
+                    stats.update(x[k * N : (k + 1) * N][rows[k * N : (k + 1) * N]])
+        for k, stats in enumerate(own):
+            assert np.array_equal(shared.seeds[k].mean, stats.mean) and np.array_equal(shared.seeds[k].var, stats.var)
+            assert shared.seeds[k].count == stats.count
+        assert np.array_equal(shared.var[N : 2 * N], np.stack([own[1].var] * N))  # a row per sub-env, its seed's
+
+
+def test_seeds_sharing_a_vector_env_step_as_in_envs_of_their_own(closing: list[VectorEnv]) -> None:
+    """Two seeds' 2 sub-envs each in one vector env (stacked_seeds=2): every observation, reward, end and episode
+    statistic is what each seed's own vector env gives, and so is each seed's saved state, which loads back."""
+    options = EnvOptions(normalize_obs=True, normalize_reward=True, gamma=0.9)
+    shared = make_vector("Pendulum-v1", 4, dataclasses.replace(options, stacked_seeds=2), max_episode_steps=30)
+    own = [make_vector("Pendulum-v1", 2, options, max_episode_steps=30) for _ in range(2)]
+    closing += [shared, *own]
+    shared.reset(seed=[4, 5, 9, 10])
+    own[0].reset(seed=4)
+    own[1].reset(seed=9)
+    actions = _actions(shared, 100, seed=5)  # three episodes of 30 steps and their autoresets
+    for step, action in enumerate(actions):
+        result = shared.step(action)
+        for k, env in enumerate(own):
+            rows = slice(2 * k, 2 * k + 2)
+            theirs = env.step(action[rows])
+            for ours, their in zip(result[:4], theirs[:4], strict=True):
+                assert np.array_equal(ours[rows], their)
+            if "_episode" in theirs[4]:
+                assert np.array_equal(result[4]["episode"]["r"][rows], theirs[4]["episode"]["r"])
+        if step == 44:  # mid-episode: seed 1's state as its own env's, and back into a shared env
+            saved = vector_env_state(shared, 1, 2)
+            expected = vector_env_state(own[1])
+            assert saved is not None and expected is not None
+            for name, stats in normalizer_state(shared, 1, 2).items():
+                theirs_stats = normalizer_state(own[1])[name]
+                assert all(np.array_equal(stats[key], theirs_stats[key]) for key in ("mean", "var", "count"))
+            copy = make_vector("Pendulum-v1", 4, dataclasses.replace(options, stacked_seeds=2), max_episode_steps=30)
+            closing.append(copy)
+            copy.reset(seed=[0, 1, 2, 3])
+            load_vector_env_state(copy, saved, 1, 2)
+            obs_copy = copy.step(actions[45])[0][2:]
+    assert np.array_equal(obs_copy, _replay(own[1], expected, actions[45][2:]))
+    with pytest.raises(BadInput, match="cannot be split evenly"):
+        make_vector("Pendulum-v1", 3, dataclasses.replace(options, stacked_seeds=2))
+
+
+def _replay(env: VectorEnv, state: dict[str, Any], action: np.ndarray) -> np.ndarray:
+    """The observations one step with ``action`` gives from ``state``, in ``env`` (which is left there)."""
+    load_vector_env_state(env, state)
+    return env.step(action)[0]
 
 
 def test_normalized_observations_are_clipped(closing: list[VectorEnv]) -> None:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -176,13 +177,16 @@ class BatchedStack:
 
 
 def batched_stack(algo: str) -> BatchedStack:
-    if algo == "ppo":
+    if algo == "ppo":  # CartPole's native vector env: each seed has its own
         return BatchedStack(ppo, small, train_stack, losses_of, same_parameters, ppo.train_stack)
+    if algo == "ppo-shared":  # Pendulum's sync vector env: the seeds share one (plumbing.open_shared_envs)
+        return BatchedStack(ppo, partial(small, env_id="Pendulum-v1"), partial(train_stack, env_id="Pendulum-v1"),
+                            losses_of, same_parameters, ppo.train_stack)  # fmt: skip
     return BatchedStack(grpo, grpo_tests.small, grpo_tests.train_stack, grpo_tests.losses_of,
                         grpo_tests.same_parameters, grpo.train_stack)  # fmt: skip
 
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+@pytest.mark.parametrize("algo", ["ppo", "ppo-shared", "grpo"])
 def test_stacked_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: str) -> None:
     case = batched_stack(algo)
     whole = case.train_stack(tmp_path / "whole", [0, 1])
@@ -197,7 +201,7 @@ def test_stacked_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert case.same_parameters(whole[seed], parts[seed])
 
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+@pytest.mark.parametrize("algo", ["ppo", "ppo-shared", "grpo"])
 def test_a_nan_in_one_seed_fails_that_seed_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: str) -> None:
     case = batched_stack(algo)
     clean = case.train_stack(tmp_path / "clean", [0, 1, 2])
