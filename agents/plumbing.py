@@ -113,14 +113,12 @@ def observation_statistics(normalizers: dict[str, Any]) -> dict[str, Any]:
     return {name: stats for name, stats in normalizers.items() if name != "return_rms"}
 
 
-def obs_statistics(env: VectorEnv | SharedEnv, seed: int = 0, seeds: int = 1) -> dict[str, Any]:
-    """The observation statistics of a training env, as evaluation uses them (no reward scaling); seed
-    ``seed``'s where ``seeds`` seeds share the env."""
-    vector_env = env.env if isinstance(env, SharedEnv) else env
-    return observation_statistics(envs_pkg.normalizer_state(vector_env, seed, seeds))
+def obs_statistics(env: VectorEnv) -> dict[str, Any]:
+    """The observation statistics of a training env, as evaluation uses them (no reward scaling)."""
+    return observation_statistics(envs_pkg.normalizer_state(env))
 
 
-# ── a stack's training envs: one vector env for all its seeds where that is exact ───────────────────
+# ── a stack's training envs: one vector env for all its seeds where that is exact ─────────────
 
 
 @dataclass
@@ -145,10 +143,15 @@ class SharedEnv:
         return slice(j * n, (j + 1) * n)
 
 
-def seat(shared_envs: list[SharedEnv], k: int) -> tuple[SharedEnv, int, int]:
-    """Seed k's training env, the seed's place j among the env's seeds, and their number."""
+def seat(shared_envs: list[SharedEnv], k: int) -> tuple[SharedEnv, int]:
+    """Seed k's training env and the seed's place j among the env's seeds."""
     shared = next(shared for shared in shared_envs if shared.first <= k < shared.first + shared.seeds)
-    return shared, k - shared.first, shared.seeds
+    return shared, k - shared.first
+
+
+def seed_obs_statistics(shared: SharedEnv, j: int) -> dict[str, Any]:
+    """Its j-th seed's observation statistics, as evaluation uses them (:func:`obs_statistics`)."""
+    return observation_statistics(envs_pkg.normalizer_state(shared.env, j, shared.seeds))
 
 
 def open_shared_envs(cfgs: list[RunConfig], n_envs: int, options: envs_pkg.EnvOptions) -> list[SharedEnv]:

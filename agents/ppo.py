@@ -50,8 +50,8 @@ from agents import losses
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.networks import Act, ActorCritic, StackedNetworks
 from agents.plumbing import (
-    SharedEnv, envs_around, make_eval_env, network_spec, obs_statistics, open_shared_envs, restore_envs, save_envs,
-    seat,
+    SharedEnv, envs_around, make_eval_env, network_spec, open_shared_envs, restore_envs, save_envs, seat,
+    seed_obs_statistics,
 )  # fmt: skip
 from agents.rollout import Segment, SegmentBuffers, join_segments, segment_steps
 from agents.seeding import seed_everything
@@ -161,8 +161,9 @@ class Learner:
                                        not self.envs.continuous) for shared in self.shared]  # fmt: skip
         self.net = StackedNetworks(models)
         self.adam = SeedAdam(self.net.flat, cfgs[0].learning_rate)
-        self.lanes = [Lane(model, model, self.adam.lane(k), self.evals[k], partial(obs_statistics, *seat(self.shared, k)),
-                           {"actor_critic": model}) for k, model in enumerate(models)]  # fmt: skip
+        self.lanes = [Lane(model, model, self.adam.lane(k), self.evals[k],
+                           partial(seed_obs_statistics, *seat(self.shared, k)), {"actor_critic": model})
+                      for k, model in enumerate(models)]  # fmt: skip
 
     @property
     def cfg(self) -> PPOConfig:
@@ -174,10 +175,9 @@ class Learner:
         forward pass, each seed's drawn from its own generator. A seed no longer running has ended: its envs
         (where seeds share them) step with zero actions, and nothing of it is kept."""
         cfg, S, N = self.cfg, len(self.cfgs), self.cfg.n_envs
-        steps = [segment_steps(shared.env, shared.rollout, buffers) for shared, buffers in zip(self.shared, self.buffers)]
+        steps = [segment_steps(s.env, s.rollout, buffers) for s, buffers in zip(self.shared, self.buffers)]
         obs = torch.zeros((S, N, self.envs.obs_dim))  # (S, N, obs_dim)  idle seeds act on zeros
         generators = [g if on else None for g, on in zip(self.random.torch, running, strict=True)]
-        idle = ~torch.tensor(running)  # (S,)
         with torch.inference_mode():
             current = [next(step) for step in steps]  # each (S_b·N, obs_dim)
             for _ in range(cfg.n_steps):
@@ -186,7 +186,8 @@ class Learner:
                 out, values = self.net.heads(obs.to(cfg.device))
                 actions, log_probs = self.net.sample(out, generators)
                 actions, log_probs, values = actions.cpu(), log_probs.cpu(), values.cpu()
-                actions[idle] = 0
+                if not all(running):  # an ended seed's envs, where it shares them, step with zero actions
+                    actions[~torch.tensor(running)] = 0
                 current = [step.send(Act(*(x[shared.stack].flatten(0, 1) for x in (actions, log_probs, values))))
                            for step, shared in zip(steps, self.shared)]  # fmt: skip
             for shared, shared_obs in zip(self.shared, current):  # the next observations: the last bootstrap values
@@ -196,9 +197,9 @@ class Learner:
         for step, shared in zip(steps, self.shared):
             segment = finish(step, last_values[shared.stack].flatten())  # (T, S_b·N)
             for j in range(shared.seeds):
-                episodes = shared.rollout.take_episodes(shared.rows(j))
-                keep = running[shared.first + j]
-                collected.append(Collected(segment.columns(shared.rows(j)), cfg.batch_size, *episodes) if keep else None)
+                episodes = shared.rollout.take_episodes(shared.rows(j))  # taken from an ended seed too, and dropped
+                kept = Collected(segment.columns(shared.rows(j)), cfg.batch_size, *episodes)
+                collected.append(kept if running[shared.first + j] else None)
         return collected
 
     def learn(
@@ -228,10 +229,10 @@ class Learner:
         return metrics
 
     def save(self, k: int) -> dict[str, Any]:
-        return save_envs(*seat(self.shared, k)[:2])
+        return save_envs(*seat(self.shared, k))
 
     def load(self, k: int, checkpoint: dict[str, Any]) -> None:  # the envs as the checkpoint left them, where possible
-        restore_envs(*seat(self.shared, k)[:2], checkpoint, self.cfgs[k].seed)
+        restore_envs(*seat(self.shared, k), checkpoint, self.cfgs[k].seed)
 
     def close(self) -> None:
         for env in [shared.env for shared in self.shared] + self.evals:

@@ -92,7 +92,8 @@ def freeze_normalizers(env: VectorEnv) -> None:
 
 
 def _base_state(base: VectorEnv, rows: slice) -> dict[str, Any] | None:
-    if isinstance(base, CartPoleVectorEnv) and rows == slice(0, base.num_envs):
+    whole = rows == slice(0, base.num_envs)  # a native vector env is saved whole or not at all
+    if isinstance(base, CartPoleVectorEnv) and whole:
         return {
             "kind": "cartpole_vector",
             "state": np.array(base.state, copy=True),
@@ -100,7 +101,7 @@ def _base_state(base: VectorEnv, rows: slice) -> dict[str, Any] | None:
             "prev_done": np.array(base.prev_done, copy=True),
             "rng": copy.deepcopy(base.np_random.bit_generator.state),
         }
-    if hasattr(base, "get_state") and hasattr(base, "set_state") and rows == slice(0, base.num_envs):  # the testbed's native task vector envs
+    if hasattr(base, "get_state") and hasattr(base, "set_state") and whole:  # the testbed's native task vector envs
         return {"kind": "native_task", "state": base.get_state()}
     if isinstance(base, SyncVectorEnv) and all(is_restorable(e) for e in base.envs):
         return {
