@@ -64,16 +64,21 @@ def reward_threshold(env_id: str) -> float | None:
 OBSERVATION_SWITCH = "_observation"  # gymnasium's MuJoCo flags: include_cfrc_ext_in_observation, …
 
 
+def scored_env_id(run: Run) -> str | None:
+    """The registered id whose published scores apply to the run. A delayed reward keeps its id's (the returns
+    are the same), and so do env kwargs that only choose what the agent observes (every key ends in
+    ``_observation``, as the Ant presets' ``include_cfrc_ext_in_observation``): the reward does not read the
+    observation. Other env kwargs (a healthy reward, a ctrl cost weight) make returns of another scale: None."""
+    kwargs = run.config.get("env_kwargs") or {}
+    return base_env_id(run.env_id) if all(str(k).endswith(OBSERVATION_SWITCH) for k in kwargs) else None
+
+
 def reference_for(run: Run, refs: dict[str, Reference]) -> Reference | None:
-    """The reference scores of the run's env. A delayed reward keeps its id's (the returns are the same), and
-    so do env kwargs that only choose what the agent observes (every key ends in ``_observation``, as the
-    Ant presets' ``include_cfrc_ext_in_observation``): the reward does not read the observation. Other env
-    kwargs (a healthy reward, a ctrl cost weight) make returns of another scale, left out."""
+    """The reference scores of the run's env: its own label's entry, else its :func:`scored_env_id`'s."""
     if run.env_id in refs:
         return refs[run.env_id]
-    kwargs = run.config.get("env_kwargs") or {}
-    observed_only = all(str(k).endswith(OBSERVATION_SWITCH) for k in kwargs)
-    return refs.get(base_env_id(run.env_id)) if observed_only else None
+    env_id = scored_env_id(run)
+    return None if env_id is None else refs.get(env_id)
 
 
 def _runs_text(matrices: dict[str, np.ndarray]) -> str:

@@ -10,7 +10,8 @@ Conventions, stated in every report:
   return), as ``summary.json`` records it; only completed runs have one;
 - CIs are 95% percentile bootstraps over seeds; the IQM is the mean of the middle 50% of seeds;
 - normalized score = (score − random) / (target − random), with ``lab/reference_scores.yaml``;
-- time to threshold: the first evaluation whose mean return reaches gymnasium's ``reward_threshold``.
+- time to threshold: the first evaluation whose mean return reaches gymnasium's ``reward_threshold``;
+- published PPO figures (``lab/published.yaml``): each algo scored as the figure's source scored its runs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from lab.document import fmt_steps, render_html, render_markdown, safe_name
 from lab.normalized import across_envs, load_reference_scores, reward_threshold
 from lab.plan import parse_seeds
 from lab.plot import X_LABELS, algo_colors, plot_env_runs
+from lab.published import load_published, published_section
 from lab.results import Run, find_runs, natural_key
 from lab.stats import bootstrap_ci, iqm
 
@@ -262,6 +264,9 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
                 f"{env_id}: evaluation return (deterministic policy, raw env return) against {X_LABELS[x]}; line: "
                 "mean over runs, band: 95% percentile bootstrap CI over runs, where at least two cover the point; "
                 f"runs: {counts}.")))  # fmt: skip
+
+    # Each algo against the published PPO figures, scored as their sources score a run.
+    blocks.extend(published_section(runs, load_published()))
 
     # Across envs: rliable's aggregates of normalized scores.
     across, plots = across_envs(runs, refs, plots_dir, colors)

@@ -19,7 +19,7 @@ import pytest
 
 from agents.runlog import Progress
 from envs.errors import BadInput
-from lab import bench, normalized, report
+from lab import bench, normalized, published, report
 from lab.board import Board
 from lab.cells import Cell, Outcome, Stop, live_progress
 from lab.cli import main
@@ -305,11 +305,15 @@ def test_the_mujoco_suite_runs_every_v5_task_with_five_seeds_of_ours_and_three_o
 def test_every_mujoco_task_has_normalization_anchors_and_a_cited_ppo_figure() -> None:
     # The suite's aggregates normalize every task, and each PPO entry names the figure it is measured against.
     refs = normalized.load_reference_scores()
+    figures = published.load_published()
     entries = re.split(r"\n  (?=\S)", (REPO / "agents/presets/ppo.yaml").read_text())
     for env_id in bench.SUITES["mujoco"].envs:
         assert refs[env_id].target > refs[env_id].random, env_id
         entry = next(e for e in entries if e.startswith(f"{env_id}:"))
         assert "# published:" in entry, env_id
+        # The report's comparison reads lab/published.yaml: its figure is the one the preset cites.
+        figure = figures[env_id]
+        assert (f"# published: {figure.score}" if figure.score is not None else "# published: none") in entry, env_id
 
 
 def test_every_task_of_the_mujoco_suite_trains_a_few_steps_with_ppo_and_grpo(tmp_path: Path) -> None:

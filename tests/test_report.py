@@ -1,4 +1,5 @@
-"""Tests for lab/results.py, lab/plot.py, lab/report.py and lab/normalized.py, on run directories written by hand.
+"""Tests for lab/results.py, lab/plot.py, lab/report.py, lab/normalized.py and lab/published.py, on run
+directories written by hand.
 
 No training: each run directory is fabricated with known numbers (config.yaml, summary.json,
 progress.csv), so every figure in a report can be checked against a hand computation.
@@ -22,6 +23,7 @@ from envs.errors import BadInput
 from lab import plot
 from lab.plot import mean_curve, plot_runs
 from lab.normalized import load_reference_scores, reference_for
+from lab.published import best_point, load_published, published_section
 from lab.report import build_report
 from lab.results import find_runs
 from lab.stats import bootstrap_ci, iqm
@@ -413,3 +415,53 @@ def test_reference_scores_cover_the_envs_we_benchmark() -> None:
     for env_id in benchmarked:
         assert math.isfinite(refs[env_id].random) and refs[env_id].target > refs[env_id].random
     assert refs["CartPole-v1"].target == 475.0 and refs["Acrobot-v1"].target == -100.0
+
+
+# ── published figures: each algo scored as the figure's source scores a run ─────────────────
+
+
+def test_best_point_is_the_top_of_the_mean_curve_on_the_steps_every_run_reached(tmp_path: Path) -> None:
+    make_run(tmp_path / "a", "Hopper-v5", "ppo", 0, [(1024, 1.0, 10.0), (2048, 2.0, 50.0), (3072, 3.0, 20.0)])
+    make_run(tmp_path / "b", "Hopper-v5", "ppo", 1, [(1024, 1.0, 10.0), (2048, 2.0, 30.0), (3072, 3.0, 50.0),
+                                                     (4096, 4.0, 100.0)])  # fmt: skip
+    # Means: 10, 40, 35 on the steps both reached; 4096, which only b reached, is left out.
+    assert best_point(find_runs([tmp_path])) == (40.0, 2048.0)
+
+
+def test_the_report_scores_each_algo_by_the_measure_of_the_published_figure(tmp_path: Path) -> None:
+    bench = tmp_path / "b"
+    # HalfCheetah-v5's figure is the zoo's final return, 5819.1; Hopper-v5's Tianshou's best point, 2609.3.
+    make_run(bench / "hc-ppo-0", "HalfCheetah-v5", "ppo", 0, linear_evals(3), final=6000.0)
+    make_run(bench / "hc-ppo-1", "HalfCheetah-v5", "ppo", 1, linear_evals(3), final=5000.0)
+    make_run(bench / "hc-grpo-0", "HalfCheetah-v5", "grpo", 0, linear_evals(3), final=6000.0)
+    make_run(bench / "hc-grpo-1", "HalfCheetah-v5", "grpo", 1, linear_evals(2), status=None)
+    for seed, returns in enumerate(((2000.0, 3000.0, 1000.0), (2000.0, 2400.0, 500.0))):
+        make_run(bench / f"hop-ppo-{seed}", "Hopper-v5", "ppo", seed,
+                 [(1024 * (i + 1), float(i + 1), ret) for i, ret in enumerate(returns)])  # fmt: skip
+    make_run(bench / "cp-ppo-0", "CartPole-v1", "ppo", 0, linear_evals(2))
+    blocks = published_section(find_runs([bench]), load_published())
+    table = next(b for b in blocks if hasattr(b, "rows"))
+    rows = {row[0]: row for row in table.rows}
+    assert table.header[3:] == ["grpo", "ppo"] and set(rows) == {"HalfCheetah-v5", "Hopper-v5"}  # CartPole: no figure
+    low, high = bootstrap_ci(np.array([6000.0, 5000.0]))
+    assert rows["HalfCheetah-v5"][1:3] == ["5819.1 ± 663.5", "final return, mean over seeds; RL Baselines3 Zoo "
+                                           "benchmark.md, HalfCheetah-v3, one agent"]  # fmt: skip
+    assert rows["HalfCheetah-v5"][4] == f"5500.00 [{low:.2f}, {high:.2f}]: below by 319.10"
+    assert rows["HalfCheetah-v5"][3] == "6000.00 [6000.00, 6000.00]: at or above (1 of 2 seeds)"
+    # Hopper: the mean curve is 2000, 2700, 750; its best point, 2700 at 2048 steps, is above the figure.
+    assert rows["Hopper-v5"][3:] == ["—", "2700.00 at 2,048 steps: at or above"]
+    assert blocks[-1].text == ("grpo at or above on 1 of 1; ppo at or above on 1 of 2 (below on HalfCheetah-v5).")
+    assert "## Against the published PPO figures" in build_report(bench)["markdown"].read_text()
+
+
+def test_published_figures_refuse_malformed_entries(tmp_path: Path) -> None:
+    path = tmp_path / "published.yaml"
+    for text, why in (("Hopper-v5: {score: 1, source: s}", "needs a numeric 'score', a 'measure'"),
+                      ("Hopper-v5: {score: 1, measure: best, source: s}", "choose one of final, best_point"),
+                      ("Hopper-v5: {score: null}", "or a 'note' saying why")):  # fmt: skip
+        path.write_text(text)
+        with pytest.raises(BadInput, match=why):
+            load_published(path)
+    path.write_text("Hopper-v5: {score: null, note: none yet}\nSwimmer-v5: {score: 2, measure: final, source: s}")
+    assert [(f.score, f.measure, f.source) for f in load_published(path).values()] == [(None, None, "none yet"),
+                                                                                        (2.0, "final", "s")]
