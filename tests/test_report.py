@@ -441,27 +441,34 @@ def test_the_report_scores_each_algo_by_the_measure_of_the_published_figure(tmp_
     make_run(bench / "cp-ppo-0", "CartPole-v1", "ppo", 0, linear_evals(2))
     blocks = published_section(find_runs([bench]), load_published())
     table = next(b for b in blocks if hasattr(b, "rows"))
-    rows = {row[0]: row for row in table.rows}
-    assert table.header[3:] == ["grpo", "ppo"] and set(rows) == {"HalfCheetah-v5", "Hopper-v5"}  # CartPole: no figure
+    rows = {row[0]: row for row in table.rows if row[0] != "Hopper-v5"}
+    assert table.header[3:] == ["grpo", "ppo"] and {row[0] for row in table.rows} == {"HalfCheetah-v5", "Hopper-v5"}
     low, high = bootstrap_ci(np.array([6000.0, 5000.0]))
     assert rows["HalfCheetah-v5"][1:3] == ["5819.1 ± 663.5", "final return, mean over seeds; RL Baselines3 Zoo "
                                            "benchmark.md, HalfCheetah-v3, one agent"]  # fmt: skip
     assert rows["HalfCheetah-v5"][4] == f"5500.00 [{low:.2f}, {high:.2f}]: below by 319.10"
     assert rows["HalfCheetah-v5"][3] == "6000.00 [6000.00, 6000.00]: at or above (1 of 2 seeds)"
-    # Hopper: the mean curve is 2000, 2700, 750; its best point, 2700 at 2048 steps, is above the figure.
-    assert rows["Hopper-v5"][3:] == ["—", "2700.00 at 2,048 steps: at or above"]
-    assert blocks[-1].text == ("grpo at or above on 1 of 1; ppo at or above on 1 of 2 (below on HalfCheetah-v5).")
+    # Hopper has two figures. Tianshou's best point, 2609.3: the mean curve is 2000, 2700, 750, so 2700 at 2048
+    # steps is above it. The zoo's final return, 2410.4: the final evaluations 1000 and 500 are below it.
+    hopper = [row for row in table.rows if row[0] == "Hopper-v5"]
+    assert [row[1] for row in hopper] == ["2609.3 ± 700.8", "2410.4"]
+    assert [row[3:] for row in hopper] == [["—", "2700.00 at 2,048 steps: at or above"],
+                                           ["—", "750.00 [500.00, 1000.00]: below by 1660.40"]]  # fmt: skip
+    assert blocks[-1].text == ("grpo at or above 1 of 1 figures; ppo at or above 1 of 3 figures "
+                               "(below: HalfCheetah-v5 (final), Hopper-v5 (final)).")  # fmt: skip
     assert "## Against the published PPO figures" in build_report(bench)["markdown"].read_text()
 
 
 def test_published_figures_refuse_malformed_entries(tmp_path: Path) -> None:
     path = tmp_path / "published.yaml"
-    for text, why in (("Hopper-v5: {score: 1, source: s}", "needs a numeric 'score', a 'measure'"),
-                      ("Hopper-v5: {score: 1, measure: best, source: s}", "choose one of final, best_point"),
-                      ("Hopper-v5: {score: null}", "or a 'note' saying why")):  # fmt: skip
+    for text, why in (("Hopper-v5: {score: 1}", "needs a list of figures"),
+                      ("Hopper-v5: [{score: 1, source: s}]", "needs a numeric 'score', a 'measure'"),
+                      ("Hopper-v5: [{score: 1, measure: best, source: s}]", "choose one of final, best_point"),
+                      ("Hopper-v5: [{score: null}]", "or a 'note' saying why")):  # fmt: skip
         path.write_text(text)
         with pytest.raises(BadInput, match=why):
             load_published(path)
-    path.write_text("Hopper-v5: {score: null, note: none yet}\nSwimmer-v5: {score: 2, measure: final, source: s}")
-    assert [(f.score, f.measure, f.source) for f in load_published(path).values()] == [(None, None, "none yet"),
-                                                                                        (2.0, "final", "s")]
+    path.write_text("Hopper-v5: [{score: null, note: none yet}]\n"
+                    "Swimmer-v5: [{score: 2, measure: final, source: s}, {score: 3, measure: best_point, source: t}]")
+    assert {env: [(f.score, f.measure, f.source) for f in figures] for env, figures in load_published(path).items()} == {
+        "Hopper-v5": [(None, None, "none yet")], "Swimmer-v5": [(2.0, "final", "s"), (3.0, "best_point", "t")]}
