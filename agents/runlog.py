@@ -34,7 +34,12 @@ CHECKPOINT_FORMAT = 1
 
 
 def _to_safe(value: Any) -> Any:
-    """numpy arrays become tagged tensors, so weights-only loading accepts them."""
+    """numpy arrays become tagged tensors, so weights-only loading accepts them; a tensor that views part of a
+    larger one becomes a copy of its own."""
+    if isinstance(value, torch.Tensor) and value.untyped_storage().nbytes() > value.nbytes:
+        # torch.save writes a view's whole storage: a stacked seed's weights are views of one (S, P) tensor,
+        # so each seed's checkpoint would hold every seed's weights.
+        return value.clone()
     if isinstance(value, np.ndarray):
         return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(value))}
     if isinstance(value, np.generic):

@@ -140,6 +140,15 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     assert np.array_equal(np.random.random(4), first)
 
 
+def test_a_checkpoint_holds_a_views_values_not_the_storage_it_views(tmp_path: Path) -> None:
+    # A stacked seed's weights are views of one (S, P) tensor of every seed's: its checkpoint holds its own row.
+    stacked = torch.arange(64 * 4096, dtype=torch.float32).reshape(64, 4096)  # 1 MiB
+    save_checkpoint(tmp_path, {**EXPECTED, "model": {"w": stacked[3, :1024].view(32, 32), "b": stacked[3, 1024:1056]}})
+    loaded = load_checkpoint(tmp_path, EXPECTED)["model"]
+    assert torch.equal(loaded["w"], stacked[3, :1024].view(32, 32)) and torch.equal(loaded["b"], stacked[3, 1024:1056])
+    assert (tmp_path / CHECKPOINT).stat().st_size < 16 * 1024  # 4 KiB of values and the format, not 1 MiB
+
+
 def test_rng_state_round_trip_through_checkpoint(tmp_path: Path) -> None:
     torch.manual_seed(11)
     np.random.seed(11)

@@ -155,6 +155,9 @@ def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(tmp_path:
     run_training(ppo, small(2, **overrides), single)
     for a, b in ((first[0], alone[0]), (first[2], alone[2]), (first[2], single)):
         assert losses_of(a) == losses_of(b) and same_parameters(a, b)
+    # A seed's checkpoint holds its own weights, not its stack's: the size of a single run's.
+    sizes = {(run / "checkpoint.pt").stat().st_size for run in (first[2], alone[2], single)}
+    assert max(sizes) < 1.05 * min(sizes), sizes
     summary = json.loads((single / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["seed"] == 2 and summary["total_steps"] == 512
 
