@@ -19,6 +19,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +154,12 @@ def check_bench_dir(bench_dir: Path, grid: Grid) -> None:
             )
 
 
-def write_bench_yaml(bench_dir: Path, grid: Grid) -> None:
+def write_bench_yaml(bench_dir: Path, grid: Grid, workers: int) -> str:
+    """Merge this invocation into ``bench.yaml``: the grid's algos, envs and seeds, its command, and its start
+    among ``invocations`` (the end is written by :func:`end_invocation`); returns the start's time stamp."""
     path = bench_dir / "bench.yaml"
     saved = read_yaml(path) if path.exists() else {}
+    start = time_stamp()
     merged = {
         "name": grid.name,
         **grid.definition(),
@@ -163,9 +167,27 @@ def write_bench_yaml(bench_dir: Path, grid: Grid) -> None:
         "envs": sorted(set(saved.get("envs", [])) | set(grid.envs)),
         "seeds": sorted(set(saved.get("seeds", [])) | {cell.seed for cell in grid.cells()}),
         "commands": [*saved.get("commands", []), " ".join(["testbed", *sys.argv[1:]])],
+        "invocations": [*saved.get("invocations", []), {"start": start, "end": None, "workers": workers}],
     }
     bench_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(merged, sort_keys=False))
+    rundir.atomic_write_text(path, yaml.safe_dump(merged, sort_keys=False))
+    return start
+
+
+def end_invocation(bench_dir: Path, start: str) -> None:
+    """Write the end of the invocation that started at ``start`` into ``bench.yaml``: the report sums the
+    invocations' wall-clock time. One killed outright keeps no end, and the report says so."""
+    path = bench_dir / "bench.yaml"
+    saved = read_yaml(path) or {}
+    for invocation in saved.get("invocations", []):
+        if invocation.get("start") == start:
+            invocation["end"] = time_stamp()
+    rundir.atomic_write_text(path, yaml.safe_dump(saved, sort_keys=False))
+
+
+def time_stamp() -> str:
+    """Now, in UTC to the second, as ``bench.yaml`` and the runs' meta.json write times."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:
@@ -260,8 +282,11 @@ def run_grid(
                            "Use another --name, or move those runs away to train them again.")  # fmt: skip
         if prepare is not None:
             prepare(bench_dir)
-        write_bench_yaml(bench_dir, grid)
-        outcomes, interrupted = execute(cells, bench_dir, workers, backend, retries, stack, heartbeat_s)
+        started = write_bench_yaml(bench_dir, grid, workers)
+        try:
+            outcomes, interrupted = execute(cells, bench_dir, workers, backend, retries, stack, heartbeat_s)
+        finally:
+            end_invocation(bench_dir, started)
         try:
             if report:
                 build_reports(bench_dir, heartbeat_s)

@@ -20,11 +20,13 @@ import csv
 import io
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from agents.config import read_yaml
 from envs.errors import BadInput
 from lab.document import DASH, Block, Bullets, Heading, Image, Para, Table, counted, fmt_ci, fmt_return, fmt_seconds
 from lab.document import fmt_steps, render_html, render_markdown, safe_name
@@ -170,7 +172,37 @@ def compute_text(runs: Sequence[Run]) -> str:
             f"{counted(widest, 'seed')} side by side in one (a process lasts as long as its longest run)")  # fmt: skip
 
 
-def _what_was_run(runs: Sequence[Run]) -> list[Block]:
+def _started(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
+
+
+def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
+    """How long the bench's invocations lasted, start to end (``bench.yaml``'s ``invocations``): its wall-clock
+    time, whatever ran in parallel in it; None for a bench that recorded none."""
+    path = bench_dir / "bench.yaml"
+    invocations = (read_yaml(path) or {}).get("invocations", []) if path.exists() else []
+    if not invocations:
+        return None
+    spans = [(_started(i["start"]), _started(i["end"])) for i in invocations if i.get("end")]
+    hours = sum((end - start).total_seconds() for start, end in spans) / 3600
+    text = f"Wall-clock: {hours:.3g} h in {counted(len(spans), 'invocation')} of `testbed bench`"
+    if len(spans) < len(invocations):
+        text += f", and {counted(len(invocations) - len(spans), 'invocation')} killed outright (no end), not counted"
+    first = min(_started(i["start"]) for i in invocations)
+    starts = []
+    for run in runs:
+        try:
+            starts.append(_started(json.loads((run.run_dir / "meta.json").read_text())["start_time"]))
+        except (OSError, ValueError, KeyError):
+            continue  # a run without a readable start time cannot be placed
+    earlier = sum(start < first for start in starts)
+    if earlier:
+        text += (f"; {counted(earlier, 'run')} started before the first invocation recorded here ({first:%Y-%m-%d %H:%M} "
+                 "UTC): adopted from another bench, or trained before invocations were recorded, not counted")  # fmt: skip
+    return text
+
+
+def _what_was_run(runs: Sequence[Run], bench_dir: Path) -> list[Block]:
     envs = sorted({r.env_id for r in runs}, key=natural_key)
     algos = sorted({r.algo for r in runs})
     seeds = sorted({r.seed for r in runs})
@@ -195,6 +227,7 @@ def _what_was_run(runs: Sequence[Run]) -> list[Block]:
         f"Seeds: {', '.join(map(str, seeds))}",
         f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})",
         compute_text(runs),
+        *([wall] if (wall := wall_clock_text(bench_dir, runs)) else []),
         (
             f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. "
             "A run's score is its final evaluation."
@@ -240,7 +273,7 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
             written[path.relative_to(bench_dir).as_posix()] = path
         return paths[0].relative_to(bench_dir).as_posix()
 
-    blocks: list[Block] = [Heading(1, f"Bench report: {bench_dir.resolve().name}"), *_what_was_run(runs)]
+    blocks: list[Block] = [Heading(1, f"Bench report: {bench_dir.resolve().name}"), *_what_was_run(runs, bench_dir)]
     images: list[Image] = []
 
     # Per env: the table, and the curves against env steps and wall-clock.

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agents.runlog import Progress
 from envs.errors import BadInput
@@ -68,6 +69,11 @@ def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(tmp_path: Path
     assert all(o.attempts == 0 for o in again) and len(again) == 4
     assert checkpoint.stat().st_mtime_ns == before
     assert time.monotonic() - started < 30  # only the report is rebuilt
+    # Each invocation is recorded with its start and end, and the report sums them.
+    invocations = yaml.safe_load((bench_dir / "bench.yaml").read_text())["invocations"]
+    assert len(invocations) == 2 and all(i["end"] >= i["start"] and i["workers"] == 2 for i in invocations)
+    assert "Wall-clock: " in (report_text := (bench_dir / "report.md").read_text())
+    assert "in 2 invocations of `testbed bench`" in report_text
 
 
 def test_a_crashing_run_is_recorded_retried_once_and_the_others_finish(tmp_path: Path) -> None:
@@ -278,7 +284,7 @@ def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
 
 def test_a_bench_keeps_its_settings(tmp_path: Path) -> None:
     grid = tiny_grid("fixed", algos=["ppo"], seeds=1)
-    bench.write_bench_yaml(tmp_path / "fixed", grid)
+    bench.write_bench_yaml(tmp_path / "fixed", grid, workers=1)
     with pytest.raises(BadInput, match="another --name"):
         bench.check_bench_dir(tmp_path / "fixed", tiny_grid("fixed", algos=["ppo"], seeds=1, total_steps=4096))
 

@@ -24,7 +24,7 @@ from lab import plot
 from lab.plot import mean_curve, plot_runs
 from lab.normalized import load_reference_scores, reference_for
 from lab.published import best_point, load_published, published_section
-from lab.report import build_report
+from lab.report import build_report, wall_clock_text
 from lab.results import find_runs
 from lab.stats import bootstrap_ci, iqm
 
@@ -473,3 +473,18 @@ def test_published_figures_refuse_malformed_entries(tmp_path: Path) -> None:
     read = {env: [(f.score, f.measure, f.source) for f in figures] for env, figures in load_published(path).items()}
     assert read == {"Hopper-v5": [(None, None, "none yet")],
                     "Swimmer-v5": [(2.0, "final", "s"), (3.0, "best_point", "t")]}  # fmt: skip
+
+
+def test_the_wall_clock_sums_the_invocations_that_ended(tmp_path: Path) -> None:
+    early = make_run(tmp_path / "a", "CartPole-v1", "ppo", 0, linear_evals(2))
+    make_run(tmp_path / "b", "CartPole-v1", "ppo", 1, linear_evals(2))  # no meta.json: not placed in time
+    (early / "meta.json").write_text(json.dumps({"start_time": "2026-12-01T09:00:00+0000"}))
+    assert wall_clock_text(tmp_path, find_runs([tmp_path])) is None  # no bench.yaml: nothing recorded
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump({"invocations": [
+        {"start": "2026-12-01T10:00:00+0000", "end": "2026-12-01T11:30:00+0000", "workers": 2},
+        {"start": "2026-12-02T12:00:00+0000", "end": None, "workers": 1},  # killed outright
+        {"start": "2026-12-02T13:00:00+0000", "end": "2026-12-02T13:30:00+0000", "workers": 1}]}))  # fmt: skip
+    assert wall_clock_text(tmp_path, find_runs([tmp_path])) == (
+        "Wall-clock: 2 h in 2 invocations of `testbed bench`, and 1 invocation killed outright (no end), not counted; "
+        "1 run started before the first invocation recorded here (2026-12-01 10:00 UTC): adopted from another bench, "
+        "or trained before invocations were recorded, not counted")  # fmt: skip
