@@ -197,8 +197,9 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
             continue  # a run without a readable start time cannot be placed
     earlier = sum(start < first for start in starts)
     if earlier:
-        text += (f"; {counted(earlier, 'run')} started before the first invocation recorded here ({first:%Y-%m-%d %H:%M} "
-                 "UTC): adopted from another bench, or trained before invocations were recorded, not counted")  # fmt: skip
+        text += (f"; {counted(earlier, 'run')} started before the first invocation recorded here "
+                 f"({first:%Y-%m-%d %H:%M} UTC): adopted from another bench, or trained before invocations were "
+                 "recorded, not counted")  # fmt: skip
     return text
 
 
