@@ -43,7 +43,7 @@ class Published:
 
 
 def load_published(path: Path = PUBLISHED) -> dict[str, tuple[Published, ...]]:
-    """The published figures per env id, best first; BadInput naming the entry that is malformed."""
+    """The published figures per env id, the one its preset names first; BadInput naming a malformed entry."""
     figures: dict[str, tuple[Published, ...]] = {}
     for env_id, entries in (yaml.safe_load(path.read_text()) or {}).items():
         if not isinstance(entries, list) or not entries:
