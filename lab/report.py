@@ -180,7 +180,8 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
     """How long the bench's invocations lasted, start to end (``bench.yaml``'s ``invocations``): its wall-clock
     time, whatever ran in parallel in it; None for a bench that recorded none."""
     path = bench_dir / "bench.yaml"
-    invocations = (read_yaml(path) or {}).get("invocations", []) if path.exists() else []
+    recorded = (read_yaml(path) or {}).get("invocations", []) if path.exists() else []
+    invocations = [i for i in recorded if isinstance(i, dict) and i.get("start")]
     if not invocations:
         return None
     spans = [(_started(i["start"]), _started(i["end"])) for i in invocations if i.get("end")]
