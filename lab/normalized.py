@@ -15,7 +15,7 @@ import yaml
 
 from envs.errors import BadInput
 from lab import stats
-from lab.document import Block, Bullets, Heading, Para, Table, fmt_steps
+from lab.document import Block, Bullets, Heading, Para, Table, counted, fmt_steps
 from lab.plot import X_LABELS, plot_aggregates, plot_bands
 from lab.results import Run, base_env_id, natural_key
 
@@ -116,7 +116,9 @@ def across_envs(
                            + "".join(f" {a}: {n} runs beyond the smallest seed count of its envs left out."
                                      for a, n in matrices.dropped.items() if n)
                            + (f" Not compared, as not every algo completed a run there: {', '.join(matrices.unshared)}."
-                              if matrices.unshared else "")))  # fmt: skip
+                              if matrices.unshared else "")
+                           + "".join(f" {a} left out: it completed {counted(n, 'env')} with reference scores, "
+                                     "too few to share with the others." for a, n in matrices.left_out.items())))  # fmt: skip
         aggregates = stats.aggregate_intervals(matrices.scores)
         blocks.append(Table(["algo", *stats.METRIC_NAMES], [
             [algo, *(f"{m[name].point:.3f} [{m[name].low:.3f}, {m[name].high:.3f}]" for name in stats.METRIC_NAMES)]
@@ -146,7 +148,8 @@ def across_envs(
                       "Performance profiles of normalized scores",
                       "Performance profiles: the fraction of runs whose normalized final score exceeds τ, per algo; "
                       f"band: {ci}; runs: {_runs_text(matrices.scores)}."))  # fmt: skip
-        grid, curves = stats.normalized_curves(runs, matrices.envs, normalize)
+        compared = [r for r in runs if r.algo in matrices.scores]
+        grid, curves = stats.normalized_curves(compared, matrices.envs, normalize)
         if curves and grid.size > 1:
             points, cis = stats.sample_efficiency(curves)
             ends = ", ".join(f"{a} {fmt_steps(float(grid[np.isfinite(v)].max()))}" for a, v in points.items())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,8 @@ class ScoreMatrices:
     """Runs left out per algo so that every env has the same R: an env's extra completed seeds."""
     unshared: list[str]
     """Envs with normalized scores that some algo has not run (to completion): left out of the comparison."""
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Algos left out, with the number of envs each completed: too few to share with the others (below)."""
 
 
 def score_matrices(runs: Sequence[Run], normalize: Callable[[Run, float], float | None]) -> ScoreMatrices:
@@ -86,6 +88,8 @@ def score_matrices(runs: Sequence[Run], normalize: Callable[[Run, float], float 
 
     The envs are those where every algo has a completed, normalizable run; R is an algo's smallest number
     of such runs over these envs, taking the lowest seeds, since rliable's bootstrap needs R runs per env.
+    Of three or more algos, the one with the fewest such envs is left out while that widens the envs the
+    others share (a bench whose third algo has only begun compares the other two where both ran).
     ``normalize(run, score)`` gives None for a run without reference scores.
     """
     table: dict[str, dict[str, list[tuple[int, float]]]] = {}
@@ -96,7 +100,18 @@ def score_matrices(runs: Sequence[Run], normalize: Callable[[Run, float], float 
         if value is not None:
             table.setdefault(run.algo, {}).setdefault(run.env_id, []).append((run.seed, value))
     algos = sorted(table)
-    envs = sorted(set.intersection(*(set(table[a]) for a in algos))) if algos else []
+
+    def shared(chosen: list[str]) -> set[str]:
+        return set.intersection(*(set(table[a]) for a in chosen)) if chosen else set()
+
+    left_out: dict[str, int] = {}
+    while len(algos) > 2:
+        fewest = min(algos, key=lambda a: (len(table[a]), a))
+        rest = [a for a in algos if a != fewest]
+        if len(shared(rest)) <= len(shared(algos)):
+            break
+        algos, left_out[fewest] = rest, len(table[fewest])
+    envs = sorted(shared(algos))
     scores: dict[str, np.ndarray] = {}
     dropped: dict[str, int] = {}
     for algo in algos:
@@ -107,7 +122,7 @@ def score_matrices(runs: Sequence[Run], normalize: Callable[[Run, float], float 
         scores[algo] = np.array([[values[i][1] for values in per_env] for i in range(r)])  # (R, M)
         dropped[algo] = sum(len(values) - r for values in per_env)
     unshared = sorted(set().union(*(set(table[a]) for a in algos)) - set(envs)) if algos else []
-    return ScoreMatrices(envs, scores, dropped, unshared)
+    return ScoreMatrices(envs, scores, dropped, unshared, left_out)
 
 
 def aggregate_intervals(scores: dict[str, np.ndarray], seed: int = 0) -> dict[str, dict[str, Interval]]:

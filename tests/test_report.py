@@ -26,7 +26,7 @@ from lab.normalized import load_reference_scores, reference_for
 from lab.published import best_point, load_published, published_section
 from lab.report import build_report, wall_clock_text
 from lab.results import find_runs
-from lab.stats import bootstrap_ci, iqm
+from lab.stats import bootstrap_ci, iqm, score_matrices
 
 COLUMNS = ["global_step", "wall_time_s", "charts/episodic_return", "eval/return_mean", "eval/return_std"]
 CONVENTION = "deterministic policy, one episode per fixed seed 1000000+i, raw env return"
@@ -488,3 +488,26 @@ def test_the_wall_clock_sums_the_invocations_that_ended(tmp_path: Path) -> None:
         "Wall-clock: 2 h in 2 invocations of `testbed bench`, and 1 invocation killed outright (no end), not counted; "
         "1 run started before the first invocation recorded here (2026-12-01 10:00 UTC): adopted from another bench, "
         "or trained before invocations were recorded, not counted")  # fmt: skip
+
+
+def test_an_algo_that_has_only_begun_does_not_shrink_the_comparison_of_the_others(tmp_path: Path) -> None:
+    # ppo and grpo completed CartPole and Acrobot; sb3-ppo only CartPole. Comparing all three would keep
+    # CartPole alone: sb3-ppo is left out, and the others are compared on both envs.
+    for env_id in ("CartPole-v1", "Acrobot-v1"):
+        for algo in ("ppo", "grpo"):
+            make_run(tmp_path / f"{env_id}-{algo}", env_id, algo, 0, linear_evals(2))
+    make_run(tmp_path / "CartPole-v1-sb3", "CartPole-v1", "sb3-ppo", 0, linear_evals(2))
+    refs = load_reference_scores()
+    runs = find_runs([tmp_path])
+
+    def normalize(run: Any, score: float) -> float | None:
+        ref = reference_for(run, refs)
+        return None if ref is None else ref.normalize(score)
+
+    matrices = score_matrices(runs, normalize)
+    assert sorted(matrices.scores) == ["grpo", "ppo"] and matrices.envs == ["Acrobot-v1", "CartPole-v1"]
+    assert matrices.left_out == {"sb3-ppo": 1} and matrices.unshared == []
+    # Once every algo has run both envs, all three are compared.
+    make_run(tmp_path / "Acrobot-v1-sb3", "Acrobot-v1", "sb3-ppo", 0, linear_evals(2))
+    matrices = score_matrices(find_runs([tmp_path]), normalize)
+    assert sorted(matrices.scores) == ["grpo", "ppo", "sb3-ppo"] and matrices.left_out == {}
