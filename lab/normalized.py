@@ -118,7 +118,8 @@ def across_envs(
                            + (f" Not compared, as not every algo completed a run there: {', '.join(matrices.unshared)}."
                               if matrices.unshared else "")
                            + "".join(f" {a} left out: it completed {counted(n, 'env')} with reference scores, "
-                                     "too few to share with the others." for a, n in matrices.left_out.items())))  # fmt: skip
+                                     "too few to share with the others."
+                                     for a, n in matrices.left_out.items())))  # fmt: skip
         aggregates = stats.aggregate_intervals(matrices.scores)
         blocks.append(Table(["algo", *stats.METRIC_NAMES], [
             [algo, *(f"{m[name].point:.3f} [{m[name].low:.3f}, {m[name].high:.3f}]" for name in stats.METRIC_NAMES)]
