@@ -43,6 +43,8 @@ PARENT_PID = "TESTBED_PARENT_PID"
 
 LOCK = ".lock"
 # What a start writes before its first checkpoint: a directory holding only these can be started again.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
+"""How meta.json and bench.yaml write a moment: to the second, with its UTC offset."""
 RESTARTABLE = ("config.yaml", "meta.json", "progress.csv", "summary.json", LOCK)
 
 
@@ -218,7 +220,7 @@ def write_meta(run_dir: Path, extra: dict[str, Any] | None = None) -> None:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "start_time": time.strftime(TIME_FORMAT),
         **(extra or {}),
     }
     name = "meta.json" if not (run_dir / "meta.json").exists() else f"meta.resume{int(time.time())}.json"

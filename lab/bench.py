@@ -186,8 +186,8 @@ def end_invocation(bench_dir: Path, start: str) -> None:
 
 
 def time_stamp() -> str:
-    """Now, in UTC to the second, as ``bench.yaml`` and the runs' meta.json write times."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z")
+    """Now, in UTC, as ``bench.yaml`` and the runs' meta.json write times (``rundir.TIME_FORMAT``)."""
+    return datetime.now(timezone.utc).strftime(rundir.TIME_FORMAT)
 
 
 def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from agents.config import read_yaml
+from agents.rundir import TIME_FORMAT
 from envs.errors import BadInput
 from lab.document import DASH, Block, Bullets, Heading, Image, Para, Table, counted, fmt_ci, fmt_return, fmt_seconds
 from lab.document import fmt_steps, render_html, render_markdown, safe_name
@@ -140,12 +141,22 @@ def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[flo
     return Table(header, rows)
 
 
+def run_meta(run: Run) -> dict[str, Any]:
+    """The run's meta.json (its first start's: a resume writes its own file beside it); {} if it is missing
+    or unreadable."""
+    try:
+        meta = json.loads((run.run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def stacked_with(run: Run) -> tuple[int, ...]:
     """The seeds that trained in one process with ``run`` when it started: the ``--seeds`` of the command in
     its meta.json (a resume writes its own meta file beside it), read as ``testbed train`` reads it; its own
     seed alone when it trained by itself, or the file is missing or unreadable."""
     try:
-        command = [str(arg) for arg in json.loads((run.run_dir / "meta.json").read_text()).get("command", [])]
+        command = [str(arg) for arg in run_meta(run).get("command", [])]
         if "--seeds" not in command[:-1]:
             return (run.seed,)
         first = int(command[command.index("--seed") + 1]) if "--seed" in command[:-1] else None
@@ -173,7 +184,7 @@ def compute_text(runs: Sequence[Run]) -> str:
 
 
 def _started(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
+    return datetime.strptime(text, TIME_FORMAT)
 
 
 def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
@@ -193,8 +204,8 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
     starts = []
     for run in runs:
         try:
-            starts.append(_started(json.loads((run.run_dir / "meta.json").read_text())["start_time"]))
-        except (OSError, ValueError, KeyError):
+            starts.append(_started(run_meta(run)["start_time"]))
+        except (KeyError, TypeError, ValueError):
             continue  # a run without a readable start time cannot be placed
     earlier = sum(start < first for start in starts)
     if earlier:
