@@ -62,7 +62,7 @@ class Board:
         stack: int = 1,
     ) -> None:  # fmt: skip
         self.cells, self.total, self.slots, self.probe, self.stack = cells, len(cells), slots, probe, stack
-        self.done = self.failed = self.running = self.processes = self.trained = 0
+        self.done = self.failed = self.interrupted = self.running = self.processes = self.trained = 0
         self.ended: set[Cell] = set()
         self.launches: dict[Cell, float] = {}  # cell → when its process started
         # stack key → (total_steps, budget_seconds): resolved once, not per seed
@@ -87,7 +87,9 @@ class Board:
 
     def finished(self, outcome: Outcome) -> None:
         self.running -= 1
-        self.done += 1
+        # An interrupted run resumes on the next invocation: it has ended here but is not done.
+        self.interrupted += outcome.status == "interrupted"
+        self.done += outcome.status != "interrupted"
         self.failed += outcome.status == "failed"
         self.trained += outcome.attempts > 0
         self.ended.add(outcome.cell)
@@ -147,6 +149,7 @@ class Board:
             eta = bound if eta is None else min(eta, bound)
         where = f"processes {self.processes}/{self.slots}" if self.slots else f"Ray tasks {self.processes}"
         failed = f" ({self.failed} failed)" if self.failed else ""
+        failed += f", {self.interrupted} interrupted" if self.interrupted else ""
         rate = f"{self.rate:,.0f} steps/s" if self.rate is not None else "steps/s n/a"
         return (f"{where} · runs {self.running} running, {self.done}/{self.total} done{failed} · {rate} · "
                 f"ETA {fmt_duration(eta) if eta is not None else 'n/a'}")  # fmt: skip
@@ -161,8 +164,9 @@ class Board:
             self._print(f"[{fmt_duration(time.monotonic() - self.start)}] {text}")
 
     def _show(self, line: str) -> None:
+        interrupted = f", {self.interrupted} interrupted" if self.interrupted else ""
         self._print(f"[{self.done}/{self.total} done, {self.running} running in {self.processes} "
-                    f"process{'es' if self.processes != 1 else ''}, {self.failed} failed] {line}")  # fmt: skip
+                    f"process{'es' if self.processes != 1 else ''}, {self.failed} failed{interrupted}] {line}")  # fmt: skip
 
     def _print(self, line: str) -> None:
         with self.lock:  # the heartbeat's thread prints too

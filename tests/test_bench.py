@@ -163,6 +163,17 @@ def test_the_heartbeat_reads_each_seeds_latest_progress_line_and_estimates_the_t
     assert last.endswith("] processes 0/2 · runs 0 running, 2/2 done (1 failed) · 1,010 steps/s · ETA 0s")
 
 
+def test_a_stop_leaves_interrupted_runs_counted_apart_from_the_done_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cells = [Cell("ppo", "CartPole-v1", seed, 10000, ()) for seed in (0, 1)]
+    board = Board(cells, slots=1, probe=lambda: [])
+    board.launched(cells)
+    board.exited([Outcome(cells[0], "completed"), Outcome(cells[1], "interrupted")])  # Ctrl-C during seed 1
+    assert "runs 0 running, 1/2 done, 1 interrupted · " in board.status()
+    assert "[1/2 done, 0 running in 0 processes, 0 failed, 1 interrupted] interrupted" in capsys.readouterr().out
+
+
 def test_the_eta_of_runs_with_a_time_budget_is_at_most_what_their_budgets_leave(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
