@@ -82,12 +82,28 @@ def check_env(cfg: RunConfig) -> None:
     """Build the env once with the config's keyword arguments, so that a wrong one is refused before any
     run directory exists rather than crashing the run."""
     envs_pkg.check_env_installed(cfg.env_id)
+    spaces = []
     for kwargs in [cfg.env_kwargs] + ([{**cfg.env_kwargs, **cfg.eval_env_kwargs}] if cfg.eval_env_kwargs else []):
         try:
-            gym.make(cfg.env_id, **kwargs).close()
+            env = gym.make(cfg.env_id, **kwargs)
         except (TypeError, ValueError) as error:
             raise BadInput(f"{cfg.env_id} does not accept env_kwargs {brief(kwargs)} ({brief(str(error))}). Check the keyword names "
                            "and values the env's constructor takes.") from None  # fmt: skip
+        spaces.append((env.observation_space, env.action_space))
+        env.close()
+    if len(spaces) == 2:  # the policy trained in the first env acts in both
+        for name, trained, evaluated in zip(("observation", "action"), *spaces):
+            if trained != evaluated:
+                raise BadInput(f"eval_env_kwargs {brief(cfg.eval_env_kwargs)} change {cfg.env_id}'s {name} space from "
+                               f"{_space_text(trained)} to {_space_text(evaluated)}: the policy could not act in that "
+                               "env. Evaluate with kwargs that keep the spaces (a reward's weight, say).")  # fmt: skip
+
+
+def _space_text(space: gym.Space) -> str:
+    """A space in a few words: a Box by its shape and bounds' type, as the bounds can be long arrays."""
+    if isinstance(space, gym.spaces.Box):
+        return f"Box of shape {space.shape} ({space.dtype})"
+    return str(space)
 
 
 def space_dims(env: VectorEnv) -> tuple[int, int, bool]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import registry, rundir
-from agents.config import build_config
+from agents.config import build_config, parse_key_values
 from envs import check_env_id
 from envs.errors import BadInput, brief
 from lab import bench, manifest
@@ -107,7 +107,7 @@ def seeds_line(summaries: list[dict[str, Any]]) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from agents.plumbing import EVAL_SEED_BASE
+    from agents.plumbing import EVAL_SEED_BASE, check_env
     from agents.rollout import evaluate_policy
 
     torch.set_num_threads(1)
@@ -119,7 +119,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         raise BadInput(f"--episodes must be at least 1, got {args.episodes}")
     video_dir = _writable_dir(Path(args.video)) if args.video else None
+    if args.env_kwargs:  # on top of the run's own, at evaluation only: the env the policy trained in stays
+        try:
+            extra = parse_key_values(args.env_kwargs)
+        except ValueError as error:
+            raise BadInput(f"--env-kwargs: {error}; give KEY:VALUE pairs, e.g. contact_cost_weight:0") from None
+        values["eval_env_kwargs"] = {**(values.get("eval_env_kwargs") or {}), **extra}
     cfg = build_config(registry.get(algo_name).config, values)
+    if args.env_kwargs:
+        check_env(cfg)
     ckpt, env, model = checkpoint_policy(algo_name, cfg, run_dir, args.episodes)
     try:
         seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]

@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes, one per fixed seed")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of the policy's mode")
     evaluate.add_argument("--video", default=None, metavar="DIR", help="also record the first episode as a GIF in DIR")
+    evaluate.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE",
+                          help="env keyword arguments for this evaluation, on top of the run's (config key "
+                          "eval_env_kwargs), e.g. contact_cost_weight:0 to score without a reward term")  # fmt: skip
 
     grid = sub.add_parser("bench", help="run a grid of algos × envs × seeds and report it",
                           formatter_class=DefaultsFormatter,

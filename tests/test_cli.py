@@ -77,6 +77,31 @@ def test_eval_command(cartpole_run: Path, tmp_path: Path, capsys: pytest.Capture
     assert len(gifs) == 1 and gifs[0].stat().st_size > 1000
 
 
+def test_eval_scores_a_policy_under_other_env_kwargs_without_changing_the_run(
+    cartpole_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = (cartpole_run / "config.yaml").read_text()
+    # Sutton and Barto's reward: 0 a step and -1 when the pole falls. After 2,048 steps of training every
+    # episode falls before 500 steps, so each scores exactly -1.
+    assert main(["eval", str(cartpole_run), "--episodes", "3", "--env-kwargs", "sutton_barto_reward:true"]) == 0
+    assert "return -1.00 ± 0.00" in capsys.readouterr().out
+    assert (cartpole_run / "config.yaml").read_text() == config
+    assert main(["eval", str(cartpole_run), "--env-kwargs", "no_such_kwarg:1"]) == 2
+    assert "does not accept env_kwargs" in capsys.readouterr().err
+    assert main(["eval", str(cartpole_run), "--env-kwargs", "sutton_barto_reward"]) == 2
+    assert "give KEY:VALUE pairs" in capsys.readouterr().err
+
+
+def test_evaluation_kwargs_that_change_the_spaces_are_refused() -> None:
+    from agents.plumbing import check_env
+    from agents.ppo import PPOConfig
+    from envs.errors import BadInput
+
+    cfg = PPOConfig(env_id="LunarLander-v3", eval_env_kwargs={"continuous": True})
+    with pytest.raises(BadInput, match=r"change LunarLander-v3's action space from Discrete\(4\) to Box of shape \(2,\)"):
+        check_env(cfg)
+
+
 def test_sigterm_checkpoints_and_marks_the_run_interrupted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
