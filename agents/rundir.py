@@ -205,6 +205,20 @@ def _git_commit() -> str | None:
         return None
 
 
+def cpu_model() -> str:
+    """The CPU's model name, from /proc/cpuinfo where there is one. A run's numbers on the CPU repeat on the
+    same model: another one rounds floats differently in places (its vector kernels), and chaotic envs
+    (Walker2d, Humanoid) turn that into other episodes."""
+    cpuinfo = Path("/proc/cpuinfo")
+    try:
+        for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def write_meta(run_dir: Path, extra: dict[str, Any] | None = None) -> None:
     versions = {}
     for name in PACKAGES:
@@ -219,6 +233,7 @@ def write_meta(run_dir: Path, extra: dict[str, Any] | None = None) -> None:
         "packages": versions,
         "host": socket.gethostname(),
         "platform": platform.platform(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "start_time": time.strftime(TIME_FORMAT),
         **(extra or {}),

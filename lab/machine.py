@@ -5,19 +5,13 @@ from __future__ import annotations
 import os
 import platform
 from importlib import metadata
-from pathlib import Path
+
+from agents.rundir import cpu_model
 
 
 def machine_line() -> str:
     """CPU model, logical cores and the versions that matter for speed and for the numbers."""
-    cpu = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    cpu = cpu or platform.processor() or platform.machine() or "unknown CPU"
+    cpu = cpu_model()
     versions = []
     for name in ("torch", "gymnasium", "stable-baselines3"):
         try:

@@ -151,6 +151,43 @@ def run_meta(run: Run) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def machine_text(runs: Sequence[Run]) -> str | None:
+    """The CPU model, python and package versions the runs trained under, from each start's meta file
+    (``meta.json``, and ``meta.resume*.json`` for each resume); one that not every run used says how many did.
+    Meta files older than the CPU's record say "cpu not recorded". None when no run has a readable meta file."""
+    versions: dict[str, dict[str, set[Path]]] = {}  # package → version → the runs that trained under it
+    for run in runs:
+        for path in sorted(run.run_dir.glob("meta*.json")):
+            try:
+                meta = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(meta, dict):
+                continue
+            packages = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
+            cpu = meta.get("cpu") or "not recorded"
+            for name, version in {"cpu": cpu, "python": meta.get("python"), **packages}.items():
+                if version:
+                    versions.setdefault(str(name), {}).setdefault(str(version), set()).add(run.run_dir)
+    if not versions:
+        return None
+    with_meta = len(set().union(*(dirs for by_version in versions.values() for dirs in by_version.values())))
+    parts = []
+    for name, by_version in versions.items():
+        if len(by_version) == 1 and len(next(iter(by_version.values()))) == with_meta:
+            parts.append(f"{name} {next(iter(by_version))}")
+        else:
+            parts.append(f"{name} " + ", ".join(f"{version} ({counted(len(dirs), 'run')})"
+                                                for version, dirs in sorted(by_version.items())))  # fmt: skip
+    if versions.get("cpu", {}).keys() == {"not recorded"}:
+        parts.pop(0)  # a bench from before the CPU was recorded: nothing to say
+    text = "Machine and software: " + "; ".join(parts)
+    if any(len(by_version) > 1 for by_version in versions.values()):
+        text += (" (a run resumed under another counts under both; where the CPU model or the physics engine's "
+                 "version differs, runs of the same seed and settings differ too)")
+    return text
+
+
 def stacked_with(run: Run) -> tuple[int, ...]:
     """The seeds that trained in one process with ``run`` when it started: the ``--seeds`` of the command in
     its meta.json (a resume writes its own meta file beside it), read as ``testbed train`` reads it; its own
@@ -241,6 +278,7 @@ def _what_was_run(runs: Sequence[Run], bench_dir: Path) -> list[Block]:
         f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})",
         compute_text(runs),
         *([wall] if (wall := wall_clock_text(bench_dir, runs)) else []),
+        *([machine] if (machine := machine_text(runs)) else []),
         (
             f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. "
             "A run's score is its final evaluation."

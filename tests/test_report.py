@@ -24,7 +24,7 @@ from lab import plot
 from lab.plot import mean_curve, plot_runs
 from lab.normalized import load_reference_scores, reference_for
 from lab.published import best_point, load_published, published_section
-from lab.report import build_report, wall_clock_text
+from lab.report import build_report, machine_text, wall_clock_text
 from lab.results import find_runs
 from lab.stats import bootstrap_ci, iqm, score_matrices
 
@@ -488,6 +488,24 @@ def test_the_wall_clock_sums_the_invocations_that_ended(tmp_path: Path) -> None:
         "Wall-clock: 2 h in 2 invocations of `testbed bench`, and 1 invocation killed outright (no end), not counted; "
         "1 run started before the first invocation recorded here (2026-12-01 10:00 UTC): adopted from another bench, "
         "or trained before invocations were recorded, not counted")  # fmt: skip
+
+
+def test_the_report_names_the_cpus_and_versions_the_runs_trained_under(tmp_path: Path) -> None:
+    def meta(cpu: str | None, mujoco: str) -> str:
+        return json.dumps({"python": "3.11.7", "packages": {"torch": "2.13.0", "mujoco": mujoco},
+                           **({"cpu": cpu} if cpu else {})})  # fmt: skip
+
+    first = make_run(tmp_path / "a", "Hopper-v5", "ppo", 0, linear_evals(2))
+    second = make_run(tmp_path / "b", "Hopper-v5", "ppo", 1, linear_evals(2))
+    make_run(tmp_path / "c", "Hopper-v5", "ppo", 2, linear_evals(2))  # no meta file: not counted
+    (first / "meta.json").write_text(meta(None, "4.0.0"))  # written before the CPU was recorded
+    (second / "meta.json").write_text(meta(None, "4.0.0"))
+    assert machine_text(find_runs([tmp_path])) == "Machine and software: python 3.11.7; torch 2.13.0; mujoco 4.0.0"
+    (second / "meta.resume1796000000.json").write_text(meta("Xeon", "4.0.1"))  # resumed on another machine
+    assert machine_text(find_runs([tmp_path])) == (
+        "Machine and software: cpu Xeon (1 run), not recorded (2 runs); python 3.11.7; torch 2.13.0; "
+        "mujoco 4.0.0 (2 runs), 4.0.1 (1 run) (a run resumed under another counts under both; where the CPU "
+        "model or the physics engine's version differs, runs of the same seed and settings differ too)")  # fmt: skip
 
 
 def test_an_algo_that_has_only_begun_does_not_shrink_the_comparison_of_the_others(tmp_path: Path) -> None:
