@@ -136,8 +136,14 @@ def load(root: Path) -> Manifest:
     path = root / MANIFEST
     if not path.exists():
         raise BadInput(f"{path} does not exist; run `testbed results` from the repository root")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw.get("code_version"), int) or not isinstance(raw.get("results"), list):
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise BadInput(f"{path} is not valid YAML{where} ({getattr(error, 'problem', None) or 'unreadable'}); "
+                       "quote a text that holds ': ' or ' #'") from None  # fmt: skip
+    if not isinstance(raw, dict) or not isinstance(raw.get("code_version"), int) or not isinstance(raw.get("results"), list):
         raise BadInput(f"{path}: needs an integer `code_version` and a list `results`")
     entries = tuple(_entry(r, str(path)) for r in raw["results"])
     names = [e.name for e in entries]

@@ -123,6 +123,23 @@ def default_space_file(algo: str) -> Path:
     return own if own.exists() else SPACES / f"{registry.preset_of(algo)}.yaml"
 
 
+def admitting(config: Callable[[dict[str, Any]], Any], values: dict[str, Any], space: dict[str, Param]) -> Any:
+    """A trial's config with ``values``, alone or with one end of another parameter of the space: a minibatch
+    of 256 is refused with a preset's 128-step rollouts, not with the space's 256-step ones. Raises the
+    BadInput of ``values`` alone when no such combination is accepted."""
+    try:
+        return config(values)
+    except BadInput as error:
+        refusal = error
+    for other in space.values():
+        for end in other.ends() if other.name not in values else []:
+            try:
+                return config({**values, other.name: end})
+            except BadInput:
+                continue
+    raise refusal
+
+
 def iteration_sizes(
     space: dict[str, Param], config: Callable[[dict[str, Any]], Any], source: str
 ) -> tuple[int, ...] | None:
@@ -137,7 +154,8 @@ def iteration_sizes(
     base = config({})
     if not hasattr(base, "batch_size"):
         return None
-    shaping = [p for p in space.values() if any(config({p.name: v}).batch_size != base.batch_size for v in p.ends())]
+    shaping = [p for p in space.values()
+               if any(admitting(config, {p.name: v}, space).batch_size != base.batch_size for v in p.ends())]  # fmt: skip
     for param in shaping:
         if param.choices is None:
             raise BadInput(f"{source}: {param.name} changes n_steps · n_envs, the env steps of one iteration, and is a "

@@ -45,7 +45,7 @@ from lab.bench import BENCH_NAME
 from lab.cells import Cell, Outcome, Stop, pack_stacks
 from lab.document import fmt_return
 from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
-from lab.space import Param, as_list, default_space_file, iteration_sizes, parse_space
+from lab.space import Param, admitting, as_list, default_space_file, iteration_sizes, parse_space
 from lab.study import STUDY_FILE, TUNE_FILE, TUNE_ROOT, check_journal, set_aside_stale, storage_for, trial_dir
 from lab.trials import Reporter, reporter_for, run_trial, run_trial_remote, settle, study_heartbeat
 from lab.tune_report import budget_text, build_tune_report, pairs_text, seeds_text
@@ -177,7 +177,7 @@ def plan_tune(
     for param in space.values():
         for value in param.ends():
             try:
-                plan.config({param.name: value})
+                admitting(plan.config, {param.name: value}, space)
             except BadInput as error:
                 raise BadInput(f"{path.name}: {param.name} includes {value!r}, which {algo} refuses ({error}); narrow "
                                "the range")  # fmt: skip

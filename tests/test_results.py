@@ -233,6 +233,9 @@ def test_bad_manifests_and_selections_are_refused_before_any_work(tmp_path: Path
     (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump({"code_version": 1, "results": [{"name": "x", "cost": "huge"}]}))
     with pytest.raises(BadInput, match="lacks"):
         manifest.load(tmp_path)
+    (tmp_path / manifest.MANIFEST).write_text("code_version: 1\nresults:\n- name: x\n  about: two parts: one\n")
+    with pytest.raises(BadInput, match="not valid YAML at line 4, column 19 .*quote a text"):
+        manifest.load(tmp_path)
     with pytest.raises(BadInput, match="README.md lacks the block"):
         pages.fill_blocks("no markers here", {"results-table": "x"})
     assert pages.fill_blocks("a\n<!-- BEGIN generated: t -->\nold\n<!-- END generated: t -->\nb", {"t": "new"}) == \

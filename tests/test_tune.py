@@ -168,6 +168,16 @@ def test_bad_input_is_refused_before_any_trial(
     assert not list((in_tmp / "runs" / "tune").glob("bad/trial*"))
 
 
+def test_a_value_is_refused_only_if_no_other_value_of_the_space_admits_it(in_tmp: Path) -> None:
+    # CartPole's preset rolls out 8 envs × 32 steps = 256: a minibatch of 512 needs the space's 64 steps.
+    (in_tmp / "space.yaml").write_text("n_steps: [32, 64]\nminibatch_size: [256, 512]\n")
+    plan = tune.plan_tune("ppo", "CartPole-v1", 2, 5000, 1, in_tmp / "space.yaml", [], "pairs")
+    assert plan.iteration_sizes == (256, 512)
+    (in_tmp / "space.yaml").write_text("n_steps: [32, 64]\nminibatch_size: [256, 1024]\n")  # 1024 > 64 × 8
+    with pytest.raises(BadInput, match="minibatch_size includes 1024, which ppo refuses"):
+        tune.plan_tune("ppo", "CartPole-v1", 2, 5000, 1, in_tmp / "space.yaml", [], "pairs")
+
+
 def test_a_study_keeps_its_settings_and_has_one_driver(in_tmp: Path) -> None:
     plan = tune.plan_tune("ppo", "CartPole-v1", 2, 5000, 1, None, [], "kept")
     tune.write_tune_yaml(in_tmp / "kept", plan)
