@@ -207,7 +207,7 @@ def _git_commit() -> str | None:
 
 def cpu_model() -> str:
     """The CPU's model name, from /proc/cpuinfo where there is one. A run's numbers on the CPU repeat on the
-    same model: another one rounds floats differently in places (its vector kernels), and chaotic envs
+    same model: another one can round floats differently in places (its vector kernels), and chaotic envs
     (Walker2d, Humanoid) turn that into other episodes."""
     cpuinfo = Path("/proc/cpuinfo")
     try:

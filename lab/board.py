@@ -165,8 +165,9 @@ class Board:
 
     def _show(self, line: str) -> None:
         interrupted = f", {self.interrupted} interrupted" if self.interrupted else ""
-        self._print(f"[{self.done}/{self.total} done, {self.running} running in {self.processes} "
-                    f"process{'es' if self.processes != 1 else ''}, {self.failed} failed{interrupted}] {line}")  # fmt: skip
+        processes = f"{self.processes} process{'es' if self.processes != 1 else ''}"
+        self._print(f"[{self.done}/{self.total} done, {self.running} running in {processes}, {self.failed} failed"
+                    f"{interrupted}] {line}")  # fmt: skip
 
     def _print(self, line: str) -> None:
         with self.lock:  # the heartbeat's thread prints too

@@ -143,7 +143,9 @@ def load(root: Path) -> Manifest:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise BadInput(f"{path} is not valid YAML{where} ({getattr(error, 'problem', None) or 'unreadable'}); "
                        "quote a text that holds ': ' or ' #'") from None  # fmt: skip
-    if not isinstance(raw, dict) or not isinstance(raw.get("code_version"), int) or not isinstance(raw.get("results"), list):
+    if not isinstance(raw, dict) or not isinstance(raw.get("code_version"), int) or not isinstance(
+        raw.get("results"), list
+    ):
         raise BadInput(f"{path}: needs an integer `code_version` and a list `results`")
     entries = tuple(_entry(r, str(path)) for r in raw["results"])
     names = [e.name for e in entries]

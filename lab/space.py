@@ -154,8 +154,11 @@ def iteration_sizes(
     base = config({})
     if not hasattr(base, "batch_size"):
         return None
-    shaping = [p for p in space.values()
-               if any(admitting(config, {p.name: v}, space).batch_size != base.batch_size for v in p.ends())]  # fmt: skip
+
+    def shapes(param: Param) -> bool:
+        return any(admitting(config, {param.name: v}, space).batch_size != base.batch_size for v in param.ends())
+
+    shaping = [p for p in space.values() if shapes(p)]
     for param in shaping:
         if param.choices is None:
             raise BadInput(f"{source}: {param.name} changes n_steps · n_envs, the env steps of one iteration, and is a "
