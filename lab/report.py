@@ -141,14 +141,19 @@ def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[flo
     return Table(header, rows)
 
 
-def run_meta(run: Run) -> dict[str, Any]:
-    """The run's meta.json (its first start's: a resume writes its own file beside it); {} if it is missing
-    or unreadable."""
+def read_meta(path: Path) -> dict[str, Any]:
+    """A meta file a start of a run wrote (``meta.json``, ``meta.resume*.json``); {} if it is missing or
+    unreadable."""
     try:
-        meta = json.loads((run.run_dir / "meta.json").read_text())
+        meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
+
+
+def run_meta(run: Run) -> dict[str, Any]:
+    """The run's meta.json: its first start's (a resume writes its own file beside it)."""
+    return read_meta(run.run_dir / "meta.json")
 
 
 def machine_text(runs: Sequence[Run]) -> str | None:
@@ -157,13 +162,7 @@ def machine_text(runs: Sequence[Run]) -> str | None:
     Meta files older than the CPU's record say "cpu not recorded". None when no run has a readable meta file."""
     versions: dict[str, dict[str, set[Path]]] = {}  # package → version → the runs that trained under it
     for run in runs:
-        for path in sorted(run.run_dir.glob("meta*.json")):
-            try:
-                meta = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if not isinstance(meta, dict):
-                continue
+        for meta in filter(None, map(read_meta, sorted(run.run_dir.glob("meta*.json")))):  # unreadable: {}
             packages = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
             cpu = meta.get("cpu") or "not recorded"
             for name, version in {"cpu": cpu, "python": meta.get("python"), **packages}.items():
@@ -172,6 +171,8 @@ def machine_text(runs: Sequence[Run]) -> str | None:
     if not versions:
         return None
     with_meta = len(set().union(*(dirs for by_version in versions.values() for dirs in by_version.values())))
+    if versions.get("cpu", {}).keys() == {"not recorded"}:
+        del versions["cpu"]  # a bench from before the CPU was recorded: nothing to say
     parts = []
     for name, by_version in versions.items():
         if len(by_version) == 1 and len(next(iter(by_version.values()))) == with_meta:
@@ -179,8 +180,6 @@ def machine_text(runs: Sequence[Run]) -> str | None:
         else:
             parts.append(f"{name} " + ", ".join(f"{version} ({counted(len(dirs), 'run')})"
                                                 for version, dirs in sorted(by_version.items())))  # fmt: skip
-    if versions.get("cpu", {}).keys() == {"not recorded"}:
-        parts.pop(0)  # a bench from before the CPU was recorded: nothing to say
     text = "Machine and software: " + "; ".join(parts)
     if any(len(by_version) > 1 for by_version in versions.values()):
         text += (" (a run resumed under another counts under both; where the CPU model or the physics engine's "
