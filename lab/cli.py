@@ -261,7 +261,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     stack = _stack(args)
     plan = tune.plan_tune(args.algo, args.env, args.trials, args.total_steps, args.seeds, args.space, args.set,
                           args.name, args.storage, args.first_seed, args.pruner, args.startup_trials,
-                          args.sampler_seed)  # fmt: skip
+                          args.sampler_seed, tuple(args.vary))  # fmt: skip
     print(f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; "
           f"{len(plan.space)} parameters, {args.backend} backend, {counted(args.workers, 'trial')} "
           f"at a time → {tune.TUNE_ROOT / plan.name}")  # fmt: skip

@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--first-seed", type=int, default=100, help="seeds FIRST … FIRST+K−1; bench's 0 … stay unseen")
     tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: lab/spaces/ALGO.yaml)")
     tuner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a config key in every trial")
+    tuner.add_argument("--vary", action="append", default=[], metavar="KEY=RANGE",
+                       help="set one key's range in the space: a YAML list or {low: …, high: …}")  # fmt: skip
     tuner.add_argument("--name", default=None, help="runs/tune/NAME and the study's name (default: ALGO-ENV)")
     tuner.add_argument("--storage", default=None, metavar="URL",
                        help="an Optuna database URL shared by several drivers (default: runs/tune/NAME/study.log)")  # fmt: skip

@@ -117,6 +117,28 @@ def parse_space(text: str, source: str) -> dict[str, Param]:
     return space
 
 
+def with_ranges(text: str, varies: list[str] | tuple[str, ...], source: str) -> str:
+    """The space ``text`` with each ``--vary KEY=RANGE`` setting KEY's range (a YAML list or ``{low, high}``).
+
+    Where one env needs a choice the algo's space leaves out (Humanoid's survival bonus is 5, the space
+    offsets 0 or 1), a study varies that key and keeps the rest of the shared space.
+    """
+    if not varies:
+        return text
+    raw = load_yaml(text, source) or {}
+    if not isinstance(raw, dict):
+        parse_space(text, source)  # BadInput: not a mapping
+    for pair in varies:
+        key, sep, value = (part.strip() for part in pair.partition("="))
+        if not sep or not key or not value:
+            raise BadInput(f"--vary {pair!r}: give KEY=RANGE, RANGE a YAML list of choices or {{low: …, high: …}}, "
+                           "e.g. --vary 'reward_offset=[0.0, 5.0]'")  # fmt: skip
+        entry = load_yaml(value, f"--vary {key}")
+        parse_space(yaml.safe_dump({key: entry}), "--vary")  # BadInput naming the flag, not the file
+        raw[key] = entry
+    return yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
+
+
 def default_space_file(algo: str) -> Path:
     """``lab/spaces/<algo>.yaml``, else the space of the algo's presets file (``grpo-step`` → grpo)."""
     own = SPACES / f"{algo}.yaml"

@@ -45,7 +45,7 @@ from lab.bench import BENCH_NAME
 from lab.cells import Cell, Outcome, Stop, pack_stacks
 from lab.document import fmt_return
 from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
-from lab.space import Param, admitting, as_list, default_space_file, iteration_sizes, parse_space
+from lab.space import Param, admitting, as_list, default_space_file, iteration_sizes, parse_space, with_ranges
 from lab.study import STUDY_FILE, TUNE_FILE, TUNE_ROOT, check_journal, set_aside_stale, storage_for, trial_dir
 from lab.trials import Reporter, reporter_for, run_trial, run_trial_remote, settle, study_heartbeat
 from lab.tune_report import budget_text, build_tune_report, pairs_text, seeds_text
@@ -119,6 +119,7 @@ def plan_tune(
     pruner: str = "median",
     startup_trials: int = 5,
     sampler_seed: int = 0,
+    varies: tuple[str, ...] = (),
 ) -> TunePlan:
     """Resolve and check a study's settings: the algo, env, space, budget, seeds and the preset they vary."""
     spec = registry.get(algo)
@@ -146,6 +147,7 @@ def plan_tune(
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         raise BadInput(f"--space {path} is not UTF-8 text; give a YAML search space (see lab/spaces/{algo}.yaml)") from None
+    text = with_ranges(text, varies, path.name)
     space = parse_space(text, path.name)
     fields = [f.name for f in dataclasses.fields(spec.config)]
     unknown = sorted(set(space) - set(fields))

@@ -148,6 +148,11 @@ def test_a_sqlite_storage_gets_its_folder(tmp_path: Path) -> None:
         ([], "n_steps: [96, 100]\n", "budget would be a multiple of 19,200"),
         (["--algo", "ppo-lambda0"], "gae_lambda: [0.9, 0.95]\n", "ppo-lambda0 fixes gae_lambda"),
         (["--trials", "0"], None, "--trials must be at least 1"),
+        (["--vary", "gamma"], None, "--vary 'gamma': give KEY=RANGE"),
+        (["--vary", "gamma=[]"], None, "--vary: gamma has no choices"),
+        (["--vary", "gamma=[0.99, 1.5]"], None, "gamma includes 1.5, which ppo refuses"),
+        (["--vary", "gama=[0.9]"], None, "gama is not a config key of ppo"),
+        (["--vary", "gamma=[0.9]", "--set", "gamma=0.9"], None, "--set gamma fixes what the space tunes"),
         (["--space", "missing.yaml"], None, "no such file"),
         (["--storage", "sqlite:////dev/null/study.db"], None, "cannot open the study storage"),
         (["--storage", "nosuchdb://user@host/db"], None, "cannot open the study storage"),
@@ -176,6 +181,21 @@ def test_a_value_is_refused_only_if_no_other_value_of_the_space_admits_it(in_tmp
     (in_tmp / "space.yaml").write_text("n_steps: [32, 64]\nminibatch_size: [256, 1024]\n")  # 1024 > 64 × 8
     with pytest.raises(BadInput, match="minibatch_size includes 1024, which ppo refuses"):
         tune.plan_tune("ppo", "CartPole-v1", 2, 5000, 1, in_tmp / "space.yaml", [], "pairs")
+
+
+def test_vary_sets_one_keys_range_and_keeps_the_rest_of_the_space(in_tmp: Path) -> None:
+    shared = tune.plan_tune("grpo", "Hopper-v5", 4, None, 1, None, [], "offset")
+    ranges = ("reward_offset=[0.0, 5.0]", "learning_rate={low: 1.0e-4, high: 1.0e-3}")
+    varied = tune.plan_tune("grpo", "Hopper-v5", 4, None, 1, None, [], "offset", varies=ranges)
+    assert varied.space["reward_offset"].choices == (0.0, 5.0)
+    assert (varied.space["learning_rate"].low, varied.space["learning_rate"].log) == (1e-4, False)
+    assert {k: v for k, v in varied.space.items() if k not in ("reward_offset", "learning_rate")} == {
+        k: v for k, v in shared.space.items() if k not in ("reward_offset", "learning_rate")}
+    added = tune.plan_tune("ppo", "CartPole-v1", 4, 5000, 1, None, [], "added", varies=("target_kl=[0.01, 0.02]",))
+    assert added.space["target_kl"].choices == (0.01, 0.02) and len(added.space) == 18
+    tune.write_tune_yaml(in_tmp / "offset", varied)
+    with pytest.raises(BadInput, match="with other space; use another --name"):  # a rerun must vary the same
+        tune.check_tune_dir(in_tmp / "offset", shared)
 
 
 def test_a_study_keeps_its_settings_and_has_one_driver(in_tmp: Path) -> None:
