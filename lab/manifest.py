@@ -49,7 +49,8 @@ HEADER = """\
 # version are shown as from older code, with their commit, and stay out of the headline tables.
 """
 ENTRY_KEYS = {"name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget",
-              "cost", "fresh", "last_line", "carry", "produced", "progress"}  # fmt: skip
+              "cost", "fresh", "last_line", "carry", "tries", "produced", "progress"}  # fmt: skip
+TRY_KEYS = {"what", "runs", "steps", "algo", "env", "result"}
 COSTS = ("cheap", "long")
 CARRIED = "carried"  # under an entry's folder: its carried runs, at their paths from the repository root
 
@@ -72,6 +73,9 @@ class Entry:
     fresh: bool = False  # start from an empty ``output``, so the recorded wall time is a first run's
     last_line: str | None = None  # keep the last line the command printed (a test run's count) in this file
     carry: tuple[str, ...] = ()  # glob patterns of run folders under runs/ that travel with the checkout
+    # Runs on tuning seeds outside a study that chose settings (a try, a hand sweep): what, runs, steps, and
+    # the algo and env where the command is not the study of that algo and env. The tuning ledger counts them.
+    tries: tuple[dict[str, Any], ...] = ()
     produced: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, wall_s, code_version
     # Of a long result not produced yet: where its files so far were saved (``testbed results save``).
     progress: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, code_version
@@ -126,9 +130,24 @@ def _entry(raw: Any, where: str) -> Entry:
         raise BadInput(f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and carries runs (that "
                        "a rerun reuses); drop one of the two")  # fmt: skip
     values["carry"] = tuple(carry)
+    values["tries"] = tuple(_try(t, f"{where}: entry {raw['name']!r}", raw["command"]) for t in raw.get("tries") or [])
     values["produced"] = dict(raw.get("produced") or {})
     values["progress"] = dict(raw.get("progress") or {})
     return Entry(**values)
+
+
+def _try(raw: Any, where: str, command: str) -> dict[str, Any]:
+    example = "{what: 'Tianshou settings', runs: 2, steps: 1000000, result: '641.9, 614.3'}"
+    if not isinstance(raw, dict) or set(raw) - TRY_KEYS or not {"what", "runs", "steps"} <= set(raw):
+        raise BadInput(f"{where}: each of `tries` is a mapping with what, runs and steps (and optionally algo, env, "
+                       f"result), e.g. {example}; got {raw!r}")  # fmt: skip
+    if not all(isinstance(raw[k], int) and not isinstance(raw[k], bool) and raw[k] > 0 for k in ("runs", "steps")):
+        raise BadInput(f"{where}: a try's runs and steps are positive whole numbers; got {raw['runs']!r} and "
+                       f"{raw['steps']!r}")  # fmt: skip
+    if not command.startswith("testbed tune ") and not {"algo", "env"} <= set(raw):
+        raise BadInput(f"{where}: a try listed beside a result that is not a `testbed tune` study names its algo and "
+                       f"env; got {raw!r}")  # fmt: skip
+    return dict(raw)
 
 
 def load(root: Path) -> Manifest:
@@ -157,13 +176,14 @@ def load(root: Path) -> Manifest:
 def save(root: Path, manifest: Manifest) -> None:
     """Write the manifest back, keys in a fixed order; written whole to a temporary file, then renamed."""
     order = ["name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget", "cost",
-             "fresh", "last_line", "carry", "produced", "progress"]  # fmt: skip
+             "fresh", "last_line", "carry", "tries", "produced", "progress"]  # fmt: skip
     results = []
     for e in manifest.entries:
         values = {"name": e.name, "title": e.title, "about": e.about, "command": e.command, "output": e.output,
                   "folder": e.folder, "keep": list(e.keep), "page": e.page, "seeds": e.seeds, "budget": e.budget,
                   "cost": e.cost, "fresh": e.fresh or None, "last_line": e.last_line, "carry": list(e.carry) or None,
-                  "produced": e.produced or None, "progress": e.progress or None}  # fmt: skip
+                  "tries": [dict(t) for t in e.tries] or None, "produced": e.produced or None,
+                  "progress": e.progress or None}  # fmt: skip
         results.append({k: values[k] for k in order if values[k] is not None})
     text = HEADER + yaml.safe_dump({"code_version": manifest.code_version, "results": results}, sort_keys=False,
                                    allow_unicode=True, width=110, default_flow_style=None)  # fmt: skip

@@ -22,6 +22,7 @@ import numpy as np
 
 from envs.errors import BadInput
 from lab.document import DASH, Table, fmt_ci, fmt_return, render_markdown
+from lab.ledger import LEDGER, ledger_page
 from lab.manifest import Entry, Manifest, load, pytest_line
 from lab.results import natural_key
 from lab.stats import bootstrap_ci
@@ -121,7 +122,8 @@ def index_page(manifest: Manifest) -> str:
              "Every result the project commits, generated from `benchmarks/manifest.yaml` and the files each "
              "entry keeps. `testbed results run NAME` reruns one (finished runs are reused), "
              "`testbed results run --cheap` the cheap ones, `testbed results pages` rebuilds these pages and "
-             "the README's tables. Final results use seeds that tuning and sweeps never saw.", ""]  # fmt: skip
+             "the README's tables. Final results use seeds that tuning and sweeps never saw; what each algo spent on "
+             f"tuning, per env, is in [the tuning ledger]({LEDGER}).", ""]  # fmt: skip
     groups = (("Produced by today's algorithms", manifest.current),
               ("From older code", manifest.older),
               ("In progress", manifest.in_progress),
@@ -319,7 +321,7 @@ def fill_blocks(text: str, blocks: dict[str, str], where: Path = README) -> str:
 def render_all(root: Path) -> dict[Path, str]:
     """Every generated file (relative to ``root``) and the text it must hold."""
     manifest = load(root)
-    out = {PAGES / "index.md": index_page(manifest)}
+    out = {PAGES / "index.md": index_page(manifest), PAGES / LEDGER: ledger_page(root, manifest)}
     for entry in manifest.entries:
         out[PAGES / f"{entry.name}.md"] = result_page(root, manifest, entry)
     out[README] = fill_blocks((root / README).read_text(), readme_blocks(root, manifest))

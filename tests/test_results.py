@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from envs.errors import BadInput
-from lab import manifest, pages
+from lab import ledger, manifest, pages
 from lab.document import DASH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ def test_every_generated_page_and_readme_block_is_what_the_manifest_files_say() 
     stale = [str(p) for p, text in rendered.items() if not (ROOT / p).exists() or (ROOT / p).read_text() != text]
     assert not stale, f"rerun `testbed results pages`: these differ from what the manifest's files say: {stale}"
     names = {e.name for e in manifest.load(ROOT).entries}
-    orphans = {p.stem for p in (ROOT / pages.PAGES).glob("*.md")} - names - {"index"}
+    orphans = {p.stem for p in (ROOT / pages.PAGES).glob("*.md")} - names - {"index", Path(ledger.LEDGER).stem}
     assert not orphans, f"pages of results the manifest no longer lists: {orphans}"
 
 

@@ -1,0 +1,104 @@
+"""The tuning ledger: what each algo spent choosing its settings on each env, from the manifest's own files.
+
+A comparison is fair when both algos had the same tuning budget on an env. The budget counts every
+``testbed tune`` study in ``benchmarks/manifest.yaml`` (its trials so far, read from the study's committed
+``study.db`` or its kept report, of the trials its command plans, times its seeds per trial and env steps
+per seed) and every try the manifest lists with ``tries:`` (single runs and hand sweeps on tuning seeds).
+The unit is a seed-run: one seed trained for the study's or the try's env steps.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab.manifest import Entry, Manifest
+from lab.parser import build_parser
+
+LEDGER = "tuning-budget.md"  # under docs/results
+TRIALS_LINE = re.compile(r"^- Trials: (\d+) of ")  # tune_report's "What was run" list
+FINISHED = ("COMPLETE", "PRUNED")
+
+
+@dataclass(frozen=True)
+class Spend:
+    """Seed-runs one study or try spent (``done``) and plans in all (``planned``), each of ``steps`` env steps."""
+
+    algo: str
+    env: str
+    source: str  # the manifest entry that lists it
+    what: str
+    done: int
+    planned: int
+    steps: int
+
+
+def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) -> int:
+    """Finished trials of a study (complete or pruned): from its committed sqlite file, else its kept report."""
+    if storage and storage.startswith("sqlite:///") and (root / storage.removeprefix("sqlite:///")).is_file():
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        url = f"sqlite:///{root / storage.removeprefix('sqlite:///')}"
+        names = {s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)}
+        if study_name not in names:
+            return 0
+        trials = optuna.load_study(study_name=study_name, storage=url).get_trials(deepcopy=False)
+        return sum(t.state.name in FINISHED for t in trials)
+    report = root / entry.folder / (entry.page or "tune.md")
+    lines = report.read_text().splitlines() if report.is_file() else []
+    return next((int(m.group(1)) for m in map(TRIALS_LINE.match, lines) if m), 0)
+
+
+def spends(root: Path, manifest: Manifest) -> list[Spend]:
+    """Every study and try of the manifest, in its order."""
+    parser = build_parser()
+    out = []
+    for entry in manifest.entries:
+        study = entry.command.startswith("testbed tune ")  # other commands may be prose ("one per row")
+        args = parser.parse_args(shlex.split(entry.command)[1:]) if study else None
+        if args is not None:
+            name = args.name or f"{args.algo}-{args.env.replace('/', '_')}"
+            done = min(trials_done(root, entry, name, args.storage), args.trials)
+            steps = args.total_steps or 0
+            out.append(Spend(args.algo, args.env, entry.name, f"study, {args.trials} trials × {args.seeds} seeds",
+                             done * args.seeds, args.trials * args.seeds, steps))  # fmt: skip
+        for tried in entry.tries:
+            algo, env = tried.get("algo", args.algo if args else ""), tried.get("env", args.env if args else "")
+            out.append(Spend(algo, env, entry.name, tried["what"], tried["runs"], tried["runs"], tried["steps"]))
+    return out
+
+
+def _millions(steps: int) -> str:
+    return f"{steps / 1e6:,.1f}M" if steps >= 100_000 else f"{steps:,}"
+
+
+def ledger_page(root: Path, manifest: Manifest) -> str:
+    """The page: per env and algo, each study and try, and the env steps spent so far and planned."""
+    rows: list[list[str]] = []
+    totals: dict[str, dict[str, tuple[int, int]]] = {}
+    listed = spends(root, manifest)
+    for env in sorted({s.env for s in listed}):
+        for algo in sorted({s.algo for s in listed if s.env == env}):
+            mine = [s for s in listed if s.env == env and s.algo == algo]
+            done, planned = sum(s.done * s.steps for s in mine), sum(s.planned * s.steps for s in mine)
+            totals.setdefault(env, {})[algo] = (done, planned)
+            parts = "<br>".join(f"[{s.source}]({s.source}.md): {s.what}, {s.done}/{s.planned} runs of "
+                                f"{s.steps:,} steps" for s in mine)  # fmt: skip
+            rows.append([env, algo, parts, _millions(done), _millions(planned)])
+    lines = ["# Tuning budgets", "", __doc__.split("\n\n", 1)[1].replace("\n", " ").strip(), "",
+             "Pruned trials count whole, so a pruned study's figure is an upper bound. Runs on the seeds that "
+             "final results use (0 …) are not tuning and are not counted.", "",
+             "| env | algo | studies and tries (runs so far / planned) | env steps so far | planned |",
+             "|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows), "", "## Equal budgets?", ""]  # fmt: skip
+    for env, by_algo in totals.items():
+        if {"ppo", "grpo"} <= set(by_algo):
+            (ppo_done, ppo_planned), (grpo_done, grpo_planned) = by_algo["ppo"], by_algo["grpo"]
+            gap = grpo_planned - ppo_planned
+            verdict = ("equal" if gap == 0 else f"GRPO {_millions(abs(gap))} more" if gap > 0
+                       else f"PPO {_millions(abs(gap))} more")  # fmt: skip
+            lines.append(f"- {env}: planned {verdict} (PPO {_millions(ppo_planned)}, GRPO {_millions(grpo_planned)}); "
+                         f"so far PPO {_millions(ppo_done)}, GRPO {_millions(grpo_done)}.")  # fmt: skip
+    return "\n".join(lines) + "\n"

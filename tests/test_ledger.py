@@ -1,0 +1,82 @@
+"""The tuning ledger counts each algo's studies and tries per env, from the manifest's committed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from envs.errors import BadInput
+from lab import ledger, manifest
+
+STUDY = "testbed tune --algo {algo} --env Hopper-v5 --trials {trials} --total-steps 1000 --seeds 2 --name {name}"
+
+
+def _entry(name: str, command: str, **extra: object) -> dict[str, object]:
+    return {"name": name, "title": name, "about": "a study", "command": command, "folder": f"benchmarks/results/{name}",
+            "keep": ["tune.md"], "page": "tune.md", "seeds": "100–101", "budget": "1,000 steps", "cost": "long",
+            **extra}  # fmt: skip
+
+
+def _write(root: Path, entries: list[dict[str, object]]) -> manifest.Manifest:
+    (root / "benchmarks").mkdir(exist_ok=True)
+    (root / manifest.MANIFEST).write_text(yaml.safe_dump({"code_version": 1, "results": entries}))
+    return manifest.load(root)
+
+
+def test_studies_count_their_finished_trials_and_tries_their_runs(tmp_path: Path) -> None:
+    # PPO: a study in a committed sqlite file, 2 complete + 1 pruned + 1 running of 5 planned, and a try.
+    storage = "sqlite:///benchmarks/results/ppo-s/study.db"
+    (tmp_path / "benchmarks/results/ppo-s").mkdir(parents=True)
+    study = optuna.create_study(study_name="ppo-s", storage=f"sqlite:///{tmp_path}/benchmarks/results/ppo-s/study.db")
+    for state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+        study.add_trial(optuna.trial.create_trial(state=state, value=1.0 if state.name == "COMPLETE" else None))
+    study.ask()  # a trial still running is not counted
+    ppo = _entry("ppo-s", STUDY.format(algo="ppo", trials=5, name="ppo-s") + f" --storage {storage}",
+                 tries=[{"what": "CleanRL's defaults", "runs": 2, "steps": 1000, "result": "9, 8"}])  # fmt: skip
+    # GRPO: a finished study known only by its kept report, and a hand sweep listed beside another result.
+    grpo = _entry("grpo-s", STUDY.format(algo="grpo", trials=6, name="grpo-s"))
+    (tmp_path / "benchmarks/results/grpo-s").mkdir(parents=True)
+    (tmp_path / "benchmarks/results/grpo-s/tune.md").write_text("# Tuning report\n\n- Trials: 6 of 6 (6 complete)\n")
+    sweep = _entry("sweep", "python benchmarks/sweeps.py --benches … (one per row)",
+                   tries=[{"what": "hand sweep", "algo": "grpo", "env": "Hopper-v5", "runs": 3, "steps": 1000}])
+    found = _write(tmp_path, [ppo, grpo, sweep])
+    spent = [(s.algo, s.source, s.done, s.planned, s.steps) for s in ledger.spends(tmp_path, found)]
+    assert spent == [("ppo", "ppo-s", 6, 10, 1000), ("ppo", "ppo-s", 2, 2, 1000), ("grpo", "grpo-s", 12, 12, 1000),
+                     ("grpo", "sweep", 3, 3, 1000)]  # fmt: skip
+    page = ledger.ledger_page(tmp_path, found)
+    # PPO: (6 + 2) runs so far, (10 + 2) planned; GRPO: 12 + 3 = 15 runs; runs of 1,000 steps.
+    assert "| Hopper-v5 | ppo | [ppo-s](ppo-s.md): study, 5 trials × 2 seeds, 6/10 runs of 1,000 steps<br>" in page
+    assert "- Hopper-v5: planned GRPO 3,000 more (PPO 12,000, GRPO 15,000); so far PPO 8,000, GRPO 15,000." in page
+    found = _write(tmp_path, [_entry("ppo-s", STUDY.format(algo="ppo", trials=5, name="ppo-s") + f" --storage {storage}",
+                                     tries=[{"what": "x", "runs": 5, "steps": 1_000_000}]),
+                              _entry("grpo-s", STUDY.format(algo="grpo", trials=6, name="grpo-s"),
+                                     tries=[{"what": "y", "runs": 3, "steps": 1_000_000}])])  # fmt: skip
+    # PPO 6 × 1,000 + 5e6 = 5.006M so far; GRPO 12 × 1,000 + 3e6 = 3.012M.
+    assert "- Hopper-v5: planned PPO 2.0M more (PPO 5.0M, GRPO 3.0M); so far PPO 5.0M, GRPO 3.0M." in \
+        ledger.ledger_page(tmp_path, found)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tried", "command", "message"),
+    [
+        ({"what": "x", "runs": 2}, STUDY, "a mapping with what, runs and steps"),
+        ({"what": "x", "runs": 2, "steps": 10, "seed": 3}, STUDY, "a mapping with what, runs and steps"),
+        ({"what": "x", "runs": 0, "steps": 10}, STUDY, "positive whole numbers"),
+        ({"what": "x", "runs": 2, "steps": "1e6"}, STUDY, "positive whole numbers"),
+        ({"what": "x", "runs": 2, "steps": 10}, "python benchmarks/sweeps.py", "names its algo and env"),
+    ],
+)
+def test_a_malformed_try_is_refused_with_how_to_write_it(tried: dict[str, object], command: str, message: str,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    with pytest.raises(BadInput, match=message):
+        _write(tmp_path, [_entry("s", command.format(algo="ppo", trials=2, name="s"), tries=[tried])])
+
+
+def test_tries_survive_the_manifest_being_written_back(tmp_path: Path) -> None:
+    tried = {"what": "Tianshou's settings", "runs": 2, "steps": 1_000_000, "result": "641.9, 614.3"}
+    found = _write(tmp_path, [_entry("s", STUDY.format(algo="ppo", trials=2, name="s"), tries=[tried])])
+    manifest.save(tmp_path, found)
+    assert manifest.load(tmp_path).entry("s").tries == (tried,)
