@@ -92,7 +92,8 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
              "Pruned trials count whole, so a pruned study's figure is an upper bound. Runs on the seeds that "
              "final results use (0 …) are not tuning and are not counted.", "",
              "| env | algo | studies and tries (runs so far / planned) | env steps so far | planned |",
-             "|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows), "", "## Equal budgets?", ""]  # fmt: skip
+             "|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows), "",
+             "## Equal budgets?", ""]  # fmt: skip
     for env, by_algo in totals.items():
         if {"ppo", "grpo"} <= set(by_algo):
             (ppo_done, ppo_planned), (grpo_done, grpo_planned) = by_algo["ppo"], by_algo["grpo"]

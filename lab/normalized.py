@@ -6,7 +6,7 @@ performance profiles and sample-efficiency curves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +88,33 @@ def _runs_text(matrices: dict[str, np.ndarray]) -> str:
                      f"{'s' if m.shape[1] != 1 else ''})" for algo, m in matrices.items())  # fmt: skip
 
 
+def left_out_pairs(runs: Sequence[Run], matrices: stats.ScoreMatrices,
+                   normalize: Callable[[Run, float], float | None]) -> list[Block]:  # fmt: skip
+    """Each algo the comparison left out, against each compared algo on the envs both completed.
+
+    An algo that has begun fewer envs than the others (SB3 in a suite under way) is still measured where
+    it ran: the same statistics over the pair's shared envs and the seeds both have there.
+    """
+    rows, envs = [], {}
+    for out in matrices.left_out:
+        for other in matrices.scores:
+            pair = stats.score_matrices([r for r in runs if r.algo in (out, other)], normalize)
+            if len(pair.scores) < 2:
+                continue
+            iqm = {a: m["IQM"] for a, m in stats.aggregate_intervals(pair.scores).items()}
+            better = stats.improvement_probabilities(pair.scores)[(out, other)]
+            envs[(out, other)] = pair.envs
+            counts = f"{pair.scores[out].shape[0]}, {pair.scores[other].shape[0]}"
+            cells = [f"{v.point:.3f} [{v.low:.3f}, {v.high:.3f}]" for v in (iqm[out], iqm[other], better)]
+            rows.append([out, other, str(len(pair.envs)), counts, *cells])
+    if not rows:
+        return []
+    return [Para("Left-out algos against each compared algo, on the envs both completed (the same statistics over "
+                 "fewer envs; each algo's runs per env are its smallest seed count there, lowest seeds first):"),
+            Table(["X", "Y", "envs", "runs per env (X, Y)", "IQM of X", "IQM of Y", "P(X > Y)"], rows),
+            Bullets([f"{x} and {y}: {', '.join(e)}" for (x, y), e in envs.items()])]  # fmt: skip
+
+
 def across_envs(
     runs: Sequence[Run], refs: dict[str, Reference], plots_dir: Path, colors: dict[str, tuple[float, ...]]
 ) -> tuple[list[Block], list[tuple[list[Path], str, str]]]:
@@ -141,6 +168,7 @@ def across_envs(
                 [x, y, f"{v.point:.3f}", f"[{v.low:.3f}, {v.high:.3f}]"]
                 for (x, y), v in improvements.items()
             ]))  # fmt: skip
+        blocks += left_out_pairs(runs, matrices, normalize)
         taus = np.linspace(min(0.0, min(float(m.min()) for m in matrices.scores.values())),
                            max(1.25, max(float(m.max()) for m in matrices.scores.values())), 61)  # fmt: skip
         profiles, profile_cis = stats.performance_profiles(matrices.scores, taus)

@@ -50,8 +50,8 @@ def test_studies_count_their_finished_trials_and_tries_their_runs(tmp_path: Path
     # PPO: (6 + 2) runs so far, (10 + 2) planned; GRPO: 12 + 3 = 15 runs; runs of 1,000 steps.
     assert "| Hopper-v5 | ppo | [ppo-s](ppo-s.md): study, 5 trials × 2 seeds, 6/10 runs of 1,000 steps<br>" in page
     assert "- Hopper-v5: planned GRPO 3,000 more (PPO 12,000, GRPO 15,000); so far PPO 8,000, GRPO 15,000." in page
-    found = _write(tmp_path, [_entry("ppo-s", STUDY.format(algo="ppo", trials=5, name="ppo-s") + f" --storage {storage}",
-                                     tries=[{"what": "x", "runs": 5, "steps": 1_000_000}]),
+    ppo_study = STUDY.format(algo="ppo", trials=5, name="ppo-s") + f" --storage {storage}"
+    found = _write(tmp_path, [_entry("ppo-s", ppo_study, tries=[{"what": "x", "runs": 5, "steps": 1_000_000}]),
                               _entry("grpo-s", STUDY.format(algo="grpo", trials=6, name="grpo-s"),
                                      tries=[{"what": "y", "runs": 3, "steps": 1_000_000}])])  # fmt: skip
     # PPO 6 × 1,000 + 5e6 = 5.006M so far; GRPO 12 × 1,000 + 3e6 = 3.012M.

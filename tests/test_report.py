@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from envs.errors import BadInput
 from lab import plot
 from lab.plot import mean_curve, plot_runs
-from lab.normalized import load_reference_scores, reference_for
+from lab.normalized import left_out_pairs, load_reference_scores, reference_for
 from lab.published import best_point, load_published, published_section
 from lab.report import build_report, machine_text, wall_clock_text
 from lab.results import find_runs
@@ -514,7 +514,7 @@ def test_an_algo_that_has_only_begun_does_not_shrink_the_comparison_of_the_other
     for env_id in ("CartPole-v1", "Acrobot-v1"):
         for algo in ("ppo", "grpo"):
             make_run(tmp_path / f"{env_id}-{algo}", env_id, algo, 0, linear_evals(2))
-    make_run(tmp_path / "CartPole-v1-sb3", "CartPole-v1", "sb3-ppo", 0, linear_evals(2))
+    make_run(tmp_path / "CartPole-v1-sb3", "CartPole-v1", "sb3-ppo", 0, linear_evals(2), final=475.0)
     refs = load_reference_scores()
     runs = find_runs([tmp_path])
 
@@ -525,6 +525,12 @@ def test_an_algo_that_has_only_begun_does_not_shrink_the_comparison_of_the_other
     matrices = score_matrices(runs, normalize)
     assert sorted(matrices.scores) == ["grpo", "ppo"] and matrices.envs == ["Acrobot-v1", "CartPole-v1"]
     assert matrices.left_out == {"sb3-ppo": 1} and matrices.unshared == []
+    # It is still measured where it ran: on CartPole, 475 normalizes to 1 and the others' 70 to
+    # (70 − 22.15) / (475 − 22.15) = 0.106, so sb3-ppo beats each in every pairing.
+    table, envs = left_out_pairs(runs, matrices, normalize)[1:]
+    assert table.rows == [["sb3-ppo", other, "1", "1, 1", "1.000 [1.000, 1.000]", "0.106 [0.106, 0.106]",
+                           "1.000 [1.000, 1.000]"] for other in ("grpo", "ppo")]  # fmt: skip
+    assert envs.items == ["sb3-ppo and grpo: CartPole-v1", "sb3-ppo and ppo: CartPole-v1"]
     # Once every algo has run both envs, all three are compared.
     make_run(tmp_path / "Acrobot-v1-sb3", "Acrobot-v1", "sb3-ppo", 0, linear_evals(2))
     matrices = score_matrices(find_runs([tmp_path]), normalize)
