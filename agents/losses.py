@@ -37,20 +37,26 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_h
     return -torch.min(unclipped, clipped)
 
 
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_range_vf: float | None) -> Tensor:
-    """Squared error of the critic per sample, optionally with the value prediction clipped (as SB3).
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, clip_range_vf: float | None, take_max: bool = False
+) -> Tensor:
+    """Squared error of the critic per sample, optionally clipped: SB3's form (the clipped prediction's
+    error) or, with ``take_max``, CleanRL's and OpenAI ppo2's (the larger of the two errors).
 
         unclipped:  (V_θ(s_t) − R_t)²
         clipped:    (V_old(s_t) + clip(V_θ(s_t) − V_old(s_t), −ε_v, ε_v) − R_t)²
+        take_max:   max(unclipped, clipped)
 
     Symbols: V_θ the current critic ``values`` (B,); V_old the critic at collection ``old_values`` (B,);
     R_t = Â_t + V_old(s_t) the GAE value target ``returns`` (B,); ε_v ``clip_range_vf`` (None: no clip).
+    CleanRL also halves the error; here ``vf_coef`` carries that factor (its 0.5 is our 0.25).
     """
     if not (values.shape == old_values.shape == returns.shape):
         raise ValueError("value_loss: values, old_values and returns must share one shape")
-    if clip_range_vf is not None:
-        values = old_values + torch.clamp(values - old_values, -clip_range_vf, clip_range_vf)
-    return (values - returns).pow(2)
+    if clip_range_vf is None:
+        return (values - returns).pow(2)
+    clipped = (old_values + torch.clamp(values - old_values, -clip_range_vf, clip_range_vf) - returns).pow(2)
+    return torch.maximum(clipped, (values - returns).pow(2)) if take_max else clipped
 
 
 def k1_kl(log_ratio: Tensor) -> Tensor:

@@ -26,9 +26,9 @@ Deliberate deviations:
  - Autoreset steps (NEXT_STEP mode, see ``rollout``) are masked out: about one env step per episode is
    counted in the step budget but is not a training sample.
  - Value loss and target KL follow Stable-Baselines3, whose tuned presets we carry over: the value loss is
-   the mean squared error (no ½), clipping replaces the prediction instead of taking the maximum of the
-   clipped and unclipped errors, and the epoch loop stops before a minibatch whose approx_kl exceeds
-   1.5 × target_kl.
+   the mean squared error (no ½), clipping replaces the prediction (``value_clip: max`` takes CleanRL's
+   larger of the clipped and unclipped errors), and the epoch loop stops before a minibatch whose
+   approx_kl exceeds 1.5 × target_kl.
  - Minibatches split the valid samples into exactly ``n_steps · n_envs / minibatch_size`` near-equal
    parts, so the number of gradient steps equals SB3's.
 """
@@ -53,7 +53,7 @@ from agents.plumbing import (
     SharedEnv, envs_around, make_eval_env, network_spec, open_shared_envs, restore_envs, save_envs, seat,
     seed_obs_statistics,
 )  # fmt: skip
-from agents.rollout import Segment, SegmentBuffers, join_segments, segment_steps
+from agents.rollout import Segment, SegmentBuffers, finish, join_segments, segment_steps
 from agents.seeding import seed_everything
 from agents.seeds import Minibatches, SeedAdam, SeedGenerators, by_seed, masked_mean
 from agents.training import Collected, Lane, run_stack
@@ -85,6 +85,8 @@ class PPOConfig(RunConfig):
     """Decay ε linearly to 0 over the run."""
     clip_range_vf: float | None = None
     """ε_v: clip the value prediction to V_old ± ε_v; None for no clipping."""
+    value_clip: Literal["prediction", "max"] = "prediction"
+    """With ε_v, the loss: the clipped prediction's error (SB3) or the larger of both errors (CleanRL, ppo2)."""
     vf_coef: float = 0.5
     """Weight of the value loss."""
     target_kl: float | None = None
@@ -114,6 +116,8 @@ class PPOConfig(RunConfig):
         check(0.0 <= self.gae_lambda <= 1.0, f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
         check(0.0 < self.clip_range < 1.0, f"clip_range must be in (0, 1), got {self.clip_range}")
         check(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf must be positive or none")
+        check(self.value_clip == "prediction" or self.clip_range_vf is not None, "value_clip=max needs a "
+              "clip_range_vf to clip with (CleanRL's clip_vloss uses the clip range, 0.2)")  # fmt: skip
         check(self.vf_coef >= 0, f"vf_coef must be non-negative, got {self.vf_coef}")
         check(self.target_kl is None or self.target_kl > 0, "target_kl must be positive or none")
 
@@ -245,15 +249,6 @@ def env_options(cfg: PPOConfig) -> EnvOptions:
                       vectorization=cfg.vectorization, reward_delay=cfg.reward_delay, reward_offset=cfg.reward_offset)
 
 
-def finish(steps: Any, last_values: Tensor) -> Segment:
-    """The segment a :func:`~agents.rollout.segment_steps` returns, once sent its last bootstrap values."""
-    try:
-        steps.send(last_values)
-    except StopIteration as done:
-        return done.value
-    raise RuntimeError("segment_steps yielded past its segment")
-
-
 def gae_targets(cfg: PPOConfig, segment: Segment, values: Tensor, next_values: Tensor) -> tuple[Tensor, Tensor]:
     """GAE(γ, λ) advantages Â and value targets Â + V, (T, S·N) each, from values V(s_t) and V(s_{t+1})."""
     advantages = adv.gae(segment.rewards, values, next_values, segment.terminated, segment.done, cfg.gamma,
@@ -319,7 +314,8 @@ def update(
             if cfg.normalize_advantage:
                 mb_advantages = adv.normalize_rows(mb_advantages, mask)
             policy_loss = mean(losses.clipped_surrogate(ratio, mb_advantages, clip, clip))  # (S,)
-            value_loss = mean(losses.value_loss(values, mb_old_values, mb_returns, cfg.clip_range_vf))
+            take_max = cfg.value_clip == "max"
+            value_loss = mean(losses.value_loss(values, mb_old_values, mb_returns, cfg.clip_range_vf, take_max))
             entropy_mean = mean(entropy)
             loss = policy_loss + cfg.vf_coef * value_loss  # (S,)
             if cfg.ent_coef:  # skipped at 0 to keep the backward graph small

@@ -131,6 +131,15 @@ def segment_steps(env: VectorEnv, state: RolloutState, buffers: SegmentBuffers) 
     )
 
 
+def finish(steps: Generator[np.ndarray, Any, Segment], last_values: Tensor) -> Segment:
+    """The segment a :func:`segment_steps` returns, once sent its last bootstrap values."""
+    try:
+        steps.send(last_values)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("segment_steps yielded past its segment")
+
+
 def join_segments(segments: list[Segment | None]) -> Segment:
     """S seeds' (T, N) segments side by side as one (T, S·N) segment, seed k's envs in columns k·N … (k+1)·N;
     a seed without one (not running) gets zeros there, and no sample."""

@@ -91,6 +91,8 @@ def check_expressible(cfg: PPOConfig) -> None:
     """Settings of our PPO that SB3's cannot run, refused by name."""
     check(not cfg.shared_trunk, "sb3-ppo: SB3 2.x has no shared actor-critic trunk; use shared_trunk=false")
     check(cfg.reward_offset == 0.0, "sb3-ppo trains on the env's own reward; drop reward_offset or use --algo ppo")
+    check(cfg.value_clip == "prediction", "sb3-ppo clips the value prediction only (SB3's clip_range_vf); use "
+          "value_clip=prediction, or --algo ppo for CleanRL's value_clip=max")  # fmt: skip
 
 
 def validate(cfg: PPOConfig) -> None:

@@ -72,6 +72,8 @@ def test_bad_input_is_a_value_error() -> None:
         ({"total_steps": 0}, r"total_steps must be positive"),
         ({"learning_rate": 0}, r"learning_rate must be positive"),
         ({"clip_range_vf": 0}, r"clip_range_vf must be positive or none"),
+        ({"value_clip": "max"}, r"value_clip=max needs a clip_range_vf"),
+        ({"value_clip": "maximum", "clip_range_vf": 0.2}, r"value_clip"),
         ({"target_kl": -0.01}, r"target_kl must be positive or none"),
         ({"ent_coef": -1}, r"ent_coef must be non-negative, got -1"),
         ({"max_grad_norm": 0}, r"max_grad_norm must be positive"),

@@ -98,6 +98,18 @@ def test_value_loss_clipped_hand_values() -> None:
     torch.testing.assert_close(loss, t([3.24, 2.89, 0.49]))
 
 
+def test_value_loss_max_form_hand_values() -> None:
+    # CleanRL's clip_vloss: max(unclipped, clipped) of the numbers above:
+    #   max(1, 3.24) = 3.24;  max(4, 2.89) = 4 (SB3's form took 2.89);  max(1, 0.49) = 1
+    loss = value_loss(t(VALUES), t(OLD_VALUES), t(RETURNS), 0.2, take_max=True)
+    torch.testing.assert_close(loss, t([3.24, 4.0, 1.0]))
+    # Where the unclipped error wins, the gradient flows: 2·(V − R) = 4 on the second sample only.
+    values = t(VALUES).requires_grad_(True)
+    (grad,) = torch.autograd.grad(value_loss(values, t(OLD_VALUES), t(RETURNS), 0.2, take_max=True).sum(), values)
+    torch.testing.assert_close(grad, t([0.0, 4.0, -2.0]))
+    assert value_loss(t(VALUES), t(OLD_VALUES), t(RETURNS), None, take_max=True).tolist() == [1.0, 4.0, 1.0]
+
+
 def test_value_loss_clip_inactive_within_range() -> None:
     # |V − V_old| = 0.1 < ε_v = 0.5: clipping changes nothing. (1.1 − 2)² = 0.81, (−0.1 − 0)² = 0.01
     values, old_values, returns = t([1.1, -0.1]), t([1.0, 0.0]), t([2.0, 0.0])

@@ -89,6 +89,18 @@ def test_recomputing_advantages_changes_the_epochs_after_the_first_only(tmp_path
     assert rows[4, False][0] != rows[4, True][0]
 
 
+def test_value_clip_max_takes_the_larger_error_only_where_clipping_bites(tmp_path: Path) -> None:
+    base = dict(total_steps=512, n_envs=2, n_steps=128, minibatch_size=64, eval_interval=0, eval_episodes=1)
+    rows = {}
+    for clip_range_vf in (1e6, 0.01):  # 1e6: no value moves that far, so both forms are the unclipped error
+        for form in ("prediction", "max"):
+            run_dir = tmp_path / f"{clip_range_vf}-{form}"
+            run_training(ppo, ppo_config("CartPole-v1", clip_range_vf=clip_range_vf, value_clip=form, **base), run_dir)
+            rows[clip_range_vf, form] = [r["losses/value_loss"] for r in read_progress(run_dir)]
+    assert rows[1e6, "prediction"] == rows[1e6, "max"]
+    assert rows[0.01, "max"][0] > rows[0.01, "prediction"][0]  # the clipped error alone hides the larger one
+
+
 def test_critic_learns_the_infinite_horizon_value_under_truncation(tmp_path: Path) -> None:
     # γ = 0.9: V = 1 / (1 − γ) = 10. Treating the time limit (20 steps) as termination would give
     # values falling from 8.8 at the start to 1 at the end, about 6 on average.

@@ -73,6 +73,8 @@ def test_what_sb3_cannot_run_is_refused_before_any_work() -> None:
         sb3.validate(ppo_config("FrozenLake-v1"))
     with pytest.raises(BadInput, match="reward_offset"):
         sb3.validate(ppo_config("CartPole-v1", reward_offset=1.0))
+    with pytest.raises(BadInput, match="use value_clip=prediction"):
+        sb3.validate(ppo_config("CartPole-v1", clip_range_vf=0.2, value_clip="max"))
 
 
 # ── short real runs ─────────────────────────────────────────────────────────────────────────────────
