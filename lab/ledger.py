@@ -95,7 +95,11 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
              "|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows), "",
              "## Equal budgets?", ""]  # fmt: skip
     for env, by_algo in totals.items():
-        if {"ppo", "grpo"} <= set(by_algo):
+        if len(by_algo) == 1:
+            (algo, (done, planned)), = by_algo.items()
+            lines.append(f"- {env}: only {algo} tuned here ({_millions(planned)} planned, {_millions(done)} so far); "
+                         "the other algos' settings come from their preset files, each entry citing its source.")
+        elif {"ppo", "grpo"} <= set(by_algo):
             (ppo_done, ppo_planned), (grpo_done, grpo_planned) = by_algo["ppo"], by_algo["grpo"]
             gap = grpo_planned - ppo_planned
             verdict = ("equal" if gap == 0 else f"GRPO {_millions(abs(gap))} more" if gap > 0

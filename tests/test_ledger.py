@@ -43,6 +43,9 @@ def test_studies_count_their_finished_trials_and_tries_their_runs(tmp_path: Path
     sweep = _entry("sweep", "python benchmarks/sweeps.py --benches … (one per row)",
                    tries=[{"what": "hand sweep", "algo": "grpo", "env": "Hopper-v5", "runs": 3, "steps": 1000}])
     found = _write(tmp_path, [ppo, grpo, sweep])
+    assert "- Hopper-v5: only ppo tuned here (12,000 planned, 8,000 so far)" in ledger.ledger_page(
+        tmp_path, _write(tmp_path, [ppo]))
+    found = _write(tmp_path, [ppo, grpo, sweep])
     spent = [(s.algo, s.source, s.done, s.planned, s.steps) for s in ledger.spends(tmp_path, found)]
     assert spent == [("ppo", "ppo-s", 6, 10, 1000), ("ppo", "ppo-s", 2, 2, 1000), ("grpo", "grpo-s", 12, 12, 1000),
                      ("grpo", "sweep", 3, 3, 1000)]  # fmt: skip
