@@ -3,8 +3,8 @@
 A comparison is fair when both algos had the same tuning budget on an env. The budget counts every
 ``testbed tune`` study in ``benchmarks/manifest.yaml`` (its trials so far, read from the study's committed
 ``study.db`` or its kept report, of the trials its command plans, times its seeds per trial and env steps
-per seed) and every try the manifest lists with ``tries:`` (single runs and hand sweeps on tuning seeds).
-The unit is a seed-run: one seed trained for the study's or the try's env steps.
+per seed, as its kept tune.yaml records them, else as its command asks) and every try the manifest lists
+with ``tries:`` (single runs and hand sweeps on tuning seeds). The unit is a seed-run: one seed trained for the study's or the try's env steps.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from lab.manifest import Entry, Manifest
 from lab.parser import build_parser
@@ -52,6 +54,14 @@ def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) 
     return next((int(m.group(1)) for m in map(TRIALS_LINE.match, lines) if m), 0)
 
 
+def kept_steps(root: Path, entry: Entry) -> int | None:
+    """Env steps per seed of every trial, as the study's kept tune.yaml records them (PPO rounds the asked
+    budget up to whole iterations); None before the study has run."""
+    path = root / entry.folder / "tune.yaml"
+    saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return saved.get("steps_per_seed") if isinstance(saved, dict) else None
+
+
 def spends(root: Path, manifest: Manifest) -> list[Spend]:
     """Every study and try of the manifest, in its order."""
     parser = build_parser()
@@ -62,7 +72,7 @@ def spends(root: Path, manifest: Manifest) -> list[Spend]:
         if args is not None:
             name = args.name or f"{args.algo}-{args.env.replace('/', '_')}"
             done = min(trials_done(root, entry, name, args.storage), args.trials)
-            steps = args.total_steps or 0
+            steps = kept_steps(root, entry) or args.total_steps or 0
             out.append(Spend(args.algo, args.env, entry.name, f"study, {args.trials} trials × {args.seeds} seeds",
                              done * args.seeds, args.trials * args.seeds, steps))  # fmt: skip
         for tried in entry.tries:

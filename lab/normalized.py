@@ -93,7 +93,7 @@ def left_out_pairs(runs: Sequence[Run], matrices: stats.ScoreMatrices,
     """Each algo the comparison left out, against each compared algo on the envs both completed.
 
     An algo that has begun fewer envs than the others (SB3 in a suite under way) is still measured where
-    it ran: the same statistics over the pair's shared envs and the seeds both have there.
+    it ran: the same statistics over the pair's shared envs, each algo with its smallest seed count there.
     """
     rows, envs = [], {}
     for out in matrices.left_out:

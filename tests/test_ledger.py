@@ -40,6 +40,7 @@ def test_studies_count_their_finished_trials_and_tries_their_runs(tmp_path: Path
     grpo = _entry("grpo-s", STUDY.format(algo="grpo", trials=6, name="grpo-s"))
     (tmp_path / "benchmarks/results/grpo-s").mkdir(parents=True)
     (tmp_path / "benchmarks/results/grpo-s/tune.md").write_text("# Tuning report\n\n- Trials: 6 of 6 (6 complete)\n")
+    (tmp_path / "benchmarks/results/grpo-s/tune.yaml").write_text("steps_per_seed: 1024\n")  # what each trial trained
     sweep = _entry("sweep", "python benchmarks/sweeps.py --benches … (one per row)",
                    tries=[{"what": "hand sweep", "algo": "grpo", "env": "Hopper-v5", "runs": 3, "steps": 1000}])
     found = _write(tmp_path, [ppo, grpo, sweep])
@@ -47,17 +48,17 @@ def test_studies_count_their_finished_trials_and_tries_their_runs(tmp_path: Path
         tmp_path, _write(tmp_path, [ppo]))
     found = _write(tmp_path, [ppo, grpo, sweep])
     spent = [(s.algo, s.source, s.done, s.planned, s.steps) for s in ledger.spends(tmp_path, found)]
-    assert spent == [("ppo", "ppo-s", 6, 10, 1000), ("ppo", "ppo-s", 2, 2, 1000), ("grpo", "grpo-s", 12, 12, 1000),
+    assert spent == [("ppo", "ppo-s", 6, 10, 1000), ("ppo", "ppo-s", 2, 2, 1000), ("grpo", "grpo-s", 12, 12, 1024),
                      ("grpo", "sweep", 3, 3, 1000)]  # fmt: skip
     page = ledger.ledger_page(tmp_path, found)
-    # PPO: (6 + 2) runs so far, (10 + 2) planned; GRPO: 12 + 3 = 15 runs; runs of 1,000 steps.
+    # PPO: (6 + 2) runs so far, (10 + 2) planned, of 1,000 steps; GRPO: 12 runs of 1,024 and 3 of 1,000.
     assert "| Hopper-v5 | ppo | [ppo-s](ppo-s.md): study, 5 trials × 2 seeds, 6/10 runs of 1,000 steps<br>" in page
-    assert "- Hopper-v5: planned GRPO 3,000 more (PPO 12,000, GRPO 15,000); so far PPO 8,000, GRPO 15,000." in page
+    assert "- Hopper-v5: planned GRPO 3,288 more (PPO 12,000, GRPO 15,288); so far PPO 8,000, GRPO 15,288." in page
     ppo_study = STUDY.format(algo="ppo", trials=5, name="ppo-s") + f" --storage {storage}"
     found = _write(tmp_path, [_entry("ppo-s", ppo_study, tries=[{"what": "x", "runs": 5, "steps": 1_000_000}]),
                               _entry("grpo-s", STUDY.format(algo="grpo", trials=6, name="grpo-s"),
                                      tries=[{"what": "y", "runs": 3, "steps": 1_000_000}])])  # fmt: skip
-    # PPO 6 × 1,000 + 5e6 = 5.006M so far; GRPO 12 × 1,000 + 3e6 = 3.012M.
+    # PPO 6 × 1,000 + 5e6 = 5.006M so far; GRPO 12 × 1,024 + 3e6 = 3.012M.
     assert "- Hopper-v5: planned PPO 2.0M more (PPO 5.0M, GRPO 3.0M); so far PPO 5.0M, GRPO 3.0M." in \
         ledger.ledger_page(tmp_path, found)  # fmt: skip
 
