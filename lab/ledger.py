@@ -14,8 +14,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from agents.config import read_yaml
 from lab.manifest import Entry, Manifest
 from lab.parser import build_parser
 
@@ -44,10 +43,10 @@ def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) 
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         url = f"sqlite:///{root / storage.removeprefix('sqlite:///')}"
-        names = {s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)}
-        if study_name not in names:
+        try:
+            trials = optuna.load_study(study_name=study_name, storage=url).get_trials(deepcopy=False)
+        except KeyError:  # the file holds no study of that name yet
             return 0
-        trials = optuna.load_study(study_name=study_name, storage=url).get_trials(deepcopy=False)
         return sum(t.state.name in FINISHED for t in trials)
     report = root / entry.folder / (entry.page or "tune.md")
     lines = report.read_text().splitlines() if report.is_file() else []
@@ -58,7 +57,7 @@ def kept_steps(root: Path, entry: Entry) -> int | None:
     """Env steps per seed of every trial, as the study's kept tune.yaml records them (PPO rounds the asked
     budget up to whole iterations); None before the study has run."""
     path = root / entry.folder / "tune.yaml"
-    saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    saved = read_yaml(path) if path.is_file() else None
     return saved.get("steps_per_seed") if isinstance(saved, dict) else None
 
 

@@ -34,6 +34,8 @@ def test_studies_count_their_finished_trials_and_tries_their_runs(tmp_path: Path
     for state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
         study.add_trial(optuna.trial.create_trial(state=state, value=1.0 if state.name == "COMPLETE" else None))
     study.ask()  # a trial still running is not counted
+    assert ledger.trials_done(tmp_path, manifest.Entry("x", "x", "x", "x", "x", (), "", "", "long"), "other",
+                              storage) == 0  # the file holds no study of that name  # fmt: skip
     ppo = _entry("ppo-s", STUDY.format(algo="ppo", trials=5, name="ppo-s") + f" --storage {storage}",
                  tries=[{"what": "CleanRL's defaults", "runs": 2, "steps": 1000, "result": "9, 8"}])  # fmt: skip
     # GRPO: a finished study known only by its kept report, and a hand sweep listed beside another result.
