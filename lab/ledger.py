@@ -9,12 +9,16 @@ with ``tries:`` (single runs and hand sweeps on tuning seeds). The unit is a see
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from agents.config import read_yaml
+from envs.errors import BadInput
 from lab.manifest import Entry, Manifest
 from lab.parser import build_parser
 
@@ -61,13 +65,24 @@ def kept_steps(root: Path, entry: Entry) -> int | None:
     return saved.get("steps_per_seed") if isinstance(saved, dict) else None
 
 
+def study_args(parser: argparse.ArgumentParser, entry: Entry) -> argparse.Namespace:
+    """The options of an entry's ``testbed tune`` command, or BadInput naming the entry and argparse's reason."""
+    with contextlib.redirect_stderr(io.StringIO()) as said:
+        try:
+            return parser.parse_args(shlex.split(entry.command)[1:])
+        except SystemExit:  # argparse exits on a bad command line; the ledger is built inside other commands
+            reason = said.getvalue().strip().splitlines()[-1] if said.getvalue().strip() else "it does not parse"
+    raise BadInput(f"benchmarks/manifest.yaml: entry {entry.name!r}: its command is not a testbed tune command "
+                   f"that runs ({reason}); fix the command as `testbed tune --help` describes")
+
+
 def spends(root: Path, manifest: Manifest) -> list[Spend]:
     """Every study and try of the manifest, in its order."""
     parser = build_parser()
     out = []
     for entry in manifest.entries:
         study = entry.command.startswith("testbed tune ")  # other commands may be prose ("one per row")
-        args = parser.parse_args(shlex.split(entry.command)[1:]) if study else None
+        args = study_args(parser, entry) if study else None
         if args is not None:
             name = args.name or f"{args.algo}-{args.env.replace('/', '_')}"
             done = min(trials_done(root, entry, name, args.storage), args.trials)

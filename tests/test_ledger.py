@@ -86,3 +86,9 @@ def test_tries_survive_the_manifest_being_written_back(tmp_path: Path) -> None:
     found = _write(tmp_path, [_entry("s", STUDY.format(algo="ppo", trials=2, name="s"), tries=[tried])])
     manifest.save(tmp_path, found)
     assert manifest.load(tmp_path).entry("s").tries == (tried,)
+
+
+def test_a_study_command_that_does_not_parse_is_named_in_the_error(tmp_path: Path) -> None:
+    broken = _write(tmp_path, [_entry("s", STUDY.format(algo="ppo", trials=2, name="s") + " --trails 3")])
+    with pytest.raises(BadInput, match=r"entry 's'.*unrecognized arguments: --trails 3"):
+        ledger.spends(tmp_path, broken)
