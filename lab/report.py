@@ -248,6 +248,14 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
         text += (f"; {counted(earlier, 'run')} started before the first invocation recorded here "
                  f"({first:%Y-%m-%d %H:%M} UTC): adopted from another bench, or trained before invocations were "
                  "recorded, not counted")  # fmt: skip
+    # A killed invocation has no end: a run it started is placed in it up to the next invocation's start.
+    opened = sorted(_started(i["start"]) for i in invocations)
+    windows = spans + [(s, next((t for t in opened if t > s), datetime.max.replace(tzinfo=s.tzinfo)))
+                       for s in (_started(i["start"]) for i in invocations if not i.get("end"))]  # fmt: skip
+    outside = sum(start >= first and not any(s <= start <= e for s, e in windows) for start in starts)
+    if outside:
+        text += (f"; {counted(outside, 'run')} trained outside every invocation, by a cell's own `testbed train` "
+                 "command: in the core-hours, not in this wall-clock")
     return text
 
 

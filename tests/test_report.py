@@ -488,6 +488,13 @@ def test_the_wall_clock_sums_the_invocations_that_ended(tmp_path: Path) -> None:
         "Wall-clock: 2 h in 2 invocations of `testbed bench`, and 1 invocation killed outright (no end), not counted; "
         "1 run started before the first invocation recorded here (2026-12-01 10:00 UTC): adopted from another bench, "
         "or trained before invocations were recorded, not counted")  # fmt: skip
+    # Runs between invocations were trained by a cell's own command; one after a killed invocation belongs to it.
+    for name, seed, start in (("c", 2, "2026-12-01T12:00:00+0000"), ("d", 3, "2026-12-02T12:30:00+0000")):
+        run = make_run(tmp_path / name, "CartPole-v1", "ppo", seed, linear_evals(2))
+        (run / "meta.json").write_text(json.dumps({"start_time": start}))
+    assert wall_clock_text(tmp_path, find_runs([tmp_path])).endswith(
+        "; 1 run trained outside every invocation, by a cell's own `testbed train` command: in the core-hours, "
+        "not in this wall-clock")  # fmt: skip
 
 
 def test_the_report_names_the_cpus_and_versions_the_runs_trained_under(tmp_path: Path) -> None:
