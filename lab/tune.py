@@ -254,11 +254,17 @@ def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
 
 def enqueue_presets(study: optuna.Study, plan: TunePlan) -> None:
     """Queue the starting points (:func:`starting_points`) that the study has not tried yet, ahead of any
-    sampled trial, so the report shows whether tuning beat the shipped presets."""
-    tried = {t.user_attrs.get("preset") for t in study.get_trials(deepcopy=False)}
+    sampled trial, so the report shows whether tuning beat the shipped presets. A preset adopted from the
+    study changes the env's starting point: the default it then differs from is queued unless some trial
+    already trained its values (the old preset was the default)."""
+    trials = study.get_trials(deepcopy=False)
+    tried = {t.user_attrs.get("preset") for t in trials}
     for label, params in starting_points(plan).items():
-        if label not in tried and not (label == "env" and True in tried):  # True: an env preset of an older study
-            study.enqueue_trial(params, user_attrs={"preset": label})
+        if label in tried or (label == "env" and True in tried):  # True: an env preset of an older study
+            continue
+        if any(t.params == params for t in trials):
+            continue
+        study.enqueue_trial(params, user_attrs={"preset": label})
 
 
 def overrides_of(values: dict[str, Any]) -> list[str]:

@@ -292,6 +292,25 @@ def test_a_study_starts_from_the_env_preset_then_the_action_space_default() -> N
     assert list(tune.starting_points(tune.plan_tune("ppo", "Pendulum-v1", 10, None, 1, None, [], "p"))) == ["env"]
 
 
+def test_a_starting_point_some_trial_already_trained_is_not_queued_again() -> None:
+    import optuna
+
+    plan = tune.plan_tune("ppo", "Walker2d-v5", 10, None, 1, None, [], "starts")
+    fresh = optuna.create_study(direction="maximize")
+    tune.enqueue_presets(fresh, plan)
+    assert [t.user_attrs["preset"] for t in fresh.get_trials()] == ["env", "default"]
+    # A study whose trial 0 trained the default as the env's preset then; since, another trial became the
+    # env's preset. The default is not queued again: trial 0 trained its values.
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(tune.starting_points(plan)["default"], user_attrs={"preset": "env"})
+    trial = study.ask()
+    for param in plan.space.values():
+        param.suggest(trial)  # the queued values
+    study.tell(trial, 1.0)
+    tune.enqueue_presets(study, plan)
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE"]
+
+
 @pytest.mark.slow
 def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None:
     import json
