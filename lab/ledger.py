@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agents.config import read_yaml
 from envs.errors import BadInput
-from lab.manifest import Entry, Manifest
+from lab.manifest import MANIFEST, Entry, Manifest
 from lab.parser import build_parser
 
 LEDGER = "tuning-budget.md"  # under docs/results
@@ -71,8 +71,8 @@ def study_args(parser: argparse.ArgumentParser, entry: Entry) -> argparse.Namesp
         try:
             return parser.parse_args(shlex.split(entry.command)[1:])
         except SystemExit:  # argparse exits on a bad command line; the ledger is built inside other commands
-            reason = said.getvalue().strip().splitlines()[-1] if said.getvalue().strip() else "it does not parse"
-    raise BadInput(f"benchmarks/manifest.yaml: entry {entry.name!r}: its command is not a testbed tune command "
+            reason = (said.getvalue().strip().splitlines() or ["it does not parse"])[-1]
+    raise BadInput(f"{MANIFEST}: entry {entry.name!r}: its command is not a testbed tune command "
                    f"that runs ({reason}); fix the command as `testbed tune --help` describes")
 
 
