@@ -232,11 +232,13 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
     if not invocations:
         return None
     spans = [(_started(i["start"]), _started(i["end"])) for i in invocations if i.get("end")]
+    killed = [_started(i["start"]) for i in invocations if not i.get("end")]
     hours = sum((end - start).total_seconds() for start, end in spans) / 3600
     text = f"Wall-clock: {hours:.3g} h in {counted(len(spans), 'invocation')} of `testbed bench`"
-    if len(spans) < len(invocations):
-        text += f", and {counted(len(invocations) - len(spans), 'invocation')} killed outright (no end), not counted"
-    first = min(_started(i["start"]) for i in invocations)
+    if killed:
+        text += f", and {counted(len(killed), 'invocation')} killed outright (no end), not counted"
+    opened = sorted([start for start, _ in spans] + killed)
+    first = opened[0]
     starts = []
     for run in runs:
         try:
@@ -249,9 +251,8 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
                  f"({first:%Y-%m-%d %H:%M} UTC): adopted from another bench, or trained before invocations were "
                  "recorded, not counted")  # fmt: skip
     # A killed invocation has no end: a run it started is placed in it up to the next invocation's start.
-    opened = sorted(_started(i["start"]) for i in invocations)
     windows = spans + [(s, next((t for t in opened if t > s), datetime.max.replace(tzinfo=s.tzinfo)))
-                       for s in (_started(i["start"]) for i in invocations if not i.get("end"))]  # fmt: skip
+                       for s in killed]  # fmt: skip
     outside = sum(start >= first and not any(s <= start <= e for s, e in windows) for start in starts)
     if outside:
         text += (f"; {counted(outside, 'run')} trained outside every invocation, by a cell's own `testbed train` "

@@ -260,11 +260,9 @@ def enqueue_presets(study: optuna.Study, plan: TunePlan) -> None:
     trials = study.get_trials(deepcopy=False)
     tried = {t.user_attrs.get("preset") for t in trials}
     for label, params in starting_points(plan).items():
-        if label in tried or (label == "env" and True in tried):  # True: an env preset of an older study
-            continue
-        if any(t.params == params for t in trials):
-            continue
-        study.enqueue_trial(params, user_attrs={"preset": label})
+        older_env_preset = label == "env" and True in tried  # True: how an older study marked the env's preset
+        if label not in tried and not older_env_preset and not any(t.params == params for t in trials):
+            study.enqueue_trial(params, user_attrs={"preset": label})
 
 
 def overrides_of(values: dict[str, Any]) -> list[str]:
