@@ -26,6 +26,12 @@ Differences from ``ppo`` in the run's life, by necessity:
    :class:`runlog.NonFiniteError` message, and the last good checkpoint is kept.
  - ``shared_trunk`` is refused: SB3 2.x's MlpPolicy has separate actor and critic MLPs, and its
    ``share_features_extractor`` shares only the parameter-free flatten layer.
+ - ``recompute_advantages``, which SB3 lacks, runs SB3's ``train()`` once per epoch (``n_epochs`` 1) and
+   recomputes the buffer's advantages and value targets with the current critic between the calls
+   (:func:`recompute_advantages`). SB3 adds a truncated step's bootstrap γ·V(s_final) to its reward when it
+   collects, so that one term keeps the collection's critic (ours uses the current one). The losses
+   logged are the means over the epochs, the explained variance the first epoch's. With it, ``target_kl``
+   is refused: SB3's early stop would end only the epoch it fired in.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
+import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.running_mean_std import RunningMeanStd
+from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecNormalize
 from torch import Tensor, nn
 
@@ -93,6 +101,8 @@ def check_expressible(cfg: PPOConfig) -> None:
     check(cfg.reward_offset == 0.0, "sb3-ppo trains on the env's own reward; drop reward_offset or use --algo ppo")
     check(cfg.value_clip == "prediction", "sb3-ppo clips the value prediction only (SB3's clip_range_vf); use "
           "value_clip=prediction, or --algo ppo for CleanRL's value_clip=max")  # fmt: skip
+    check(cfg.target_kl is None or not cfg.recompute_advantages, "sb3-ppo runs recompute_advantages one epoch per "
+          "SB3 train() call, where target_kl would stop only that epoch; drop target_kl or recompute_advantages")
 
 
 def validate(cfg: PPOConfig) -> None:
@@ -132,7 +142,7 @@ def sb3_arguments(cfg: PPOConfig, continuous: bool | None = None) -> dict[str, A
     return {
         "n_steps": cfg.n_steps,
         "batch_size": cfg.minibatch_size,
-        "n_epochs": cfg.n_epochs,
+        "n_epochs": 1 if cfg.recompute_advantages else cfg.n_epochs,  # then Learner.learn runs the epochs
         "gamma": cfg.gamma,
         "gae_lambda": cfg.gae_lambda,
         "learning_rate": LinearSchedule(cfg.learning_rate) if cfg.anneal_lr else cfg.learning_rate,
@@ -295,16 +305,24 @@ class Learner:
         self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
         learning_rates: list[float], running: list[bool],
     ) -> list[dict[str, float | None]]:  # fmt: skip
-        """SB3's own ``train()``, at SB3's own schedule (the same as ours); its logged values under our tags."""
-        try:
-            self.model.train()
-        except ValueError:
-            # torch.distributions refuses NaN parameters mid-update: that is a non-finite failure.
-            runlog.check_finite({}, self.model.policy)
-            raise
-        values = self.model.logger.name_to_value
-        metrics: dict[str, float | None] = {tag: sign * float(values[key]) for tag, (key, sign) in LOSS_KEYS.items()}
-        metrics["losses/explained_variance"] = float(values["train/explained_variance"])
+        """SB3's own ``train()``, at SB3's own schedule (the same as ours); its logged values under our tags.
+        With ``recompute_advantages``, one ``train()`` of one epoch per epoch, the advantages recomputed
+        before each after the first."""
+        epochs = self.cfg.n_epochs if self.cfg.recompute_advantages else 1
+        logged: list[dict[str, float]] = []
+        for epoch in range(epochs):
+            if epoch:
+                recompute_advantages(self.model)
+            try:
+                self.model.train()
+            except ValueError:
+                # torch.distributions refuses NaN parameters mid-update: that is a non-finite failure.
+                runlog.check_finite({}, self.model.policy)
+                raise
+            logged.append(dict(self.model.logger.name_to_value))
+        metrics: dict[str, float | None] = {tag: sign * float(np.mean([values[key] for values in logged]))
+                                            for tag, (key, sign) in LOSS_KEYS.items()}  # fmt: skip
+        metrics["losses/explained_variance"] = float(logged[0]["train/explained_variance"])
         return [metrics]
 
     def save(self, k: int) -> dict[str, Any]:
@@ -319,6 +337,29 @@ class Learner:
     def close(self) -> None:
         self.lanes[0].eval_env.close()
         self.env.close()
+
+
+def recompute_advantages(model: PPO) -> None:
+    """GAE(γ, λ) advantages Â_t and value targets Â_t + V(s_t) of the rollout buffer, from the current
+    critic's V(s_t) and V(s_T) (the state after the rollout, ``model._last_obs``), as SB3 computes them after
+    collecting. The buffer keeps the collection's V(s_t) as the old values that ``clip_range_vf`` clips
+    around. ``get()`` flattens the buffer to (N·T, ...), env-major; it is put back to (T, N, ...) first."""
+    buffer = model.rollout_buffer
+    T, N = buffer.buffer_size, buffer.n_envs
+    if buffer.generator_ready:
+        features = {"observations": tuple(buffer.obs_shape), "actions": (buffer.action_dim,)}
+        for name in ("observations", "actions", "values", "log_probs", "advantages", "returns"):
+            flat = getattr(buffer, name)
+            setattr(buffer, name, flat.reshape(N, T, *features.get(name, ())).swapaxes(0, 1))
+        buffer.generator_ready = False
+    with torch.no_grad():
+        states = obs_as_tensor(buffer.observations.reshape(T * N, *buffer.obs_shape), model.device)
+        values = model.policy.predict_values(states).cpu().numpy().reshape(T, N)  # (T, N)
+        last_values = model.policy.predict_values(obs_as_tensor(model._last_obs, model.device))  # (N, 1)
+    collected = buffer.values
+    buffer.values = values
+    buffer.compute_returns_and_advantage(last_values=last_values, dones=model._last_episode_starts)
+    buffer.values = collected
 
 
 def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = ALGO) -> dict[str, Any]:

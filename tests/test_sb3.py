@@ -43,13 +43,14 @@ def test_cartpole_preset_maps_to_sb3_arguments_with_linear_schedules() -> None:
 
 def test_halfcheetah_preset_maps_to_constant_values_and_the_continuous_policy() -> None:
     args = sb3.sb3_arguments(ppo_config("HalfCheetah-v5", continuous=True))
-    expected = {"n_steps": 512, "batch_size": 64, "n_epochs": 20, "gamma": 0.98, "gae_lambda": 0.92,
-                "learning_rate": 2.0633e-5, "clip_range": 0.1, "ent_coef": 0.000401762, "vf_coef": 0.58096,
-                "max_grad_norm": 0.8}  # fmt: skip
+    # n_epochs 1: the preset recomputes advantages, so Learner.learn calls train() once per epoch (20).
+    expected = {"n_steps": 1024, "batch_size": 256, "n_epochs": 1, "gamma": 0.99, "gae_lambda": 0.92,
+                "learning_rate": 6.626235648340379e-05, "clip_range": 0.2, "ent_coef": 2.532299819667241e-08,
+                "vf_coef": 0.9008510636587208, "max_grad_norm": 0.5, "normalize_advantage": False}  # fmt: skip
     assert {k: args[k] for k in expected} == expected
     assert args["policy_kwargs"] == {"net_arch": {"pi": [256, 256], "vf": [256, 256]}, "activation_fn": nn.ReLU,
                                      "ortho_init": False, "share_features_extractor": False,
-                                     "log_std_init": -2.0}  # fmt: skip
+                                     "log_std_init": -0.9666898400402343}  # fmt: skip
 
 
 def test_make_sb3_env_normalizes_as_our_factory() -> None:
@@ -75,6 +76,34 @@ def test_what_sb3_cannot_run_is_refused_before_any_work() -> None:
         sb3.validate(ppo_config("CartPole-v1", reward_offset=1.0))
     with pytest.raises(BadInput, match="use value_clip=prediction"):
         sb3.validate(ppo_config("CartPole-v1", clip_range_vf=0.2, value_clip="max"))
+    with pytest.raises(BadInput, match="drop target_kl or recompute_advantages"):
+        sb3.validate(ppo_config("CartPole-v1", target_kl=0.02, recompute_advantages=True))
+
+
+def test_recomputed_advantages_are_sb3s_own_under_the_same_critic_and_follow_a_trained_one() -> None:
+    cfg = ppo_config("Pendulum-v1", continuous=True, n_envs=2, n_steps=16, minibatch_size=8, n_epochs=3,
+                     recompute_advantages=True, total_steps=64)  # fmt: skip
+    learner = sb3.Learner([cfg])
+    try:
+        learner.collect([0], [True])
+        buffer = learner.model.rollout_buffer
+        advantages, returns, values = buffer.advantages.copy(), buffer.returns.copy(), buffer.values.copy()  # (T, N)
+        list(buffer.get(8))  # flattens the buffer to (N·T, ...), as train() does
+        sb3.recompute_advantages(learner.model)  # the critic has not changed: SB3's own numbers again
+        assert buffer.advantages.shape == (16, 2) and not buffer.generator_ready
+        np.testing.assert_allclose(buffer.advantages, advantages, atol=1e-5)
+        np.testing.assert_allclose(buffer.returns, returns, atol=1e-5)
+        np.testing.assert_array_equal(buffer.values, values)
+
+        learner.learn([None], [0], [1.0], [cfg.learning_rate], [True])
+        assert learner.model._n_updates == 3  # one train() of one epoch per epoch
+        flat = buffer.swap_and_flatten
+        # The last epoch trained on targets of the critic that two epochs had moved; the value clip's old
+        # values are still the collection's.
+        np.testing.assert_array_equal(buffer.values, flat(values))
+        assert not np.allclose(buffer.advantages, flat(advantages), atol=1e-4)
+    finally:
+        learner.close()
 
 
 # ── short real runs ─────────────────────────────────────────────────────────────────────────────────
