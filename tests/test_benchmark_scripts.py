@@ -39,7 +39,8 @@ def test_describe_reports_the_sb3_arguments_of_our_preset() -> None:
     assert "n_envs=8" in line and "batch_size=256" in line and "learning_rate=linear from 0.001" in line
     assert "activation_fn=Tanh" in line and "no VecNormalize" in line and "log_std_init" not in line
     line = speed.describe(*speed.resolve(speed.Case("halfcheetah", "HalfCheetah-v5", 50_000)))
-    assert "learning_rate=2.0633e-05" in line and "log_std_init=-2.0" in line and "gamma=0.98)" in line
+    assert "learning_rate=6.626235648340379e-05" in line and "log_std_init=-0.9666898400402343" in line
+    assert "n_steps=1024" in line and "batch_size=256" in line and "gamma=0.99)" in line
 
 
 def test_public_command_hides_absolute_paths(tmp_path: Path) -> None:

@@ -216,16 +216,17 @@ def test_cartpole_preset_has_rl_zoo_values() -> None:
     assert (cfg.batch_size, cfg.num_minibatches, cfg.num_iterations) == (256, 1, 391)
 
 
-def test_half_cheetah_preset_has_rl_zoo_values() -> None:
+def test_half_cheetah_preset_has_its_studys_trial_8_values() -> None:
     cfg, name = resolve_config(PPOConfig, "ppo", "HalfCheetah-v5", True, {})
     assert name == "HalfCheetah-v5"
-    assert cfg.learning_rate == 2.0633e-5 and not cfg.anneal_lr
-    assert (cfg.n_envs, cfg.n_steps, cfg.minibatch_size, cfg.n_epochs) == (1, 512, 64, 20)
-    assert (cfg.gamma, cfg.gae_lambda, cfg.clip_range) == (0.98, 0.92, 0.1)
-    assert (cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm) == (0.000401762, 0.58096, 0.8)
+    assert cfg.learning_rate == 6.626235648340379e-05 and not cfg.anneal_lr
+    assert (cfg.n_envs, cfg.n_steps, cfg.minibatch_size, cfg.n_epochs) == (1, 1024, 256, 20)
+    assert (cfg.gamma, cfg.gae_lambda, cfg.clip_range) == (0.99, 0.92, 0.2)
+    assert (cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm) == (2.532299819667241e-08, 0.9008510636587208, 0.5)
     assert cfg.hidden_sizes == (256, 256) and cfg.activation == "relu"
-    assert cfg.ortho_init is False and cfg.log_std_init == -2.0
-    assert cfg.normalize_obs and cfg.normalize_reward  # zoo: normalize: true, from the continuous default
+    assert cfg.ortho_init is False and cfg.log_std_init == -0.9666898400402343
+    assert cfg.recompute_advantages and not cfg.normalize_advantage
+    assert cfg.normalize_obs and cfg.normalize_reward  # from the continuous default
 
 
 def test_unlisted_discrete_env_gets_discrete_default() -> None:
