@@ -38,14 +38,23 @@ CONFIDENCE = 0.95
 
 
 def _estimates(scores: dict[str, Any], func: Callable[..., Any], reps: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """rliable's ``get_interval_estimates``: point estimates and percentile CIs ``(2, …)`` per key, seeded."""
+    """rliable's ``get_interval_estimates``: point estimates and percentile CIs ``(2, …)`` per key, seeded.
+
+    rliable's stratified bootstraps draw their resampling indices from NumPy's global generator
+    (``np.random.choice``), not from the ``random_state`` they are given; so the global generator is seeded
+    for the call, and its state put back after it."""
     from rliable import library  # here and below: only a report's section across envs needs rliable (and arch)
 
-    with warnings.catch_warnings():
-        # arch warns that rliable's RandomState argument will someday need another keyword; it works today.
-        warnings.simplefilter("ignore", FutureWarning)
-        return library.get_interval_estimates(scores, func, reps=reps, confidence_interval_size=CONFIDENCE,
-                                              random_state=np.random.RandomState(seed))  # fmt: skip
+    global_state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        with warnings.catch_warnings():
+            # arch warns that rliable's RandomState argument will someday need another keyword; it works today.
+            warnings.simplefilter("ignore", FutureWarning)
+            return library.get_interval_estimates(scores, func, reps=reps, confidence_interval_size=CONFIDENCE,
+                                                  random_state=np.random.RandomState(seed))  # fmt: skip
+    finally:
+        np.random.set_state(global_state)
 
 
 def _metrics() -> dict[str, Callable[[np.ndarray], float]]:

@@ -33,6 +33,20 @@ def test_the_aggregates_are_rliables_and_match_hand_computed_values() -> None:
     assert stats.aggregate_intervals({"x": scores}) == stats.aggregate_intervals({"x": scores})
 
 
+def test_intervals_do_not_depend_on_numpys_global_generator_and_leave_it_as_it_was() -> None:
+    # rliable's StratifiedBootstrap draws its resamples from np.random, whatever random_state it is given; a
+    # report built after training (which seeds np.random) would otherwise move its bounds from run to run.
+    scores = np.random.default_rng(1).random((5, 4))  # (R, M): enough runs that resamples differ
+    pairs = {"x": scores, "y": scores[::-1] * 0.9}
+    np.random.seed(1)
+    first = stats.aggregate_intervals(pairs), stats.improvement_probabilities(pairs)
+    state = np.random.get_state()
+    second = stats.aggregate_intervals(pairs), stats.improvement_probabilities(pairs)
+    assert first == second
+    after = np.random.get_state()
+    assert after[0] == state[0] and np.array_equal(after[1], state[1]) and after[2:] == state[2:]
+
+
 def test_probability_of_improvement_equals_rliables_and_hand_cases() -> None:
     rng = np.random.default_rng(0)
     x, y = np.round(rng.normal(size=(4, 3)), 1), np.round(rng.normal(size=(6, 3)), 1)
