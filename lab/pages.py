@@ -36,6 +36,7 @@ FIGURES = Path("docs/figures")
 BUSY = "a busy machine is slower"
 HEADLINE = "classic"  # the README's table and figure
 FIGURE = "plots/LunarLander-v3-steps.png"
+SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summary, and the pair it compares
 # A label may hold one level of brackets: an env variant's alt text, "Ant-v5[include_…=False]: …".
 LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\])\(([^)\s]+)\)")
 
@@ -167,6 +168,30 @@ def headline_table(root: Path, manifest: Manifest) -> str:
     return "\n".join(lines)
 
 
+def suite_summary(root: Path, manifest: Manifest) -> str:
+    """The README's MuJoCo sentence, read from the suite's kept report: how many published figures each algo
+    meets, each algo's IQM normalized score across the envs, and P(ours > SB3's) on the same presets."""
+    entry = manifest.entry(SUITE)
+    report = (root / entry.folder / "report.md").read_text()
+    across = report[report.find("Normalized scores across envs"):]
+    # lab.published writes "ALGO at or above K of N figures (below: ENV (MEASURE), …)"; lab.normalized the tables.
+    met = re.findall(r"(\S+) at or above (\d+) of (\d+) figures(?: \(below: (.*?\))\))?", report)
+    iqm = dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
+    x, y = REFERENCE
+    better = re.search(rf"^\| {re.escape(x)} \| {re.escape(y)} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", across, re.M)
+    if not met or not iqm or better is None:
+        raise BadInput(f"{entry.folder}/report.md lacks the figures met, the IQM table or P({x} > {y}); rebuild it "
+                       f"with `testbed results run {SUITE}`")  # fmt: skip
+    # The figures missed are named where they are few; the report lists them all.
+    figures = ", ".join(f"{algo} {k} of {n}" + (f" (not {below})" if below and int(n) - int(k) <= 3 else "")
+                        for algo, k, n, below in met)  # fmt: skip
+    scores = ", ".join(f"{algo} {value}" for algo, value in iqm.items())
+    return (f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
+            f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's "
+            f"protocol: {figures}. IQM normalized score across the envs [95% CI]: {scores}; "
+            f"P({x} > {y}) = {better.group(1)} {better.group(2)}.")
+
+
 def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
     """The text of each generated block of the README, by block name."""
     quick, tests, headline = manifest.entry("quick"), manifest.entry("tests"), manifest.entry(HEADLINE)
@@ -182,6 +207,7 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
         "first-screen-tests": (f"With `.ci/run` (a fresh virtual environment), {tests_text} on {tp['machine']} "
                                f"({tp['date']}); {BUSY}." if counted else f"Not timed yet: `testbed results run tests` times it ({BUSY})."),
         "results-table": headline_table(root, manifest),
+        "mujoco-summary": suite_summary(root, manifest),
         "results-figure": f"![LunarLander-v3: evaluation return against env steps]({headline.folder}/{FIGURE})\n\n"
                           f"LunarLander-v3, evaluation return against env steps: mean over seeds {headline.seeds}, "
                           f"shaded 95% bootstrap CI ([the report](docs/results/{headline.name}.md)).",

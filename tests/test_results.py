@@ -242,6 +242,32 @@ def test_bad_manifests_and_selections_are_refused_before_any_work(tmp_path: Path
         "a\n<!-- BEGIN generated: t -->\nnew\n<!-- END generated: t -->\nb"
 
 
+def test_the_readme_mujoco_sentence_reads_the_suite_report(tmp_path: Path) -> None:
+    found = _toy(tmp_path, WRITE, name=pages.SUITE, folder="benchmarks/results/suite", seeds="0–4",
+                 produced={"commit": "abc1234", "date": "2026-12-04", "code_version": 3})  # fmt: skip
+    report = tmp_path / "benchmarks/results/suite/report.md"
+    report.parent.mkdir(parents=True)
+    # As lab.published and lab.normalized write them; a per-env table above has the same first column.
+    report.write_text(
+        "| algo | seeds completed | final return (mean) |\n|---|---|---|\n| ppo | 5 | 1.0 [0.5, 1.5] | x |\n\n"
+        "grpo at or above 1 of 6 figures (below: A-v5 (final), B-v5 (final), B-v5 (best point), C-v5 (final), "
+        "D-v5 (final)); ppo at or above 5 of 6 figures (below: B-v5 (final)); sb3-ppo at or above 6 of 6 figures.\n\n"
+        "## Normalized scores across envs\n\n| algo | IQM | median |\n|---|---|---|\n"
+        "| ppo | 1.128 [1.109, 1.149] | 1.053 [1.053, 1.074] |\n| sb3-ppo | -0.100 [-0.200, 0.050] | 0.9 [0.8, 1.0] |\n\n"
+        "| X | Y | P(X > Y) | 95% CI |\n|---|---|---|---|\n| sb3-ppo | ppo | 0.555 | [0.433, 0.676] |\n"
+        "| ppo | sb3-ppo | 0.445 | [0.324, 0.567] |\n"
+    )  # fmt: skip
+    assert pages.suite_summary(tmp_path, found) == (
+        f"On the MuJoCo v5 suite ([results](docs/results/{pages.SUITE}.md), seeds 0–4, 2026-12-04), the best published "
+        "PPO figures met, each by its source's protocol: grpo 1 of 6, ppo 5 of 6 (not B-v5 (final)), sb3-ppo 6 of 6. "
+        "IQM normalized score across the envs [95% CI]: ppo 1.128 [1.109, 1.149], sb3-ppo -0.100 [-0.200, 0.050]; "
+        "P(ppo > sb3-ppo) = 0.445 [0.324, 0.567]."
+    )
+    report.write_text("# A report from before the comparison\n")
+    with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {pages.SUITE}`"):
+        pages.suite_summary(tmp_path, found)
+
+
 def test_the_guide_blocks_copy_a_figure_s_tables_and_average_a_credit_study(tmp_path: Path) -> None:
     figure = "# Title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nCaption one.\n\nA note.\n\n## Part\n\n| c |\n|---|\n| 3 |\n"
     assert pages.figure_tables(figure) == ["| a | b |\n|---|---|\n| 1 | 2 |\n\nCaption one.", "| c |\n|---|\n| 3 |"]
