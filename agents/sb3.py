@@ -4,34 +4,30 @@ The config is our :class:`agents.ppo.PPOConfig` and its presets (``presets/ppo.y
 is the one place where it becomes SB3's ``PPO(...)`` arguments, and :func:`make_sb3_env` builds the SB3
 vector env with the normalization our env factory uses (VecNormalize, clipped to ±10).
 
-SB3's PPO fits the one run lifecycle (``training.run_stack``, a stack of one seed) as ours does: its ``collect`` is SB3's own
-``collect_rollouts`` and its ``learn`` SB3's own ``train()``, the two phases that
-``OnPolicyAlgorithm.learn`` alternates, with learn's set-up (``_setup_learn``) and schedule
-(``_update_current_progress_remaining``) called as learn calls them. So the run directory is the same as
-``ppo``'s: the same TensorBoard tags and ``progress.csv`` columns (``ppo.TAGS``) at the same x-axis (env
-steps), the same deterministic evaluations (fixed seeds, raw returns, the training observation statistics
-frozen), ``checkpoint.pt`` and ``summary.json``; ``sb3-ppo`` curves lie on the axes of ``ppo``'s. The
-numbers are SB3's own: its ``train/approx_kl`` averages only the last epoch's minibatches (ours averages
-all), and SB3 has no autoreset step, so every env step is a sample.
+SB3's PPO fits the one run lifecycle (``training.run_stack``, a stack of one seed) as ours does: ``collect`` is
+SB3's own ``collect_rollouts`` and ``learn`` its own ``train()``, the two phases ``OnPolicyAlgorithm.learn``
+alternates, with learn's set-up and schedule called as learn calls them. So the run directory is ``ppo``'s:
+the same TensorBoard tags and ``progress.csv`` columns (``ppo.TAGS``) at the same x-axis (env steps), the same
+deterministic evaluations (fixed seeds, raw returns, training observation statistics frozen),
+``checkpoint.pt`` and ``summary.json``. The numbers are SB3's own: its ``train/approx_kl`` averages only the
+last epoch's minibatches (ours averages all), and SB3 has no autoreset step, so every env step is a sample.
 
-Differences from ``ppo`` in the run's life, by necessity:
- - **Resume is not exact.** SB3's own ``save``/``load`` unpickles arbitrary objects, which this project
-   refuses. ``checkpoint.pt`` holds the policy weights, Adam's state, the VecNormalize statistics and the
-   global RNG states; a resumed run loads them into a fresh ``PPO`` and continues from the checkpoint's
-   step (same schedules: ``num_timesteps`` continues). Every env starts a new episode (seeded
-   ``seed + global_step``) and VecNormalize's running discounted return restarts at 0, so a resumed run
-   differs from an uninterrupted one; its CSV and TensorBoard still hold each step once.
- - A NaN in SB3's update usually surfaces as torch.distributions' ``ValueError`` on NaN parameters in the
-   next minibatch; it is reported, like a NaN loss, as status ``failed`` with the
-   :class:`runlog.NonFiniteError` message, and the last good checkpoint is kept.
- - ``shared_trunk`` is refused: SB3 2.x's MlpPolicy has separate actor and critic MLPs, and its
-   ``share_features_extractor`` shares only the parameter-free flatten layer.
- - ``recompute_advantages``, which SB3 lacks, runs SB3's ``train()`` once per epoch (``n_epochs`` 1) and
-   recomputes the buffer's advantages and value targets with the current critic between the calls
+Differences from ``ppo``, by necessity:
+ - **Resume is not exact.** SB3's ``save``/``load`` unpickles arbitrary objects, which this project refuses.
+   ``checkpoint.pt`` holds the policy weights, Adam's state, the VecNormalize statistics and the global RNG
+   states; a resume loads them into a fresh ``PPO`` and continues from the checkpoint's step. Every env starts
+   a new episode (seeded ``seed + global_step``) and VecNormalize's discounted return restarts at 0, so it
+   differs from an uninterrupted run; its CSV and TensorBoard still hold each step once.
+ - A NaN in SB3's update usually surfaces as torch.distributions' ``ValueError`` on NaN parameters; it is
+   reported, like a NaN loss, as status ``failed`` (:class:`runlog.NonFiniteError`), the last good
+   checkpoint kept.
+ - ``shared_trunk`` is refused: SB3 2.x's MlpPolicy has separate actor and critic MLPs.
+ - ``recompute_advantages``, which SB3 lacks, runs ``train()`` once per epoch (``n_epochs`` 1) and recomputes
+   the buffer's advantages and value targets with the current critic between the calls
    (:func:`recompute_advantages`). SB3 adds a truncated step's bootstrap γ·V(s_final) to its reward when it
-   collects, so that one term keeps the collection's critic (ours uses the current one). The losses
-   logged are the means over the epochs, the explained variance the first epoch's. With it, ``target_kl``
-   is refused: SB3's early stop would end only the epoch it fired in.
+   collects, so that one term keeps the collection's critic. The losses logged are the means over the
+   epochs, the explained variance the first epoch's. ``target_kl`` is refused with it: SB3's early stop
+   would end only the epoch it fired in.
 """
 
 from __future__ import annotations
