@@ -49,7 +49,7 @@ def _estimates(scores: dict[str, Any], func: Callable[..., Any], reps: int, seed
     np.random.seed(seed)
     try:
         with warnings.catch_warnings():
-            # arch warns that rliable's RandomState argument will someday need another keyword; it works today.
+            # arch warns that rliable's RandomState argument is deprecated; it is passed on all the same.
             warnings.simplefilter("ignore", FutureWarning)
             return library.get_interval_estimates(scores, func, reps=reps, confidence_interval_size=CONFIDENCE,
                                                   random_state=np.random.RandomState(seed))  # fmt: skip
