@@ -1,33 +1,21 @@
 """Stable-Baselines3's PPO as a reference run (``--algo sb3-ppo``), logged exactly as our PPO logs.
 
-The config is our :class:`agents.ppo.PPOConfig` and its presets (``presets/ppo.yaml``); :func:`sb3_arguments`
-is the one place where it becomes SB3's ``PPO(...)`` arguments, and :func:`make_sb3_env` builds the SB3
-vector env with the normalization our env factory uses (VecNormalize, clipped to ±10).
+The config is our :class:`agents.ppo.PPOConfig` and its presets; :func:`sb3_arguments` is the one place where
+it becomes SB3's ``PPO(...)`` arguments, and :func:`make_sb3_env` builds SB3's vector env with our factory's
+normalization (VecNormalize, clipped to ±10). SB3's PPO fits the one run lifecycle (``training.run_stack``, a
+stack of one seed): ``collect`` is SB3's ``collect_rollouts`` and ``learn`` its ``train()``, the two phases
+``OnPolicyAlgorithm.learn`` alternates, with learn's set-up and schedule called as learn calls them. So its
+run directory is ``ppo``'s (tags, ``progress.csv``, evaluations, checkpoint, summary), with SB3's own numbers:
+its ``train/approx_kl`` averages only the last epoch's minibatches, and every env step is a sample.
 
-SB3's PPO fits the one run lifecycle (``training.run_stack``, a stack of one seed) as ours does: ``collect`` is
-SB3's own ``collect_rollouts`` and ``learn`` its own ``train()``, the two phases ``OnPolicyAlgorithm.learn``
-alternates, with learn's set-up and schedule called as learn calls them. So the run directory is ``ppo``'s:
-the same TensorBoard tags and ``progress.csv`` columns (``ppo.TAGS``) at the same x-axis (env steps), the same
-deterministic evaluations (fixed seeds, raw returns, training observation statistics frozen),
-``checkpoint.pt`` and ``summary.json``. The numbers are SB3's own: its ``train/approx_kl`` averages only the
-last epoch's minibatches (ours averages all), and SB3 has no autoreset step, so every env step is a sample.
-
-Differences from ``ppo``, by necessity:
- - **Resume is not exact.** SB3's ``save``/``load`` unpickles arbitrary objects, which this project refuses.
-   ``checkpoint.pt`` holds the policy weights, Adam's state, the VecNormalize statistics and the global RNG
-   states; a resume loads them into a fresh ``PPO`` and continues from the checkpoint's step. Every env starts
-   a new episode (seeded ``seed + global_step``) and VecNormalize's discounted return restarts at 0, so it
-   differs from an uninterrupted run; its CSV and TensorBoard still hold each step once.
- - A NaN in SB3's update usually surfaces as torch.distributions' ``ValueError`` on NaN parameters; it is
-   reported, like a NaN loss, as status ``failed`` (:class:`runlog.NonFiniteError`), the last good
-   checkpoint kept.
- - ``shared_trunk`` is refused: SB3 2.x's MlpPolicy has separate actor and critic MLPs.
- - ``recompute_advantages``, which SB3 lacks, runs ``train()`` once per epoch (``n_epochs`` 1) and recomputes
-   the buffer's advantages and value targets with the current critic between the calls
-   (:func:`recompute_advantages`). SB3 adds a truncated step's bootstrap γ·V(s_final) to its reward when it
-   collects, so that one term keeps the collection's critic. The losses logged are the means over the
-   epochs, the explained variance the first epoch's. ``target_kl`` is refused with it: SB3's early stop
-   would end only the epoch it fired in.
+Where it differs from ``ppo`` (docs/training.md has the details):
+ - Resume is not exact: SB3's ``save``/``load`` unpickle, which this project refuses, so a checkpoint holds
+   weights, Adam's state, VecNormalize's statistics and the RNG states, and the envs start new episodes.
+ - A NaN in SB3's update ends the run as ``failed`` (:class:`runlog.NonFiniteError`); ``shared_trunk`` is
+   refused (SB3 2.x's MlpPolicy has separate actor and critic MLPs).
+ - ``recompute_advantages``, which SB3 lacks, runs one ``train()`` of one epoch per epoch, the buffer's
+   advantages and targets recomputed in between (:func:`recompute_advantages`); ``target_kl`` is refused
+   with it, since SB3's early stop would end only the epoch it fired in.
 """
 
 from __future__ import annotations
@@ -84,11 +72,8 @@ class LinearSchedule:
 def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env (validating the id and its dependencies first)."""
     envs_pkg.check_env_installed(env_id)
-    env = gym.make(env_id)
-    try:
+    with gym.make(env_id) as env:
         return env.observation_space, env.action_space
-    finally:
-        env.close()
 
 
 def check_expressible(cfg: PPOConfig) -> None:
