@@ -18,7 +18,9 @@ from lab.cells import Cell, Outcome, Stop, live_progress, pack_stacks, run_cells
 from lab.document import fmt_duration
 from lab.board import Heartbeat
 from lab.executor import import_ray, pack_run, unpack_run
+from envs.errors import BadInput
 from lab.results import read_progress
+from lab.study import trial_dir
 
 POLL_S = 1.0
 """How often a running trial's evaluations are read and reported to the pruner."""
@@ -140,12 +142,66 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
         return outcomes, pruned, [pack_run(cell.run_dir(Path(scratch))) for cell in cells]
 
 
+COST = "cost"
+"""The user attribute where the study keeps a finished trial's cost, (env steps, env steps per seed, wall-clock s):
+the study then holds its own budget when the trials' runs are not at hand."""
+
+
+def measured_cost(bench_dir: Path) -> tuple[int, int, float] | None:
+    """(env steps, env steps per seed, wall-clock s) of a trial, from its runs: all steps it spent, summed over
+    its seeds and failed attempts; the most that one seed trained; the time of its slowest seed. None when
+    ``bench_dir`` holds no run."""
+    progresses = sorted(bench_dir.rglob("progress.csv")) if bench_dir.exists() else []
+    if not progresses:
+        return None
+    steps, per_seed, seconds = 0, 0, 0.0
+    for progress in progresses:
+        _, _, _, last_step, last_time = read_progress(progress)
+        if any(part.startswith(".") for part in progress.relative_to(bench_dir).parts):
+            steps += last_step  # a failed attempt, set aside: its steps count, its time is not the trial's
+            continue
+        summary = rundir.read_summary(progress.parent) or {}
+        trained = int(summary.get("total_steps") or last_step)
+        steps, per_seed = steps + trained, max(per_seed, trained)
+        seconds = max(seconds, float(summary.get("wall_time_s") or last_time))
+    return steps, per_seed, seconds
+
+
+def trial_cost(trial: optuna.trial.FrozenTrial, tune_dir: Path) -> tuple[int, int, float] | None:
+    """A trial's cost: measured from its runs where they are here, else as the study recorded it when the trial
+    ended (:data:`COST`); nothing for a trial that has not trained or whose sample the config refused. None for a
+    finished trial whose runs are elsewhere, in a study that ran before trials recorded their cost."""
+    measured = measured_cost(trial_dir(tune_dir, trial.number))
+    if measured is not None:
+        return measured
+    if COST in trial.user_attrs:
+        steps, per_seed, seconds = trial.user_attrs[COST]
+        return int(steps), int(per_seed), float(seconds)
+    refused = str(trial.user_attrs.get("error", "")).startswith("config refused")
+    return (0, 0, 0.0) if refused or not trial.state.is_finished() else None
+
+
+def check_costs_known(trials: list[optuna.trial.FrozenTrial], tune_dir: Path) -> None:
+    """Refuse a study whose report would count finished trials as costing nothing: their runs are not in
+    ``tune_dir`` and the study does not record their cost. Before any work, so the report kept stays."""
+    unknown = [t.number for t in trials if trial_cost(t, tune_dir) is None]
+    if unknown:
+        shown = ", ".join(map(str, unknown[:8])) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+        raise BadInput(f"{tune_dir} lacks the runs of trials {shown} (folders trialNNNN), and the study ran before "
+                       "trials recorded their cost in it, so a report from here would count their env steps as 0. "
+                       "Restore the folders (`testbed results restore NAME` where the result carries them), or "
+                       "keep the report built where they are; nothing was run or written")  # fmt: skip
+
+
 def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool,
            bench_dir: Path) -> tuple[str, float | None]:  # fmt: skip
-    """Tell the study how the trial ended: (state, score). An interrupted trial stays running, to resume."""
+    """Tell the study how the trial ended, with its cost (:data:`COST`): (state, score). An interrupted trial
+    stays running, to resume."""
 
     states = optuna.trial.TrialState
     failed = [o for o in outcomes if o.status == "failed"]
+    if any(o.status == "completed" for o in outcomes) or failed or pruned:
+        optuna.trial.Trial(study, trial._trial_id).set_user_attr(COST, list(measured_cost(bench_dir) or (0, 0, 0.0)))
     if pruned:
         study.tell(trial.number, state=states.PRUNED)
         return "pruned", None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from agents import registry, rundir
+from agents import registry
 from agents.config import PRESET_DIR, parse_overrides, read_yaml
 from envs.errors import BadInput
 from lab.document import (
@@ -38,8 +38,8 @@ from lab.document import (
     render_markdown,
 )
 from lab.plot import new_figure, save_figure
-from lab.results import read_progress
-from lab.study import TUNE_FILE, storage_for, trial_dir
+from lab.study import TUNE_FILE, storage_for
+from lab.trials import check_costs_known, trial_cost
 
 SEEDS_LISTED = 6
 """A trial's seeds are listed in full up to this many; beyond, by their first two and last."""
@@ -89,23 +89,6 @@ def load_study(tune_dir: Path) -> tuple[Any, dict[str, Any]]:
     saved = read_yaml(path) or {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna.load_study(study_name=saved["name"], storage=storage_for(saved.get("storage"), tune_dir)), saved
-
-
-def trial_cost(tune_dir: Path, number: int) -> tuple[int, int, float]:
-    """(env steps, env steps per seed, wall-clock s) of a trial: all steps it spent, summed over its seeds and
-    failed attempts; the most that one seed trained; the time of its slowest seed."""
-    steps, per_seed, seconds = 0, 0, 0.0
-    folder = trial_dir(tune_dir, number)
-    for progress in sorted(folder.rglob("progress.csv")) if folder.exists() else []:
-        _, _, _, last_step, last_time = read_progress(progress)
-        if any(part.startswith(".") for part in progress.relative_to(folder).parts):
-            steps += last_step  # a failed attempt, set aside: its steps count, its time is not the trial's
-            continue
-        summary = rundir.read_summary(progress.parent) or {}
-        trained = int(summary.get("total_steps") or last_step)
-        steps, per_seed = steps + trained, max(per_seed, trained)
-        seconds = max(seconds, float(summary.get("wall_time_s") or last_time))
-    return steps, per_seed, seconds
 
 
 def _params_text(trial: Any) -> str:
@@ -229,7 +212,8 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
     if not complete:
         raise BadInput(f"{tune_dir}: no trial has completed yet; nothing to report")
     best = study.best_trial
-    costs = {t.number: trial_cost(tune_dir, t.number) for t in trials}
+    check_costs_known(trials, tune_dir)
+    costs = {t.number: trial_cost(t, tune_dir) or (0, 0, 0.0) for t in trials}
     spent = sum(steps for steps, _, _ in costs.values())
     written = {"markdown": tune_dir / "tune.md", "html": tune_dir / "tune.html", "preset": tune_dir / "preset.yaml"}
 

@@ -421,6 +421,33 @@ def test_two_trials_of_different_iterations_train_equal_budgets_and_the_report_s
     assert ("- Budget: 2,048 env steps per seed in every trial (--total-steps 1,100, rounded up to a multiple of every "
             "iteration size n_steps · n_envs the space allows: 128, 256, 512, 1,024)") in report  # fmt: skip
     assert "| 0 | complete |" in report and report.count("| 2,048 | 2,048 |") == 2  # steps per seed, env steps
+    # The study keeps each trial's cost: a report rebuilt without the trials' runs counts the same steps.
+    for number in (0, 1):
+        (tune_dir / f"trial000{number}").rename(in_tmp / f"elsewhere{number}")
+    assert main(["report", str(tune_dir)]) == 0
+    rebuilt = (tune_dir / "tune.md").read_text()
+    assert rebuilt.count("| 2,048 | 2,048 |") == 2 and "pruned and failed trials included: 4,096" in rebuilt
+
+
+def test_a_report_refuses_finished_trials_whose_runs_are_elsewhere_and_whose_cost_the_study_lacks(
+    tmp_path: Path,
+) -> None:
+    import optuna
+
+    states, x = optuna.trial.TrialState, {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    recorded = optuna.trial.create_trial(value=1.0, params={"x": 0.5}, distributions=x,
+                                         user_attrs={trials.COST: [4096, 2048, 12.5]})  # fmt: skip
+    refused = optuna.trial.create_trial(state=states.FAIL, user_attrs={"error": "config refused: n_steps"})
+    waiting = optuna.trial.create_trial(state=states.WAITING)
+    older = optuna.trial.create_trial(value=2.0, params={"x": 0.1}, distributions=x)  # before costs were recorded
+    for number, trial in enumerate([recorded, refused, waiting, older]):
+        trial.number = number
+    assert trials.trial_cost(recorded, tmp_path) == (4096, 2048, 12.5)
+    assert trials.trial_cost(refused, tmp_path) == trials.trial_cost(waiting, tmp_path) == (0, 0, 0.0)
+    assert trials.trial_cost(older, tmp_path) is None
+    trials.check_costs_known([recorded, refused, waiting], tmp_path)
+    with pytest.raises(BadInput, match=r"lacks the runs of trials 3 .*nothing was run or written"):
+        trials.check_costs_known([recorded, older], tmp_path)
 
 
 def test_the_pruner_compares_trials_at_the_eval_interval_marks_their_runs_passed() -> None:
