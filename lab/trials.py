@@ -14,11 +14,11 @@ import numpy as np
 import optuna
 
 from agents import rundir
+from envs.errors import BadInput
 from lab.cells import Cell, Outcome, Stop, live_progress, pack_stacks, run_cells
 from lab.document import fmt_duration
 from lab.board import Heartbeat
 from lab.executor import import_ray, pack_run, unpack_run
-from envs.errors import BadInput
 from lab.results import read_progress
 from lab.study import trial_dir
 
