@@ -21,7 +21,7 @@ import torch
 
 from agents import ppo, rundir, runlog
 from envs.errors import BadInput
-from lab import bench, cells, tune
+from lab import bench, cells, trials, tune
 from lab.cli import main
 from tests.conftest import interrupt_after, read_progress
 from tests.test_faults import SMALL, fails_cleanly, train_argv
@@ -204,7 +204,8 @@ def test_a_study_whose_journal_was_deleted_trains_its_trials_afresh_where_their_
 
 @pytest.fixture
 def full_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[tune.TunePlan, Path]:
-    """A study of one completed trial, made without training: its journal and tune.yaml."""
+    """A study of one completed trial, made without training: its journal and tune.yaml. The trial records its
+    cost, as a finished trial does; its runs are not here."""
     import optuna
 
     space = space_in(tmp_path, monkeypatch, "learning_rate: [1.0e-3, 2.0e-3]\n")
@@ -214,7 +215,7 @@ def full_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[tune.Tu
     study = optuna.create_study(study_name="journal", storage=tune.storage_for(None, tune_dir), direction="maximize")
     # A sampled trial: a rerun queues the env's preset, which it has not tried, and so writes to the journal.
     study.add_trial(optuna.trial.create_trial(params={"learning_rate": 2e-3}, value=100.0, user_attrs={
-        "overrides": ["learning_rate=0.002"]},
+        "overrides": ["learning_rate=0.002"], trials.COST: [512, 512, 1.0]},
         distributions={"learning_rate": optuna.distributions.CategoricalDistribution([1e-3, 2e-3])}))  # fmt: skip
     return plan, tune_dir
 
