@@ -142,6 +142,9 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
         return outcomes, pruned, [pack_run(cell.run_dir(Path(scratch))) for cell in cells]
 
 
+REFUSED = "config refused"
+"""How a trial's ``error`` attribute begins when the algo's config refused its sample: it trained nothing."""
+
 COST = "cost"
 """The user attribute where the study keeps a finished trial's cost, (env steps, env steps per seed, wall-clock s):
 the study then holds its own budget when the trials' runs are not at hand."""
@@ -177,20 +180,23 @@ def trial_cost(trial: optuna.trial.FrozenTrial, tune_dir: Path) -> tuple[int, in
     if COST in trial.user_attrs:
         steps, per_seed, seconds = trial.user_attrs[COST]
         return int(steps), int(per_seed), float(seconds)
-    refused = str(trial.user_attrs.get("error", "")).startswith("config refused")
+    refused = str(trial.user_attrs.get("error", "")).startswith(REFUSED)
     return (0, 0, 0.0) if refused or not trial.state.is_finished() else None
 
 
-def check_costs_known(trials: list[optuna.trial.FrozenTrial], tune_dir: Path) -> None:
-    """Refuse a study whose report would count finished trials as costing nothing: their runs are not in
-    ``tune_dir`` and the study does not record their cost. Before any work, so the report kept stays."""
-    unknown = [t.number for t in trials if trial_cost(t, tune_dir) is None]
+def known_costs(trials: list[optuna.trial.FrozenTrial], tune_dir: Path) -> dict[int, tuple[int, int, float]]:
+    """Every trial's cost by number (:func:`trial_cost`), refusing a study whose report would count finished
+    trials as costing nothing: their runs are not in ``tune_dir`` and the study does not record their cost.
+    Called before any work, so the report kept stays."""
+    costs = {t.number: trial_cost(t, tune_dir) for t in trials}
+    unknown = [number for number, cost in costs.items() if cost is None]
     if unknown:
         shown = ", ".join(map(str, unknown[:8])) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
         raise BadInput(f"{tune_dir} lacks the runs of trials {shown} (folders trialNNNN), and the study ran before "
                        "trials recorded their cost in it, so a report from here would count their env steps as 0. "
                        "Restore the folders (`testbed results restore NAME` where the result carries them), or "
                        "keep the report built where they are; nothing was run or written")  # fmt: skip
+    return {number: cost for number, cost in costs.items() if cost is not None}
 
 
 def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool,
@@ -200,15 +206,14 @@ def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: boo
 
     states = optuna.trial.TrialState
     failed = [o for o in outcomes if o.status == "failed"]
-    if any(o.status == "completed" for o in outcomes) or failed or pruned:
-        optuna.trial.Trial(study, trial._trial_id).set_user_attr(COST, list(measured_cost(bench_dir) or (0, 0, 0.0)))
+    if not pruned and not failed and any(o.status != "completed" for o in outcomes):
+        return "interrupted", None
+    optuna.trial.Trial(study, trial._trial_id).set_user_attr(COST, list(measured_cost(bench_dir) or (0, 0, 0.0)))
     if pruned:
         study.tell(trial.number, state=states.PRUNED)
         return "pruned", None
     if failed:
         error = f"seed {failed[0].cell.seed}: {failed[0].error}"
-    elif any(o.status != "completed" for o in outcomes):
-        return "interrupted", None
     else:
         finals = [(rundir.read_summary(o.cell.run_dir(bench_dir)) or {}).get("final_eval_return_mean") for o in outcomes]
         if all(v is not None and math.isfinite(float(v)) for v in finals):

@@ -47,7 +47,8 @@ from lab.document import fmt_return
 from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
 from lab.space import Param, admitting, as_list, default_space_file, iteration_sizes, parse_space, with_ranges
 from lab.study import STUDY_FILE, TUNE_FILE, TUNE_ROOT, check_journal, set_aside_stale, storage_for, trial_dir
-from lab.trials import Reporter, check_costs_known, reporter_for, run_trial, run_trial_remote, settle, study_heartbeat
+from lab.trials import (REFUSED, Reporter, known_costs, reporter_for, run_trial, run_trial_remote, settle,
+                        study_heartbeat)
 from lab.tune_report import budget_text, build_tune_report, pairs_text, seeds_text
 
 FIRST_TUNING_SEED = 100
@@ -281,7 +282,7 @@ def new_trial(study: optuna.Study, plan: TunePlan, driver: str) -> optuna.Trial 
     try:
         plan.config(values)
     except BadInput as error:
-        trial.set_user_attr("error", f"config refused: {error}")
+        trial.set_user_attr("error", f"{REFUSED}: {error}")
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         return None
     return trial
@@ -332,7 +333,7 @@ def run_study(
         if plan.storage is None:
             check_journal(tune_dir / STUDY_FILE, repair=True)
         study = open_study(plan, tune_dir)
-        check_costs_known(study.get_trials(deepcopy=False), tune_dir)  # else its report would count them as 0
+        known_costs(study.get_trials(deepcopy=False), tune_dir)  # else its report would count trials as costing 0
         write_tune_yaml(tune_dir, plan)
         enqueue_presets(study, plan)
         interrupted = _drive(study, plan, tune_dir, driver, workers, backend, counts, stack)

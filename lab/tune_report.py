@@ -39,7 +39,7 @@ from lab.document import (
 )
 from lab.plot import new_figure, save_figure
 from lab.study import TUNE_FILE, storage_for
-from lab.trials import check_costs_known, trial_cost
+from lab.trials import known_costs
 
 SEEDS_LISTED = 6
 """A trial's seeds are listed in full up to this many; beyond, by their first two and last."""
@@ -212,8 +212,7 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
     if not complete:
         raise BadInput(f"{tune_dir}: no trial has completed yet; nothing to report")
     best = study.best_trial
-    check_costs_known(trials, tune_dir)
-    costs = {t.number: trial_cost(t, tune_dir) or (0, 0, 0.0) for t in trials}
+    costs = known_costs(trials, tune_dir)
     spent = sum(steps for steps, _, _ in costs.values())
     written = {"markdown": tune_dir / "tune.md", "html": tune_dir / "tune.html", "preset": tune_dir / "preset.yaml"}
 

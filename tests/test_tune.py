@@ -445,9 +445,10 @@ def test_a_report_refuses_finished_trials_whose_runs_are_elsewhere_and_whose_cos
     assert trials.trial_cost(recorded, tmp_path) == (4096, 2048, 12.5)
     assert trials.trial_cost(refused, tmp_path) == trials.trial_cost(waiting, tmp_path) == (0, 0, 0.0)
     assert trials.trial_cost(older, tmp_path) is None
-    trials.check_costs_known([recorded, refused, waiting], tmp_path)
+    assert trials.known_costs([recorded, refused, waiting], tmp_path) == {0: (4096, 2048, 12.5), 1: (0, 0, 0.0),
+                                                                          2: (0, 0, 0.0)}  # fmt: skip
     with pytest.raises(BadInput, match=r"lacks the runs of trials 3 .*nothing was run or written"):
-        trials.check_costs_known([recorded, older], tmp_path)
+        trials.known_costs([recorded, older], tmp_path)
 
 
 def test_the_pruner_compares_trials_at_the_eval_interval_marks_their_runs_passed() -> None:
