@@ -334,7 +334,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         for e in found.entries:
             p = e.produced
             saved = f", in progress (saved {e.progress['date']})" if found.in_progress(e) else ""
-            state = ", older code" if found.older(e) else saved
+            state = ", stopped" if e.stopped else ", older code" if found.older(e) else saved
             print(f"{e.name:<32} {e.cost:<5} {p.get('date', 'not produced yet')}, commit {p.get('commit', '—')}{state}\n"
                   f"    {e.command}")  # fmt: skip
         return 0

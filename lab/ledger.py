@@ -4,7 +4,7 @@ A comparison is fair when both algos had the same tuning budget on an env. The b
 ``testbed tune`` study in ``benchmarks/manifest.yaml`` (its trials so far, read from the study's committed
 ``study.db`` or its kept report, of the trials its command plans, times its seeds per trial and env steps
 per seed, as its kept tune.yaml records them, else as its command asks) and every try the manifest lists
-with ``tries:`` (single runs and hand sweeps on tuning seeds). The unit is a seed-run: one seed trained for the study's or the try's env steps.
+with ``tries:`` (single runs and hand sweeps on tuning seeds). The unit is a seed-run: one seed trained for the study's or the try's env steps. A study stopped for good (``stopped:`` in the manifest) plans no more than it ran.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from lab.parser import build_parser
 
 LEDGER = "tuning-budget.md"  # under docs/results
 TRIALS_LINE = re.compile(r"^- Trials: (\d+) of ")  # tune_report's "What was run" list
-FINISHED = ("COMPLETE", "PRUNED")
+SPENT_LINE = re.compile(r"^- Env steps spent by the whole study, pruned and failed trials included: ([\d,]+)$")
+FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # a failed trial trained until it failed
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,25 @@ class Spend:
     done: int
     planned: int
     steps: int
+    spent: int | None = None  # env steps a study's report counts: pruned and failed trials at the steps they reached
+
+    @property
+    def so_far(self) -> int:
+        return self.spent if self.spent is not None else self.done * self.steps
+
+    @property
+    def in_all(self) -> int:
+        """Env steps planned: what it spent once every planned run has ended, as a stopped study's have."""
+        return self.so_far if self.done >= self.planned else max(self.planned * self.steps, self.so_far)
 
 
 def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) -> int:
-    """Finished trials of a study (complete or pruned): from its committed sqlite file, else its kept report."""
+    """Trials of a study that trained and ended (complete, pruned or failed, not those whose sample the config
+    refused before any training): from its committed sqlite file, else its kept report."""
     if storage and storage.startswith("sqlite:///") and (root / storage.removeprefix("sqlite:///")).is_file():
         import optuna
+
+        from lab.trials import REFUSED
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         url = f"sqlite:///{root / storage.removeprefix('sqlite:///')}"
@@ -51,10 +65,18 @@ def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) 
             trials = optuna.load_study(study_name=study_name, storage=url).get_trials(deepcopy=False)
         except KeyError:  # the file holds no study of that name yet
             return 0
-        return sum(t.state.name in FINISHED for t in trials)
+        return sum(t.state.name in FINISHED and not str(t.user_attrs.get("error", "")).startswith(REFUSED)
+                   for t in trials)  # fmt: skip
     report = root / entry.folder / (entry.page or "tune.md")
     lines = report.read_text().splitlines() if report.is_file() else []
     return next((int(m.group(1)) for m in map(TRIALS_LINE.match, lines) if m), 0)
+
+
+def steps_spent(root: Path, entry: Entry) -> int | None:
+    """Env steps the study's kept report says it spent, every trial at the steps it reached; None without one."""
+    report = root / entry.folder / (entry.page or "tune.md")
+    lines = report.read_text().splitlines() if report.is_file() else []
+    return next((int(m.group(1).replace(",", "")) for m in map(SPENT_LINE.match, lines) if m), None)
 
 
 def kept_steps(root: Path, entry: Entry) -> int | None:
@@ -87,8 +109,10 @@ def spends(root: Path, manifest: Manifest) -> list[Spend]:
             name = args.name or f"{args.algo}-{args.env.replace('/', '_')}"
             done = min(trials_done(root, entry, name, args.storage), args.trials)
             steps = kept_steps(root, entry) or args.total_steps or 0
-            out.append(Spend(args.algo, args.env, entry.name, f"study, {args.trials} trials × {args.seeds} seeds",
-                             done * args.seeds, args.trials * args.seeds, steps))  # fmt: skip
+            planned = done if entry.stopped else args.trials
+            what = f"study, {args.trials} trials × {args.seeds} seeds" + (f", stopped at {done}" if entry.stopped else "")
+            out.append(Spend(args.algo, args.env, entry.name, what, done * args.seeds, planned * args.seeds, steps,
+                             steps_spent(root, entry)))  # fmt: skip
         for tried in entry.tries:
             algo, env = tried.get("algo", args.algo if args else ""), tried.get("env", args.env if args else "")
             out.append(Spend(algo, env, entry.name, tried["what"], tried["runs"], tried["runs"], tried["steps"]))
@@ -107,14 +131,16 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
     for env in sorted({s.env for s in listed}):
         for algo in sorted({s.algo for s in listed if s.env == env}):
             mine = [s for s in listed if s.env == env and s.algo == algo]
-            done, planned = sum(s.done * s.steps for s in mine), sum(s.planned * s.steps for s in mine)
+            done, planned = sum(s.so_far for s in mine), sum(s.in_all for s in mine)
             totals.setdefault(env, {})[algo] = (done, planned)
-            parts = "<br>".join(f"[{s.source}]({s.source}.md): {s.what}, {s.done}/{s.planned} runs of "
-                                f"{s.steps:,} steps" for s in mine)  # fmt: skip
+            parts = "<br>".join(f"[{s.source}]({s.source}.md): {s.what}, {s.done}/{s.planned} runs of {s.steps:,} "
+                                f"steps" + (f" ({_millions(s.spent)} spent)" if s.spent is not None else "")
+                                for s in mine)  # fmt: skip
             rows.append([env, algo, parts, _millions(done), _millions(planned)])
     lines = ["# Tuning budgets", "", __doc__.split("\n\n", 1)[1].replace("\n", " ").strip(), "",
-             "Pruned trials count whole, so a pruned study's figure is an upper bound. Runs on the seeds that "
-             "final results use (0 …) are not tuning and are not counted.", "",
+             "A study's env steps so far are those its kept report counts (\"spent\": pruned and failed trials at "
+             "the steps they reached, the running trial's so far); a study without one counts its ended trials "
+             "whole. Runs on the seeds that final results use (0 …) are not tuning and are not counted.", "",
              "| env | algo | studies and tries (runs so far / planned) | env steps so far | planned |",
              "|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows), "",
              "## Equal budgets?", ""]  # fmt: skip

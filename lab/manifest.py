@@ -13,6 +13,9 @@ Runs live under ``runs/``, which git ignores, so a new checkout would start a lo
 ``FOLDER/carried/`` when its command ends or is stopped (``testbed results save`` does it for runs still
 going), and copies them back before its command starts, so finished runs are reused and stopped ones resume
 from their checkpoints in any later checkout.
+
+An entry that is not to be run on, a study stopped for good short of its trials, says why under
+``stopped``; ``results run`` refuses it by name and passes over it with ``--all`` or ``--cheap``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ HEADER = """\
 # version are shown as from older code, with their commit, and stay out of the headline tables.
 """
 ENTRY_KEYS = {"name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget",
-              "cost", "fresh", "last_line", "carry", "tries", "produced", "progress"}  # fmt: skip
+              "cost", "fresh", "last_line", "carry", "tries", "stopped", "produced", "progress"}  # fmt: skip
 TRY_KEYS = {"what", "runs", "steps", "algo", "env", "result"}
 COSTS = ("cheap", "long")
 CARRIED = "carried"  # under an entry's folder: its carried runs, at their paths from the repository root
@@ -76,6 +79,10 @@ class Entry:
     # Runs on tuning seeds outside a study that chose settings (a try, a hand sweep): what, runs, steps, and
     # the algo and env where the command is not the study of that algo and env. The tuning ledger counts them.
     tries: tuple[dict[str, Any], ...] = ()
+    # Why a result that ran part of its command (a study stopped short of its trials) is not to be run on: a
+    # resumed study would go on from trials that no longer match the presets. `results run` refuses it, and the
+    # tuning ledger plans no more of it than it ran.
+    stopped: str | None = None
     produced: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, wall_s, code_version
     # Of a long result not produced yet: where its files so far were saved (``testbed results save``).
     progress: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, code_version
@@ -130,6 +137,9 @@ def _entry(raw: Any, where: str) -> Entry:
         raise BadInput(f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and carries runs (that "
                        "a rerun reuses); drop one of the two")  # fmt: skip
     values["carry"] = tuple(carry)
+    if "stopped" in raw and not (isinstance(raw["stopped"], str) and raw["stopped"].strip()):
+        raise BadInput(f"{where}: entry {raw['name']!r} has stopped {raw['stopped']!r}; give the reason it is not to "
+                       "be run on, as a text, or drop the key")  # fmt: skip
     values["tries"] = tuple(_try(t, f"{where}: entry {raw['name']!r}", raw["command"]) for t in raw.get("tries") or [])
     values["produced"] = dict(raw.get("produced") or {})
     values["progress"] = dict(raw.get("progress") or {})
@@ -176,13 +186,13 @@ def load(root: Path) -> Manifest:
 def save(root: Path, manifest: Manifest) -> None:
     """Write the manifest back, keys in a fixed order; written whole to a temporary file, then renamed."""
     order = ["name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget", "cost",
-             "fresh", "last_line", "carry", "tries", "produced", "progress"]  # fmt: skip
+             "fresh", "last_line", "carry", "tries", "stopped", "produced", "progress"]  # fmt: skip
     results = []
     for e in manifest.entries:
         values = {"name": e.name, "title": e.title, "about": e.about, "command": e.command, "output": e.output,
                   "folder": e.folder, "keep": list(e.keep), "page": e.page, "seeds": e.seeds, "budget": e.budget,
                   "cost": e.cost, "fresh": e.fresh or None, "last_line": e.last_line, "carry": list(e.carry) or None,
-                  "tries": [dict(t) for t in e.tries] or None, "produced": e.produced or None,
+                  "tries": [dict(t) for t in e.tries] or None, "stopped": e.stopped, "produced": e.produced or None,
                   "progress": e.progress or None}  # fmt: skip
         results.append({k: values[k] for k in order if values[k] is not None})
     text = HEADER + yaml.safe_dump({"code_version": manifest.code_version, "results": results}, sort_keys=False,
@@ -221,15 +231,19 @@ def git_commit(root: Path) -> str:
 
 
 def select(manifest: Manifest, names: Sequence[str], every: bool, cheap: bool) -> list[Entry]:
-    """The entries to rerun, checked before any work starts."""
+    """The entries to rerun, checked before any work starts. --all and --cheap pass over stopped entries; one
+    named is refused."""
     if bool(names) + every + cheap != 1:
         raise BadInput("name the results to rerun, or give --all or --cheap (one of the three); "
                        "`testbed results list` shows the names")  # fmt: skip
-    if every:
-        return list(manifest.entries)
-    if cheap:
-        return [e for e in manifest.entries if e.cost == "cheap"]
-    return [manifest.entry(n) for n in names]
+    if every or cheap:
+        return [e for e in manifest.entries if e.stopped is None and (every or e.cost == "cheap")]
+    chosen = [manifest.entry(n) for n in names]
+    for entry in chosen:
+        if entry.stopped is not None:
+            raise BadInput(f"{entry.name} is stopped in {MANIFEST}: {entry.stopped.strip()} Its command would go on "
+                           "from there, so it is not run; to run it on all the same, delete its `stopped` key")  # fmt: skip
+    return chosen
 
 
 def _copy_kept(source: Path, target: Path, kept: list[str]) -> None:

@@ -92,3 +92,38 @@ def test_a_study_command_that_does_not_parse_is_named_in_the_error(tmp_path: Pat
     broken = _write(tmp_path, [_entry("s", STUDY.format(algo="ppo", trials=2, name="s") + " --trails 3")])
     with pytest.raises(BadInput, match=r"entry 's'.*unrecognized arguments: --trails 3"):
         ledger.spends(tmp_path, broken)
+
+
+def test_failed_trials_count_refused_ones_do_not_and_a_stopped_study_plans_what_it_ran(tmp_path: Path) -> None:
+    storage = "sqlite:///benchmarks/results/s/study.db"
+    (tmp_path / "benchmarks/results/s").mkdir(parents=True)
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/benchmarks/results/s/study.db")
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                              user_attrs={"error": "the run diverged"}))  # it trained until then
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                              user_attrs={"error": "config refused: n_steps"}))  # it never trained
+    command = STUDY.format(algo="ppo", trials=6, name="s") + f" --storage {storage}"
+    found = _write(tmp_path, [_entry("s", command)])
+    assert [(s.done, s.planned, s.so_far) for s in ledger.spends(tmp_path, found)] == [(4, 12, 4000)]  # 2 trials
+    # The kept report counts the failed trial at the steps it reached: 2 × 1,000 + 2 × 300.
+    (tmp_path / "benchmarks/results/s/tune.md").write_text(
+        "- Trials: 3 of 6 (1 complete, 2 failed)\n"
+        "- Env steps spent by the whole study, pruned and failed trials included: 2,600\n")  # fmt: skip
+    assert [(s.so_far, s.in_all) for s in ledger.spends(tmp_path, found)] == [(2600, 12000)]
+    assert "study, 6 trials × 2 seeds, 4/12 runs of 1,000 steps (2,600 spent) | 2,600 | 12,000 |" in \
+        ledger.ledger_page(tmp_path, found)  # fmt: skip
+    stopped = _write(tmp_path, [_entry("s", command, stopped="its trials observed what the presets no longer do.")])
+    assert [(s.done, s.planned, s.what, s.in_all) for s in ledger.spends(tmp_path, stopped)] == [
+        (4, 4, "study, 6 trials × 2 seeds, stopped at 2", 2600)]  # it plans what it spent
+    (tmp_path / "benchmarks/results/s/tune.md").unlink()
+    assert "- Hopper-v5: only ppo tuned here (4,000 planned, 4,000 so far)" in ledger.ledger_page(tmp_path, stopped)
+    # Running it on would resume trials that no longer match: refused by name, passed over by --all and --cheap.
+    with pytest.raises(BadInput, match="s is stopped in .*its trials observed what the presets no longer do. Its "
+                                       "command would go on from there.*delete its `stopped` key"):
+        manifest.select(stopped, ["s"], False, False)
+    assert manifest.select(stopped, [], True, False) == [] == manifest.select(stopped, [], False, True)
+    manifest.save(tmp_path, stopped)
+    assert manifest.load(tmp_path).entry("s").stopped == "its trials observed what the presets no longer do."
+    with pytest.raises(BadInput, match="has stopped True; give the reason"):
+        _write(tmp_path, [_entry("s", command, stopped=True)])
