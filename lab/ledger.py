@@ -4,7 +4,9 @@ A comparison is fair when both algos had the same tuning budget on an env. The b
 ``testbed tune`` study in ``benchmarks/manifest.yaml`` (its trials so far, read from the study's committed
 ``study.db`` or its kept report, of the trials its command plans, times its seeds per trial and env steps
 per seed, as its kept tune.yaml records them, else as its command asks) and every try the manifest lists
-with ``tries:`` (single runs and hand sweeps on tuning seeds). The unit is a seed-run: one seed trained for the study's or the try's env steps. A study stopped for good (``stopped:`` in the manifest) plans no more than it ran.
+with ``tries:`` (single runs and hand sweeps on tuning seeds). The unit is a seed-run: one seed trained for
+the study's or the try's env steps. A study stopped for good (``stopped:`` in the manifest) plans no more
+than it ran.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def spends(root: Path, manifest: Manifest) -> list[Spend]:
             done = min(trials_done(root, entry, name, args.storage), args.trials)
             steps = kept_steps(root, entry) or args.total_steps or 0
             planned = done if entry.stopped else args.trials
-            what = f"study, {args.trials} trials × {args.seeds} seeds" + (f", stopped at {done}" if entry.stopped else "")
+            what = f"study, {args.trials} trials × {args.seeds} seeds{f', stopped at {done}' if entry.stopped else ''}"
             out.append(Spend(args.algo, args.env, entry.name, what, done * args.seeds, planned * args.seeds, steps,
                              steps_spent(root, entry)))  # fmt: skip
         for tried in entry.tries:

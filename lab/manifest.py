@@ -241,8 +241,9 @@ def select(manifest: Manifest, names: Sequence[str], every: bool, cheap: bool) -
     chosen = [manifest.entry(n) for n in names]
     for entry in chosen:
         if entry.stopped is not None:
-            raise BadInput(f"{entry.name} is stopped in {MANIFEST}: {entry.stopped.strip()} Its command would go on "
-                           "from there, so it is not run; to run it on all the same, delete its `stopped` key")  # fmt: skip
+            reason = entry.stopped.strip().rstrip(".")
+            raise BadInput(f"{entry.name} is stopped in {MANIFEST}: {reason}. Its command would go on from there, "
+                           "so it is not run; to run it on all the same, delete its `stopped` key")  # fmt: skip
     return chosen
 
 
