@@ -26,7 +26,6 @@ from lab.parser import build_parser
 
 LEDGER = "tuning-budget.md"  # under docs/results
 TRIALS_LINE = re.compile(r"^- Trials: (\d+) of ")  # tune_report's "What was run" list
-SPENT_LINE = re.compile(r"^- Env steps spent by the whole study, pruned and failed trials included: ([\d,]+)$")
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # a failed trial trained until it failed
 
 
@@ -59,7 +58,7 @@ def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) 
     if storage and storage.startswith("sqlite:///") and (root / storage.removeprefix("sqlite:///")).is_file():
         import optuna
 
-        from lab.trials import REFUSED
+        from lab.trials import refused
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         url = f"sqlite:///{root / storage.removeprefix('sqlite:///')}"
@@ -67,18 +66,22 @@ def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) 
             trials = optuna.load_study(study_name=study_name, storage=url).get_trials(deepcopy=False)
         except KeyError:  # the file holds no study of that name yet
             return 0
-        return sum(t.state.name in FINISHED and not str(t.user_attrs.get("error", "")).startswith(REFUSED)
-                   for t in trials)  # fmt: skip
+        return sum(t.state.name in FINISHED and not refused(t) for t in trials)
+    return next((int(m.group(1)) for m in map(TRIALS_LINE.match, report_lines(root, entry)) if m), 0)
+
+
+def report_lines(root: Path, entry: Entry) -> list[str]:
+    """The lines of the study's kept report; none before it has one."""
     report = root / entry.folder / (entry.page or "tune.md")
-    lines = report.read_text().splitlines() if report.is_file() else []
-    return next((int(m.group(1)) for m in map(TRIALS_LINE.match, lines) if m), 0)
+    return report.read_text().splitlines() if report.is_file() else []
 
 
 def steps_spent(root: Path, entry: Entry) -> int | None:
     """Env steps the study's kept report says it spent, every trial at the steps it reached; None without one."""
-    report = root / entry.folder / (entry.page or "tune.md")
-    lines = report.read_text().splitlines() if report.is_file() else []
-    return next((int(m.group(1).replace(",", "")) for m in map(SPENT_LINE.match, lines) if m), None)
+    from lab.tune_report import SPENT  # the wording the report writes; imported late, as it brings optuna and plots
+
+    line = re.compile(rf"^- {re.escape(SPENT)}: ([\d,]+)$")
+    return next((int(m.group(1).replace(",", "")) for m in map(line.match, report_lines(root, entry)) if m), None)
 
 
 def kept_steps(root: Path, entry: Entry) -> int | None:

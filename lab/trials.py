@@ -145,6 +145,11 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
 REFUSED = "config refused"
 """How a trial's ``error`` attribute begins when the algo's config refused its sample: it trained nothing."""
 
+
+def refused(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the algo's config refused the trial's sample (:data:`REFUSED`), so that it trained nothing."""
+    return str(trial.user_attrs.get("error", "")).startswith(REFUSED)
+
 COST = "cost"
 """The user attribute where the study keeps a finished trial's cost, (env steps, env steps per seed, wall-clock s):
 the study then holds its own budget when the trials' runs are not at hand."""
@@ -180,8 +185,7 @@ def trial_cost(trial: optuna.trial.FrozenTrial, tune_dir: Path) -> tuple[int, in
     if COST in trial.user_attrs:
         steps, per_seed, seconds = trial.user_attrs[COST]
         return int(steps), int(per_seed), float(seconds)
-    refused = str(trial.user_attrs.get("error", "")).startswith(REFUSED)
-    return (0, 0, 0.0) if refused or not trial.state.is_finished() else None
+    return (0, 0, 0.0) if refused(trial) or not trial.state.is_finished() else None
 
 
 def known_costs(trials: list[optuna.trial.FrozenTrial], tune_dir: Path) -> dict[int, tuple[int, int, float]]:

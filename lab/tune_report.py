@@ -41,6 +41,9 @@ from lab.plot import new_figure, save_figure
 from lab.study import TUNE_FILE, storage_for
 from lab.trials import known_costs
 
+SPENT = "Env steps spent by the whole study, pruned and failed trials included"
+"""How the report's line of the study's whole spend begins; the tuning ledger reads the figure after it."""
+
 SEEDS_LISTED = 6
 """A trial's seeds are listed in full up to this many; beyond, by their first two and last."""
 PARALLEL_PARAMS = 6
@@ -226,7 +229,7 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
         f"Trials: {len(trials)} of {saved.get('trials')} ({', '.join(f'{n} {s}' for s, n in by_state.items())})",
         f"Budget: {budget}",
         f"{seeds_text(saved['seeds'])} (a trial's score is the mean of their final evaluations)",
-        f"Env steps spent by the whole study, pruned and failed trials included: {spent:,}",
+        f"{SPENT}: {spent:,}",
         (f"Sampler: TPE (seed {saved.get('sampler_seed')}); pruner: {saved.get('pruner')} (after "
          f"{saved.get('startup_trials')} trials, from a third of the budget on)"),
         f"Fixed with --set: {', '.join(saved.get('sets') or []) or 'nothing'}",
