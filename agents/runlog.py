@@ -182,6 +182,9 @@ class MetricLog:
         row = {"global_step": step, "wall_time_s": round(wall_time_s, 3)}
         row.update({k: ("" if v is None or not math.isfinite(v) else v) for k, v in values.items()})
         self.csv_writer.writerow(row)
+        # Readers follow the file as it grows (a study's pruner, `testbed board`): a buffer would hold back some
+        # 25 rows, and a pruned trial would train on until it filled. One write per iteration costs nothing.
+        self.csv_file.flush()
 
     def fill_last_row(self, step: int, values: dict[str, float]) -> None:
         """Put ``values`` into the last row of progress.csv, the one of ``step`` (a final evaluation that a stop
