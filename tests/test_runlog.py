@@ -253,6 +253,16 @@ def test_metric_log_writes_progress_csv(tmp_path: Path) -> None:
     assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
 
 
+def test_a_reader_sees_each_row_as_it_is_written(tmp_path: Path) -> None:
+    """A study's pruner reads a running trial's progress.csv: an evaluation it cannot see yet is training wasted."""
+    log = MetricLog(tmp_path, COLUMNS, resume_step=None)
+    log.row(128, 1.0, {"charts/SPS": 100.0})
+    assert [r["global_step"] for r in _read_csv(tmp_path / "progress.csv")[1]] == ["128"]
+    log.row(256, 2.0, {"charts/SPS": 100.0})
+    assert [r["global_step"] for r in _read_csv(tmp_path / "progress.csv")[1]] == ["128", "256"]
+    log.close()
+
+
 def test_metric_log_resume_drops_rows_after_the_checkpoint(tmp_path: Path) -> None:
     log = MetricLog(tmp_path, COLUMNS, resume_step=None)
     for step in (100, 200, 300, 400):
