@@ -424,8 +424,9 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
         carry_out(root, entry)
     wall = time.monotonic() - started
     if code != 0:
+        kept = f"; its runs as they stand are in {entry.folder}/{CARRIED}" if entry.carry else ""
         raise BadInput(f"{entry.name}: `{entry.command}` exited with status {code} after {wall:.0f} s; its "
-                       "committed files and the manifest are unchanged. Fix the cause and rerun: finished runs "
+                       f"report and the manifest are unchanged{kept}. Fix the cause and rerun: finished runs "
                        "are reused")  # fmt: skip
     _keep(root, entry)
     if entry.last_line is not None:

@@ -110,6 +110,16 @@ def test_a_failed_rerun_changes_neither_the_kept_files_nor_the_manifest(tmp_path
     assert not (tmp_path / "benchmarks/results/toy").exists()
 
 
+def test_a_failed_rerun_still_carries_out_the_runs_it_trained_and_says_so(tmp_path: Path) -> None:
+    crash = ("python -c \"import pathlib, sys; d = pathlib.Path('runs/bench/toy/seed0'); d.mkdir(parents=True); "
+             "(d / 'config.yaml').write_text('seed: 0'); sys.exit(3)\"")
+    found = _toy(tmp_path, crash, carry=["runs/bench/toy"])
+    with pytest.raises(BadInput, match="unchanged; its runs as they stand are in benchmarks/results/toy/carried"):
+        manifest.rerun(tmp_path, found, found.entry("toy"))
+    assert (tmp_path / "benchmarks/results/toy/carried/runs/bench/toy/seed0/config.yaml").read_text() == "seed: 0"
+    assert not manifest.load(tmp_path).entry("toy").produced
+
+
 # A run that writes what a trainer writes, then reports which of its files it found when it started.
 RUN = ("python -c \"import pathlib; d = pathlib.Path('runs/bench/toy/seed0'); found = sorted(p.name for p in d.glob('*')) "
        "if d.is_dir() else []; d.mkdir(parents=True, exist_ok=True); n = len(list(d.glob('ckpt*'))); "
