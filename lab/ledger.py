@@ -25,7 +25,7 @@ from lab.manifest import MANIFEST, Entry, Manifest
 from lab.parser import build_parser
 
 LEDGER = "tuning-budget.md"  # under docs/results
-TRIALS_LINE = re.compile(r"^- Trials: (\d+) of ")  # tune_report's "What was run" list
+TRIALS_LINE = re.compile(r"^- Trials: \d+ of \S+ \((.*)\)$")  # tune_report's "What was run": "(13 complete, 3 fail)"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # a failed trial trained until it failed
 
 
@@ -67,7 +67,9 @@ def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) 
         except KeyError:  # the file holds no study of that name yet
             return 0
         return sum(t.state.name in FINISHED and not refused(t) for t in trials)
-    return next((int(m.group(1)) for m in map(TRIALS_LINE.match, report_lines(root, entry)) if m), 0)
+    counts = next((m.group(1) for m in map(TRIALS_LINE.match, report_lines(root, entry)) if m), "")
+    # A trial still running when the report was written has not ended: only the finished states count.
+    return sum(int(n) for n, state in re.findall(r"(\d+) (\w+)", counts) if state.upper() in FINISHED)
 
 
 def report_lines(root: Path, entry: Entry) -> list[str]:

@@ -108,7 +108,7 @@ def test_failed_trials_count_refused_ones_do_not_and_a_stopped_study_plans_what_
     assert [(s.done, s.planned, s.so_far) for s in ledger.spends(tmp_path, found)] == [(4, 12, 4000)]  # 2 trials
     # The kept report counts the failed trial at the steps it reached: 2 × 1,000 + 2 × 300.
     (tmp_path / "benchmarks/results/s/tune.md").write_text(
-        "- Trials: 3 of 6 (1 complete, 2 failed)\n"
+        "- Trials: 3 of 6 (1 complete, 2 fail)\n"
         "- Env steps spent by the whole study, pruned and failed trials included: 2,600\n")  # fmt: skip
     assert [(s.so_far, s.in_all) for s in ledger.spends(tmp_path, found)] == [(2600, 12000)]
     assert "study, 6 trials × 2 seeds, 4/12 runs of 1,000 steps (2,600 spent) | 2,600 | 12,000 |" in \
@@ -127,3 +127,12 @@ def test_failed_trials_count_refused_ones_do_not_and_a_stopped_study_plans_what_
     assert manifest.load(tmp_path).entry("s").stopped == "its trials observed what the presets no longer do."
     with pytest.raises(BadInput, match="has stopped True; give the reason"):
         _write(tmp_path, [_entry("s", command, stopped=True)])
+
+
+def test_a_study_known_by_its_report_counts_the_trials_that_ended_not_one_still_running(tmp_path: Path) -> None:
+    entry = manifest.Entry("r", "r", "r", "testbed tune …", "benchmarks/results/r", (), "", "", "long")
+    (tmp_path / "benchmarks/results/r").mkdir(parents=True)
+    (tmp_path / "benchmarks/results/r/tune.md").write_text("- Trials: 5 of 8 (2 complete, 1 pruned, 1 fail, 1 running)\n")
+    assert ledger.trials_done(tmp_path, entry, "r", None) == 4
+    (tmp_path / "benchmarks/results/r/tune.md").unlink()
+    assert ledger.trials_done(tmp_path, entry, "r", None) == 0  # no report yet
