@@ -132,7 +132,8 @@ def test_failed_trials_count_refused_ones_do_not_and_a_stopped_study_plans_what_
 def test_a_study_known_by_its_report_counts_the_trials_that_ended_not_one_still_running(tmp_path: Path) -> None:
     entry = manifest.Entry("r", "r", "r", "testbed tune …", "benchmarks/results/r", (), "", "", "long")
     (tmp_path / "benchmarks/results/r").mkdir(parents=True)
-    (tmp_path / "benchmarks/results/r/tune.md").write_text("- Trials: 5 of 8 (2 complete, 1 pruned, 1 fail, 1 running)\n")
+    report = tmp_path / "benchmarks/results/r/tune.md"
+    report.write_text("- Trials: 5 of 8 (2 complete, 1 pruned, 1 fail, 1 running)\n")
     assert ledger.trials_done(tmp_path, entry, "r", None) == 4
-    (tmp_path / "benchmarks/results/r/tune.md").unlink()
+    report.unlink()
     assert ledger.trials_done(tmp_path, entry, "r", None) == 0  # no report yet

@@ -41,7 +41,7 @@ def test_a_tiny_study_prunes_reports_adds_nothing_when_rerun_and_exports_a_prese
 ) -> None:
     import optuna
 
-    # The pruner's stop lands about half a second after the evaluation it judged, and CartPole trains some
+    # The pruner's stop lands up to a poll (1 s) after the evaluation it judged, and CartPole trains some
     # 7,500 steps/s: pruned at 10,000 of 20,000 steps, a run could finish first. Pruned at 16,384 of 48,000
     # (no pruning in the first third), it has some 4 s of training left when the stop comes.
     budget = 48_000
