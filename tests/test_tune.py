@@ -288,9 +288,10 @@ def test_a_resumed_study_does_not_draw_its_random_trials_again(in_tmp: Path) -> 
 def test_a_study_starts_from_the_env_preset_then_the_action_space_default() -> None:
     points = tune.starting_points(tune.plan_tune("ppo", "Walker2d-v5", 10, None, 1, None, [], "starts"))
     assert list(points) == ["env", "default"]
-    # Walker2d's entry (the RL Zoo's v3 values) against CleanRL's continuous defaults; an ent_coef of 0 sits
-    # outside the log range and is moved to its low end.
-    assert (points["env"]["n_steps"], points["env"]["n_epochs"], points["env"]["clip_range"]) == (512, 20, 0.1)
+    # Walker2d's entry (its study's trial 9, annealed) against CleanRL's continuous defaults; an ent_coef of 0
+    # sits outside the log range and is moved to its low end.
+    assert (points["env"]["n_steps"], points["env"]["n_epochs"], points["env"]["clip_range"]) == (1024, 10, 0.3)
+    assert points["env"]["anneal_lr"] is True
     assert (points["default"]["n_steps"], points["default"]["n_epochs"], points["default"]["clip_range"]) == (2048, 10, 0.2)
     assert points["default"]["ent_coef"] == 1e-8
     # An env without a preset entry has one starting point: its preset is the default.
