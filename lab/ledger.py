@@ -25,7 +25,6 @@ from lab.manifest import MANIFEST, Entry, Manifest
 from lab.parser import build_parser
 
 LEDGER = "tuning-budget.md"  # under docs/results
-TRIALS_LINE = re.compile(r"^- Trials: \d+ of \S+ \((.*)\)$")  # tune_report's "What was run": "(13 complete, 3 fail)"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # a failed trial trained until it failed
 
 
@@ -67,7 +66,10 @@ def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) 
         except KeyError:  # the file holds no study of that name yet
             return 0
         return sum(t.state.name in FINISHED and not refused(t) for t in trials)
-    counts = next((m.group(1) for m in map(TRIALS_LINE.match, report_lines(root, entry)) if m), "")
+    from lab.tune_report import TRIALS  # the wording the report writes, as in steps_spent
+
+    line = re.compile(rf"^- {re.escape(TRIALS)}: \d+ of \S+ \((.*)\)$")  # "(13 complete, 3 fail)"
+    counts = next((m.group(1) for m in map(line.match, report_lines(root, entry)) if m), "")
     # A trial still running when the report was written has not ended: only the finished states count.
     return sum(int(n) for n, state in re.findall(r"(\d+) (\w+)", counts) if state.upper() in FINISHED)
 

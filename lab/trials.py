@@ -150,6 +150,7 @@ def refused(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether the algo's config refused the trial's sample (:data:`REFUSED`), so that it trained nothing."""
     return str(trial.user_attrs.get("error", "")).startswith(REFUSED)
 
+
 COST = "cost"
 """The user attribute where the study keeps a finished trial's cost, (env steps, env steps per seed, wall-clock s):
 the study then holds its own budget when the trials' runs are not at hand."""

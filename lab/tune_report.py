@@ -43,6 +43,9 @@ from lab.trials import known_costs
 
 SPENT = "Env steps spent by the whole study, pruned and failed trials included"
 """How the report's line of the study's whole spend begins; the tuning ledger reads the figure after it."""
+TRIALS = "Trials"
+"""How the report's line of the study's trials begins, ``Trials: N of M (2 complete, 1 fail)``; the tuning ledger
+reads the counts by state after it."""
 
 SEEDS_LISTED = 6
 """A trial's seeds are listed in full up to this many; beyond, by their first two and last."""
@@ -226,7 +229,7 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
               else f"{asked} per seed asked; each trial trained whole iterations past it, see the trial history")
     facts = [
         f"Algo: {saved['algo']}; env: {saved['env_id']}",
-        f"Trials: {len(trials)} of {saved.get('trials')} ({', '.join(f'{n} {s}' for s, n in by_state.items())})",
+        f"{TRIALS}: {len(trials)} of {saved.get('trials')} ({', '.join(f'{n} {s}' for s, n in by_state.items())})",
         f"Budget: {budget}",
         f"{seeds_text(saved['seeds'])} (a trial's score is the mean of their final evaluations)",
         f"{SPENT}: {spent:,}",
