@@ -98,6 +98,9 @@ class PPOConfig(RunConfig):
     the previous epoch left it (Tianshou's ``recompute_adv``; Andrychowicz et al. 2021 recommend it)."""
     normalize_reward: bool = False
     """Scale rewards by the running std of the discounted return (clipped to ±10)."""
+    reward_norm_restart: Literal["terminated", "done"] = "terminated"
+    """When that discounted return starts again: at terminations only, carried over time limits (gymnasium's
+    NormalizeReward), or at every episode end (SB3's VecNormalize, which sb3-ppo always uses)."""
     shared_trunk: bool = False
     """One trunk for actor and critic instead of two."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
@@ -245,8 +248,9 @@ class Learner:
 
 def env_options(cfg: PPOConfig) -> EnvOptions:
     """How PPO's training envs are wrapped: normalization, vectorization, a delayed reward, a reward offset."""
-    return EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward, gamma=cfg.gamma,
-                      vectorization=cfg.vectorization, reward_delay=cfg.reward_delay, reward_offset=cfg.reward_offset)
+    return EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward,
+                      reward_norm_restart=cfg.reward_norm_restart, gamma=cfg.gamma, vectorization=cfg.vectorization,
+                      reward_delay=cfg.reward_delay, reward_offset=cfg.reward_offset)  # fmt: skip
 
 
 def gae_targets(cfg: PPOConfig, segment: Segment, values: Tensor, next_values: Tensor) -> tuple[Tensor, Tensor]:

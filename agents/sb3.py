@@ -16,6 +16,7 @@ Where it differs from ``ppo`` (docs/training.md has the details):
  - ``recompute_advantages``, which SB3 lacks, runs one ``train()`` of one epoch per epoch, the buffer's
    advantages and targets recomputed in between (:func:`recompute_advantages`); ``target_kl`` is refused
    with it, since SB3's early stop would end only the epoch it fired in.
+ - VecNormalize restarts the return that scales rewards at every episode end: ``ppo``'s ``reward_norm_restart=done``.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ class EnvOptions:
     """Running mean/std observation normalization, shared by all sub-envs."""
     normalize_reward: bool = False
     """Scale rewards by the running std of the discounted return (as SB3's VecNormalize)."""
+    reward_norm_restart: Literal["terminated", "done"] = "terminated"
+    """When that return starts again: at terminations only (gymnasium's) or at every episode end (SB3's);
+    see ``envs.normalize.NormalizeReward``."""
     gamma: float = 0.99
     """Discount of the return whose std scales rewards."""
     clip_obs: float = 10.0
@@ -236,7 +239,8 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     if options.reward_offset:
         env = RewardOffset(env, options.reward_offset)
     if options.normalize_reward:
-        env = NormalizeReward(env, gamma=options.gamma, clip=options.clip_reward, groups=options.stacked_seeds)
+        env = NormalizeReward(env, gamma=options.gamma, clip=options.clip_reward, groups=options.stacked_seeds,
+                              restart=options.reward_norm_restart)  # fmt: skip
     if env.metadata.get("autoreset_mode") != AutoresetMode.NEXT_STEP:
         raise RuntimeError("a wrapper changed the autoreset mode")
     return env

@@ -20,7 +20,7 @@ wrappers costs about a third of S steps through S chains (HalfCheetah, 8 seeds).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from gymnasium.vector import VectorEnv
@@ -138,21 +138,47 @@ class NormalizeObservation(vector_wrappers.NormalizeObservation):
 
 class NormalizeReward(vector_wrappers.NormalizeReward):
     """gymnasium's vector ``NormalizeReward`` with :class:`FastRunningMeanStd` statistics (one per seed for
-    ``groups`` seeds); the scaled rewards clipped to [−``clip``, ``clip``] (none: not clipped)."""
+    ``groups`` seeds); the scaled rewards clipped to [−``clip``, ``clip``] (none: not clipped).
+
+    Rewards are divided by the running std of a discounted return G kept per sub-env, updated on every step
+    but the autoreset ones (NEXT_STEP mode), and ``restart`` says when G starts again:
+
+        terminated (gymnasium's):  G ← γ · G · (1 − terminated_t) + r_t
+        done (SB3's VecNormalize, OpenAI baselines' ppo2):  G ← γ · G + r_t, then G ← 0 where done_t
+
+    gymnasium's G carries over a time limit into the next episode, so where episodes end by truncation and
+    γ is near 1 (Swimmer at γ = 0.9999) G grows far past any episode's return, and the rewards shrink with
+    its std; SB3's G is each episode's own discounted return so far. ``done`` keeps G in float64, as SB3
+    does, so that its scaled rewards are SB3's floats.
+    """
 
     def __init__(
-        self, env: VectorEnv, gamma: float = 0.99, clip: float | None = None, epsilon: float = 1e-8, groups: int = 1
-    ) -> None:
+        self, env: VectorEnv, gamma: float = 0.99, clip: float | None = None, epsilon: float = 1e-8, groups: int = 1,
+        restart: Literal["terminated", "done"] = "terminated",
+    ) -> None:  # fmt: skip
         super().__init__(env, gamma=gamma, epsilon=epsilon)
         self.return_rms = running_statistics(env, groups, (), np.float64)
         self.clip = clip
+        self.restart = restart
+        if restart == "done":
+            self.accumulated_reward = np.zeros(self.num_envs, dtype=np.float64)
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        active = ~self._prev_dones.astype(bool)  # (N,)  NEXT_STEP: an autoreset step is no step of an episode
         if isinstance(self.return_rms, SeedStatistics):
-            # The rows gymnasium's step updates the statistics with (NEXT_STEP mode): the sub-envs whose
-            # previous step did not end an episode.
-            self.return_rms.rows = ~self._prev_dones.astype(bool)
-        obs, rewards, terminated, truncated, info = super().step(actions)
+            self.return_rms.rows = active  # the rows whose returns update the statistics
+        if self.restart == "terminated":
+            obs, rewards, terminated, truncated, info = super().step(actions)
+        else:
+            obs, rewards, terminated, truncated, info = self.env.step(actions)
+            G = self.accumulated_reward
+            G[active] = self.gamma * G[active] + rewards[active]
+            if self._update_running_mean and active.any():
+                self.return_rms.update(G[active])
+            done = np.logical_or(terminated, truncated)
+            G[done] = 0.0
+            self._prev_dones = done.astype(np.float32)
+            rewards = rewards / np.sqrt(self.return_rms.var + self.epsilon)
         if self.clip is not None:
             rewards = np.clip(rewards, -self.clip, self.clip)
         return obs, rewards, terminated, truncated, info

@@ -311,6 +311,61 @@ def test_normalization_is_gymnasium_s_bit_for_bit(closing: list[VectorEnv]) -> N
         assert rms["count"] == gym_rms.count
 
 
+@pytest.mark.parametrize("restart", ["terminated", "done"])
+def test_the_scaled_return_restarts_at_terminations_or_at_every_episode_end(
+    restart: str, closing: list[VectorEnv]
+) -> None:
+    """Reward 1 every step, episodes truncated after 3 steps, γ = 0.5: G = 1, 1.5, 1.75 in the first
+    episode; after the time limit ``terminated`` carries G on (1.875, 1.9375, 1.96875) and ``done`` starts it
+    again (1, 1.5, 1.75). The autoreset step between the episodes updates nothing."""
+    env = make_vector("tests.toy_envs:testbed-toy/ConstantReward-v0", 1, EnvOptions(normalize_reward=True, gamma=0.5,
+                      reward_norm_restart=restart), max_episode_steps=3)  # fmt: skip
+    closing.append(env)
+    norm = find_wrapper(env, vector_wrappers.NormalizeReward)
+    env.reset(seed=0)
+    for _ in range(7):  # two episodes and the autoreset step between them
+        env.step(np.zeros(1, dtype=np.int64))
+    first = [1.0, 1.5, 1.75]
+    G = first + ([1.875, 1.9375, 1.96875] if restart == "terminated" else first)
+    # Six updates: the running mean is the mean of the six returns (and RunningMeanStd's tiny prior count).
+    assert norm.return_rms.count == pytest.approx(6, abs=1e-3)
+    assert float(norm.return_rms.mean) == pytest.approx(sum(G) / 6, rel=1e-4)
+    assert float(norm.return_rms.var) == pytest.approx(float(np.var(G)), rel=1e-3)
+    assert norm.accumulated_reward[0] == (G[-1] if restart == "terminated" else 0.0)
+
+
+def test_a_return_restarted_at_every_episode_end_scales_rewards_as_sb3s_vecnormalize() -> None:
+    """With ``reward_norm_restart=done`` our scaled rewards are those of SB3's VecNormalize fed the same
+    episodes (to float32 rounding: SB3's DummyVecEnv keeps rewards as float32); gymnasium's, which carries
+    the return over a time limit, part from them after the first episode."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    def sb3_env() -> VecNormalize:
+        venv = DummyVecEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=30)] * 3)
+        venv.seed(4)
+        return VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=0.9, clip_reward=0.5)
+
+    gaps = {}
+    for restart in ("done", "terminated"):
+        ours = make_vector("Pendulum-v1", 3, EnvOptions(normalize_reward=True, gamma=0.9, clip_reward=0.5,
+                                                        reward_norm_restart=restart), max_episode_steps=30)  # fmt: skip
+        theirs = sb3_env()
+        ours.reset(seed=4)
+        theirs.reset()
+        gap, autoreset = [], False
+        for action in _actions(ours, 100, seed=5):  # three episodes of 30 steps and their autoresets
+            _, reward, terminated, truncated, _ = ours.step(action)
+            if not autoreset:  # SB3 resets inside the episode's last step; it has no autoreset step
+                gap.append(np.max(np.abs(reward - theirs.step(action)[1])))
+            autoreset = bool(np.any(terminated | truncated))
+        gaps[restart] = gap
+        ours.close()
+        theirs.close()
+    assert len(gaps["done"]) == 90 + 100 - 93  # the real steps of three episodes and the fourth's first steps
+    assert max(gaps["done"]) < 1e-6
+    assert max(gaps["terminated"][:30]) < 1e-6 and max(gaps["terminated"][30:]) > 1e-3
+
+
 @pytest.mark.parametrize("N", [1, 3, 9])
 def test_seed_statistics_are_each_seeds_own_statistics_bit_for_bit(N: int) -> None:
     """Three seeds' statistics in one SeedStatistics, updated with batches of 3·N rows (every row, and some

@@ -12,8 +12,9 @@ import torch
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch import nn
 
-from agents import plumbing, runlog, sb3, tracking
+from agents import plumbing, ppo, runlog, sb3, tracking
 from agents.ppo import TAGS
+from agents.rollout import Segment
 from envs import BadInput, normalizer_state
 from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
 
@@ -104,6 +105,63 @@ def test_recomputed_advantages_are_sb3s_own_under_the_same_critic_and_follow_a_t
         assert not np.allclose(buffer.advantages, flat(advantages), atol=1e-4)
     finally:
         learner.close()
+
+
+# SB3's parameter names → ours (agents.networks.ActorCritic), for two hidden layers.
+SB3_NAMES = {"mlp_extractor.policy_net.0": "actor.trunk.0", "mlp_extractor.policy_net.2": "actor.trunk.2",
+             "action_net": "actor.head", "log_std": "actor.log_std", "mlp_extractor.value_net.0": "critic_trunk.0",
+             "mlp_extractor.value_net.2": "critic_trunk.2", "value_net": "critic_head"}  # fmt: skip
+
+
+def as_tensor(x: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(np.array(x), dtype=torch.float32)
+
+
+def ours_of(sb3_name: str) -> str:
+    layer, _, kind = sb3_name.rpartition(".")
+    return SB3_NAMES[sb3_name] if sb3_name in SB3_NAMES else f"{SB3_NAMES[layer]}.{kind}"
+
+
+@pytest.mark.parametrize("overrides", [
+    {"ent_coef": 0.01, "clip_range_vf": 0.2},
+    {"hidden_sizes": (32, 32), "activation": "relu", "ortho_init": False, "log_std_init": -0.9,
+     "normalize_advantage": False, "vf_coef": 0.437, "max_grad_norm": 0.8, "learning_rate": 1e-3},
+])  # fmt: skip
+def test_our_update_is_sb3s_train_on_the_same_batch_from_the_same_weights(overrides: dict[str, Any]) -> None:
+    """Our PPO's K epochs (``ppo.update``: the losses, per-minibatch advantage normalization, the global
+    gradient-norm clip, Adam with ε = 1e-5) move the weights as SB3's ``train()`` does, given SB3's rollout
+    and weights. One minibatch an epoch, so that the order of the samples (each library shuffles with its
+    own generator) only reorders sums."""
+    cfg = ppo_config("Pendulum-v1", continuous=True, n_envs=2, n_steps=64, minibatch_size=128, n_epochs=3,
+                     **overrides)  # fmt: skip
+    reference, ours = sb3.Learner([cfg]), ppo.Learner([cfg])
+    try:
+        reference.collect([0], [True])
+        buffer = reference.model.rollout_buffer
+        T, N = cfg.n_steps, cfg.n_envs
+        segment = Segment(
+            obs=as_tensor(buffer.observations), actions=as_tensor(buffer.actions),
+            log_probs=as_tensor(buffer.log_probs), values=as_tensor(buffer.values), next_values=torch.zeros(T, N),
+            rewards=as_tensor(buffer.rewards), terminated=torch.zeros(T, N, dtype=torch.bool),
+            truncated=torch.zeros(T, N, dtype=torch.bool), sample_mask=torch.ones(T, N, dtype=torch.bool),
+            last_obs=torch.zeros(1, N, buffer.obs_shape[0]),
+        )  # fmt: skip
+        model = ours.lanes[0].model
+        parameters = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, weight in reference.model.policy.state_dict().items():
+                parameters[ours_of(name)].copy_(weight)
+        ours.adam.lr = torch.tensor([cfg.learning_rate], dtype=torch.float64)
+        ppo.update(ours, segment, as_tensor(buffer.advantages), as_tensor(buffer.returns),
+                   torch.tensor([[cfg.clip_range]]), torch.tensor([True]))  # fmt: skip
+        before = {name: weight.clone() for name, weight in reference.model.policy.state_dict().items()}
+        reference.model.train()
+        for name, weight in reference.model.policy.state_dict().items():
+            assert not torch.equal(weight, before[name]), f"{name} should have moved"
+            torch.testing.assert_close(parameters[ours_of(name)].detach(), weight, atol=1e-6, rtol=1e-5)
+    finally:
+        reference.close()
+        ours.close()
 
 
 # ── short real runs ─────────────────────────────────────────────────────────────────────────────────
