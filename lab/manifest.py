@@ -242,7 +242,7 @@ def select(manifest: Manifest, names: Sequence[str], every: bool, cheap: bool) -
     for entry in chosen:
         if entry.stopped is not None:
             reason = entry.stopped.strip().rstrip(".")
-            raise BadInput(f"{entry.name} is stopped in {MANIFEST}: {reason}. Its command would go on from there, "
+            raise BadInput(f"{entry.name} is stopped in {MANIFEST} ({reason}). Its command would go on from there, "
                            "so it is not run; to run it on all the same, delete its `stopped` key")  # fmt: skip
     return chosen
 

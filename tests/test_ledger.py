@@ -119,8 +119,8 @@ def test_failed_trials_count_refused_ones_do_not_and_a_stopped_study_plans_what_
     (tmp_path / "benchmarks/results/s/tune.md").unlink()
     assert "- Hopper-v5: only ppo tuned here (4,000 planned, 4,000 so far)" in ledger.ledger_page(tmp_path, stopped)
     # Running it on would resume trials that no longer match: refused by name, passed over by --all and --cheap.
-    with pytest.raises(BadInput, match="s is stopped in .*its trials observed what the presets no longer do. Its "
-                                       "command would go on from there.*delete its `stopped` key"):
+    refusal = r"s is stopped in .* \(.*its trials observed what the presets no longer do\). Its command would go on"
+    with pytest.raises(BadInput, match=refusal + " from there.*delete its `stopped` key"):
         manifest.select(stopped, ["s"], False, False)
     assert manifest.select(stopped, [], True, False) == [] == manifest.select(stopped, [], False, True)
     manifest.save(tmp_path, stopped)
