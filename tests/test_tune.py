@@ -12,7 +12,7 @@ import yaml
 
 from agents import rundir
 from envs.errors import BadInput
-from lab import trials, tune
+from lab import ledger, manifest, trials, tune
 from lab.cli import main
 from tests.conftest import progress_values
 
@@ -70,6 +70,12 @@ def test_a_tiny_study_prunes_reports_adds_nothing_when_rerun_and_exports_a_prese
     assert "| 2 | pruned |" in report
     for name in ("tune.html", "plots/history.png", "plots/slice.png", "plots/parallel.png"):
         assert (tune_dir / name).stat().st_size > 0
+    # The tuning ledger reads this report, as it reads a committed study's without its sqlite file.
+    kept = manifest.Entry("tiny", "tiny", "a study", "testbed tune", "runs/tune/tiny", ("tune.md",), "100", "", "long",
+                          page="tune.md")  # fmt: skip
+    assert ledger.trials_done(in_tmp, kept, "tiny", None) == 3  # 2 complete and the pruned one
+    assert ledger.steps_spent(in_tmp, kept) == sum(int(s["total_steps"]) for s in map(
+        yaml.safe_load, map(Path.read_text, tune_dir.glob("trial*/*/*/*/summary.json"))))  # fmt: skip
 
     # The second invocation adds nothing: the study is full.
     summaries = {p: p.stat().st_mtime_ns for p in tune_dir.glob("trial*/*/*/*/summary.json")}
