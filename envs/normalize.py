@@ -148,8 +148,7 @@ class NormalizeReward(vector_wrappers.NormalizeReward):
 
     gymnasium's G carries over a time limit into the next episode, so where episodes end by truncation and
     γ is near 1 (Swimmer at γ = 0.9999) G grows far past any episode's return, and the rewards shrink with
-    its std; SB3's G is each episode's own discounted return so far. ``done`` keeps G in float64, as SB3
-    does, so that its scaled rewards are SB3's floats.
+    its std; SB3's G is each episode's own discounted return so far. ``done`` keeps G in float64, as SB3 does.
     """
 
     def __init__(
