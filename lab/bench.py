@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -250,7 +250,7 @@ def run_grid(
     report: bool = True,
     stack: int = 1,
     heartbeat_s: float = HEARTBEAT_S,
-    reuse_from: Path | None = None,
+    reuse_from: Sequence[Path] = (),
 ) -> tuple[Path, list[Outcome]]:
     """Run every cell; rebuild the reports from disk (unless ``report`` is False). Returns the bench
     directory and the outcomes. A heartbeat (runs done, processes, steps/s, ETA) is printed every
@@ -260,8 +260,8 @@ def run_grid(
     (BadInput naming this one) before it writes anything. Under the lock, after the grid's settings and
     every cell's summary.json are checked, ``prepare(bench_dir)`` writes what a caller keeps beside the
     bench (a credit study's ``credit.yaml``). ``stack``: the most seeds of one (algo, env) cell trained side
-    by side in one process (``train --seeds``), for the algos that support it. ``reuse_from``: another
-    bench whose completed runs this one asks for are copied in first (:func:`adopt_runs`).
+    by side in one process (``train --seeds``), for the algos that support it. ``reuse_from``: other
+    benches whose completed runs this one asks for are copied in first, in their order (:func:`adopt_runs`).
     """
     bench_dir = root / grid.name
     if backend == "ray":
@@ -271,9 +271,9 @@ def run_grid(
     cells = grid.cells()
     with rundir.DirLock(bench_dir):
         check_bench_dir(bench_dir, grid)
-        if reuse_from is not None:
-            adopted = adopt_runs(cells, reuse_from, bench_dir)
-            print(f"reused {counted(adopted, 'completed run')} of {reuse_from}", flush=True)
+        for source in reuse_from:
+            adopted = adopt_runs(cells, source, bench_dir)
+            print(f"reused {counted(adopted, 'completed run')} of {source}", flush=True)
         # Before any cell starts: BadInput naming an unreadable summary.json, or a run trained with other settings.
         others = [why for cell in cells if (why := reused_elsewhere(cell, bench_dir))]
         if others:

@@ -15,7 +15,7 @@ import contextlib
 import os
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +170,7 @@ def _stack(args: argparse.Namespace) -> int:
 
 def _run_grid(
     grid: Any, workers: int, args: argparse.Namespace, reports: str, prepare: Callable[[Path], None] | None = None,
-    reuse_from: Path | None = None,
+    reuse_from: Sequence[Path] = (),
 ) -> int:
     """Run a planned grid, then say what completed, where the reports are, and what failed."""
     try:
@@ -196,10 +196,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workers = _workers(args)
     grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, grid_sets(args), args.name,
                            first_seed=args.first_seed)  # fmt: skip
-    reuse_from = Path(args.reuse_from) if args.reuse_from is not None else None
-    if reuse_from is not None and not reuse_from.is_dir():
-        raise BadInput(f"--reuse-from {brief(args.reuse_from, 80)} is not a folder; give another bench's folder, "
-                       "runs/bench/NAME")  # fmt: skip
+    reuse_from = [Path(folder) for folder in args.reuse_from or []]
+    for folder in reuse_from:
+        if not folder.is_dir():
+            raise BadInput(f"--reuse-from {brief(str(folder), 80)} is not a folder; give another bench's folder, "
+                           "runs/bench/NAME")  # fmt: skip
     cells = len(grid.cells())
     print(f"bench {grid.name}: {counted(len(grid.algos), 'algo')} × {counted(len(grid.envs), 'env')} × "
           f"{grid.seeds_text()} = {counted(cells, 'run')}, {args.backend} backend, "

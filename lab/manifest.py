@@ -296,7 +296,7 @@ def _record(root: Path, name: str, **fields: dict[str, Any]) -> Manifest:
     return updated
 
 
-def _copy_run_folder(source: Path, target: Path, adopted_from: Path | None = None) -> None:
+def _copy_run_folder(source: Path, target: Path, adopted_from: Sequence[Path] = ()) -> None:
     """Copy what a run needs to resume or to be reused. Lock files and logs stay behind (hidden: they name
     this machine's writer), and so does what is large and made again from the rest: TensorBoard event files
     (``progress.csv`` holds the same numbers) and reports with their plots (a bench or study rebuilds them).
@@ -309,7 +309,7 @@ def _copy_run_folder(source: Path, target: Path, adopted_from: Path | None = Non
                     or path.name == "report.md" or any(p.startswith(".") or p == "plots" for p in parts))  # fmt: skip
 
     files = [p for p in source.rglob("*") if p.is_file() and carried(p)]
-    if adopted_from is not None:
+    if adopted_from:
         files = _not_adopted(files, source, adopted_from)
     for file in sorted(files, key=lambda p: (p.suffix != ".pt", str(p))):
         copy = target / file.relative_to(source)
@@ -321,21 +321,21 @@ def _same_file(a: Path, b: Path) -> bool:
     return b.is_file() and filecmp.cmp(a, b, shallow=False)  # files of different sizes are unequal unread
 
 
-def _not_adopted(files: list[Path], source: Path, adopted_from: Path) -> list[Path]:
+def _not_adopted(files: list[Path], source: Path, adopted_from: Sequence[Path]) -> list[Path]:
     """``files`` (under the bench folder ``source``) less the runs and console logs that are byte for byte
-    their counterparts in ``adopted_from``. A run counts whole (every file of its folder the same), so that a
-    restored checkout never holds half of one."""
-    same = {f for f in files if _same_file(f, adopted_from / f.relative_to(source))}
+    their counterparts in one of the folders ``adopted_from``. A run counts whole (every file of its folder
+    the same), so that a restored checkout never holds half of one."""
+    same = {f for f in files if any(_same_file(f, folder / f.relative_to(source)) for folder in adopted_from)}
     run_of = {f: next((d for d in [f.parent, *f.parent.parents]
                        if d.is_relative_to(source) and (d / "config.yaml").is_file()), None) for f in files}  # fmt: skip
     differing_runs = {run_of[f] for f in files if f not in same}
     return [f for f in files if f not in same or (run_of[f] is not None and run_of[f] in differing_runs)]
 
 
-def reuse_source(root: Path, entry: Entry) -> Path | None:
-    """The folder the entry's bench adopts finished runs from (``--reuse-from``), if it names one."""
+def reuse_sources(root: Path, entry: Entry) -> list[Path]:
+    """The folders the entry's bench adopts finished runs from (each ``--reuse-from``), in its order."""
     argv = argv_of(entry.command)
-    return root / argv[argv.index("--reuse-from") + 1] if "--reuse-from" in argv[:-1] else None
+    return [root / argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--reuse-from"]
 
 
 def carry_out(root: Path, entry: Entry) -> list[Path]:
@@ -344,8 +344,7 @@ def carry_out(root: Path, entry: Entry) -> list[Path]:
     A folder that no longer exists here keeps its committed copy: a checkout that never ran it loses nothing.
     """
     copied = []
-    adopted = reuse_source(root, entry)
-    adopted = adopted if adopted is not None and adopted.is_dir() else None
+    adopted = [folder for folder in reuse_sources(root, entry) if folder.is_dir()]
     for pattern in entry.carry:
         for source in sorted(root.glob(pattern)):
             if not source.is_dir():
@@ -412,8 +411,7 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
         print(f"{entry.name}: restored {folder} from {entry.folder}/{CARRIED}", flush=True)
     output = root / (entry.output or entry.folder)
     # Runs an earlier invocation finished: left in the output, or adopted from another bench's folder.
-    reused = (entry.output is not None and output.is_dir() and any(output.iterdir())) or (
-        reuse_source(root, entry) is not None)
+    reused = (entry.output is not None and output.is_dir() and any(output.iterdir())) or bool(reuse_sources(root, entry))
     commit, started = git_commit(root), time.monotonic()
     # In a session of its own, so that a Ctrl-C on the terminal reaches the command once, through _follow.
     child = subprocess.Popen(argv_of(entry.command), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -100,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--algos", nargs="+", default=None, help="algos (default: the suite's, else ppo grpo sb3-ppo)")
     grid.add_argument("--envs", nargs="+", default=None, help="gymnasium ids (default: the suite's)")
     grid.add_argument("--name", default=None, help="bench name: runs/bench/NAME (default: the suite's name)")
-    grid.add_argument("--reuse-from", default=None, metavar="BENCH_DIR",
+    grid.add_argument("--reuse-from", action="append", default=None, metavar="BENCH_DIR",
                       help="first copy in the completed runs of another bench that this one asks for, with the same "
-                           "settings (e.g. PPO's runs, beside GRPO's at PPO's wall time)")  # fmt: skip
+                           "settings (e.g. PPO's runs, beside GRPO's at PPO's wall time); give it again to reuse "
+                           "from several benches, the first that holds a run giving it")  # fmt: skip
 
     study = sub.add_parser("credit", help="a credit-assignment study: sweep the horizon or reward delay",
                            formatter_class=DefaultsFormatter, parents=[grid_options(3, "number of seeds"),

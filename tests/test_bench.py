@@ -282,7 +282,7 @@ def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
     stale.mkdir(parents=True)
     (stale / "checkpoint.pt").write_bytes(b"part of a checkpoint")
     target, outcomes = bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path,
-                                      report=False, reuse_from=source)  # fmt: skip
+                                      report=False, reuse_from=[source])  # fmt: skip
     assert not stale.exists()
     assert "reused 2 completed runs of" in capsys.readouterr().out
     assert sorted((o.cell.seed, o.status, o.attempts) for o in outcomes) == [
@@ -291,6 +291,13 @@ def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
         copied, original = (d / "CartPole-v1" / "ppo" / f"seed{seed}" for d in (target, source))
         assert (copied / "progress.csv").read_text() == (original / "progress.csv").read_text()
         assert (copied.parent / f"seed{seed}.log").exists()
+
+    # From several benches, in their order: seeds 0-1 from the first, seed 2 from the second; nothing trains.
+    _, outcomes = bench.run_grid(tiny_grid("both", algos=["ppo"], seeds=3), workers=1, backend="local",
+                                 ray_address=None, root=tmp_path, report=False, reuse_from=[source, target])  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"reused 2 completed runs of {source}" in out and f"reused 1 completed run of {target}" in out
+    assert [o.attempts for o in outcomes] == [0, 0, 0]
 
 
 def test_a_bench_keeps_its_settings(tmp_path: Path) -> None:

@@ -172,7 +172,11 @@ def test_runs_adopted_with_reuse_from_are_not_carried_twice(tmp_path: Path) -> N
     write(tmp_path / "runs/bench/suite", {**adopted, "grpo/seed0/progress.csv": "the suite's run"})
     # The bench adopted PPO's run as it was; its GRPO run shares a config file with the suite's, no more.
     write(tmp_path / "runs/bench/toy", {**adopted, "grpo/seed0/progress.csv": "a longer run", "bench.yaml": "grid"})
-    found = _toy(tmp_path, "python -c pass --reuse-from runs/bench/suite", carry=["runs/bench/toy"])
+    # A second bench it adopted from holds a SAC run the toy bench keeps as it came.
+    write(tmp_path / "runs/bench/other", {"sac/seed0/config.yaml": "sac"})
+    write(tmp_path / "runs/bench/toy", {"sac/seed0/config.yaml": "sac"})
+    found = _toy(tmp_path, "python -c pass --reuse-from runs/bench/suite --reuse-from runs/bench/other",
+                 carry=["runs/bench/toy"])  # fmt: skip
     manifest.carry_out(tmp_path, found.entry("toy"))
     carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy"
     assert sorted(str(p.relative_to(carried)) for p in carried.rglob("*") if p.is_file()) == [
