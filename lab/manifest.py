@@ -411,7 +411,8 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
         print(f"{entry.name}: restored {folder} from {entry.folder}/{CARRIED}", flush=True)
     output = root / (entry.output or entry.folder)
     # Runs an earlier invocation finished: left in the output, or adopted from another bench's folder.
-    reused = (entry.output is not None and output.is_dir() and any(output.iterdir())) or bool(reuse_sources(root, entry))
+    left = entry.output is not None and output.is_dir() and any(output.iterdir())
+    reused = left or bool(reuse_sources(root, entry))
     commit, started = git_commit(root), time.monotonic()
     # In a session of its own, so that a Ctrl-C on the terminal reaches the command once, through _follow.
     child = subprocess.Popen(argv_of(entry.command), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

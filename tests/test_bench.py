@@ -293,8 +293,8 @@ def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
         assert (copied.parent / f"seed{seed}.log").exists()
 
     # From several benches, in their order: seeds 0-1 from the first, seed 2 from the second; nothing trains.
-    _, outcomes = bench.run_grid(tiny_grid("both", algos=["ppo"], seeds=3), workers=1, backend="local",
-                                 ray_address=None, root=tmp_path, report=False, reuse_from=[source, target])  # fmt: skip
+    _, outcomes = bench.run_grid(tiny_grid("both", algos=["ppo"], seeds=3), 1, "local", None, root=tmp_path,
+                                 report=False, reuse_from=[source, target])  # fmt: skip
     out = capsys.readouterr().out
     assert f"reused 2 completed runs of {source}" in out and f"reused 1 completed run of {target}" in out
     assert [o.attempts for o in outcomes] == [0, 0, 0]
