@@ -23,6 +23,7 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.wrappers import vector as vector_wrappers
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from envs import (
     BadInput,
@@ -338,7 +339,6 @@ def test_a_return_restarted_at_every_episode_end_scales_rewards_as_sb3s_vecnorma
     """With ``reward_norm_restart=done`` our scaled rewards are those of SB3's VecNormalize fed the same
     episodes (to float32 rounding: SB3's DummyVecEnv keeps rewards as float32); gymnasium's, which carries
     the return over a time limit, part from them after the first episode."""
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     def sb3_env() -> VecNormalize:
         venv = DummyVecEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=30)] * 3)
