@@ -51,9 +51,9 @@ class Spend:
         return self.so_far if self.done >= self.planned else max(self.planned * self.steps, self.so_far)
 
 
-def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) -> int:
+def trials_done(root: Path, report: list[str], study_name: str, storage: str | None) -> int:
     """Trials of a study that trained and ended (complete, pruned or failed, not those whose sample the config
-    refused before any training): from its committed sqlite file, else its kept report."""
+    refused before any training): from its committed sqlite file, else the lines of its kept report."""
     if storage and storage.startswith("sqlite:///") and (root / storage.removeprefix("sqlite:///")).is_file():
         import optuna
 
@@ -69,7 +69,7 @@ def trials_done(root: Path, entry: Entry, study_name: str, storage: str | None) 
     from lab.tune_report import TRIALS  # the wording the report writes, as in steps_spent
 
     line = re.compile(rf"^- {re.escape(TRIALS)}: \d+ of \S+ \((.*)\)$")  # "(13 complete, 3 fail)"
-    counts = next((m.group(1) for m in map(line.match, report_lines(root, entry)) if m), "")
+    counts = next((m.group(1) for m in map(line.match, report) if m), "")
     # A trial still running when the report was written has not ended: only the finished states count.
     return sum(int(n) for n, state in re.findall(r"(\d+) (\w+)", counts) if state.upper() in FINISHED)
 
@@ -80,12 +80,13 @@ def report_lines(root: Path, entry: Entry) -> list[str]:
     return report.read_text().splitlines() if report.is_file() else []
 
 
-def steps_spent(root: Path, entry: Entry) -> int | None:
-    """Env steps the study's kept report says it spent, every trial at the steps it reached; None without one."""
+def steps_spent(report: list[str]) -> int | None:
+    """Env steps the study's kept report (its lines) says it spent, every trial at the steps it reached; None
+    without one."""
     from lab.tune_report import SPENT  # the wording the report writes; imported late, as it brings optuna and plots
 
     line = re.compile(rf"^- {re.escape(SPENT)}: ([\d,]+)$")
-    return next((int(m.group(1).replace(",", "")) for m in map(line.match, report_lines(root, entry)) if m), None)
+    return next((int(m.group(1).replace(",", "")) for m in map(line.match, report) if m), None)
 
 
 def kept_steps(root: Path, entry: Entry) -> int | None:
@@ -116,12 +117,13 @@ def spends(root: Path, manifest: Manifest) -> list[Spend]:
         args = study_args(parser, entry) if study else None
         if args is not None:
             name = args.name or f"{args.algo}-{args.env.replace('/', '_')}"
-            done = min(trials_done(root, entry, name, args.storage), args.trials)
+            report = report_lines(root, entry)
+            done = min(trials_done(root, report, name, args.storage), args.trials)
             steps = kept_steps(root, entry) or args.total_steps or 0
             planned = done if entry.stopped else args.trials
             what = f"study, {args.trials} trials × {args.seeds} seeds{f', stopped at {done}' if entry.stopped else ''}"
             out.append(Spend(args.algo, args.env, entry.name, what, done * args.seeds, planned * args.seeds, steps,
-                             steps_spent(root, entry)))  # fmt: skip
+                             steps_spent(report)))  # fmt: skip
         for tried in entry.tries:
             algo, env = tried.get("algo", args.algo if args else ""), tried.get("env", args.env if args else "")
             out.append(Spend(algo, env, entry.name, tried["what"], tried["runs"], tried["runs"], tried["steps"]))

@@ -34,8 +34,7 @@ def test_studies_count_their_finished_trials_and_tries_their_runs(tmp_path: Path
     for state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
         study.add_trial(optuna.trial.create_trial(state=state, value=1.0 if state.name == "COMPLETE" else None))
     study.ask()  # a trial still running is not counted
-    assert ledger.trials_done(tmp_path, manifest.Entry("x", "x", "x", "x", "x", (), "", "", "long"), "other",
-                              storage) == 0  # the file holds no study of that name  # fmt: skip
+    assert ledger.trials_done(tmp_path, [], "other", storage) == 0  # the file holds no study of that name
     ppo = _entry("ppo-s", STUDY.format(algo="ppo", trials=5, name="ppo-s") + f" --storage {storage}",
                  tries=[{"what": "CleanRL's defaults", "runs": 2, "steps": 1000, "result": "9, 8"}])  # fmt: skip
     # GRPO: a finished study known only by its kept report, and a hand sweep listed beside another result.
@@ -134,6 +133,6 @@ def test_a_study_known_by_its_report_counts_the_trials_that_ended_not_one_still_
     (tmp_path / "benchmarks/results/r").mkdir(parents=True)
     report = tmp_path / "benchmarks/results/r/tune.md"
     report.write_text("- Trials: 5 of 8 (2 complete, 1 pruned, 1 fail, 1 running)\n")
-    assert ledger.trials_done(tmp_path, entry, "r", None) == 4
+    assert ledger.trials_done(tmp_path, ledger.report_lines(tmp_path, entry), "r", None) == 4
     report.unlink()
-    assert ledger.trials_done(tmp_path, entry, "r", None) == 0  # no report yet
+    assert ledger.trials_done(tmp_path, ledger.report_lines(tmp_path, entry), "r", None) == 0  # no report yet

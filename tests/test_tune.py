@@ -73,8 +73,9 @@ def test_a_tiny_study_prunes_reports_adds_nothing_when_rerun_and_exports_a_prese
     # The tuning ledger reads this report, as it reads a committed study's without its sqlite file.
     kept = manifest.Entry("tiny", "tiny", "a study", "testbed tune", "runs/tune/tiny", ("tune.md",), "100", "", "long",
                           page="tune.md")  # fmt: skip
-    assert ledger.trials_done(in_tmp, kept, "tiny", None) == 3  # 2 complete and the pruned one
-    assert ledger.steps_spent(in_tmp, kept) == sum(int(s["total_steps"]) for s in map(
+    lines = ledger.report_lines(in_tmp, kept)
+    assert ledger.trials_done(in_tmp, lines, "tiny", None) == 3  # 2 complete and the pruned one
+    assert ledger.steps_spent(lines) == sum(int(s["total_steps"]) for s in map(
         yaml.safe_load, map(Path.read_text, tune_dir.glob("trial*/*/*/*/summary.json"))))  # fmt: skip
 
     # The second invocation adds nothing: the study is full.
