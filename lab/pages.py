@@ -37,6 +37,7 @@ BUSY = "a busy machine is slower"
 HEADLINE = "classic"  # the README's table and figure
 FIGURE = "plots/LunarLander-v3-steps.png"
 SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summary, and the pair it compares
+TRAILS = (("grpo", "ppo"), REFERENCE)  # the summary says on which tasks the first of each pair trails the second
 # A label may hold one level of brackets: an env variant's alt text, "Ant-v5[include_…=False]: …".
 LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\])\(([^)\s]+)\)")
 
@@ -168,9 +169,24 @@ def headline_table(root: Path, manifest: Manifest) -> str:
     return "\n".join(lines)
 
 
+def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
+    """"x below y on K of N tasks (…)": the tasks, of those both ran, where x's mean final return over its completed
+    runs is below y's; named where they are the fewer, else the tasks where it is not."""
+    returns: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        returns.setdefault((r["env_id"], r["algo"]), []).append(float(r["final_eval_return_mean"]))
+    envs = sorted({env for env, _ in returns if (env, x) in returns and (env, y) in returns})
+    below = {env for env in envs if np.mean(returns[env, x]) < np.mean(returns[env, y])}
+    few = 2 * len(below) <= len(envs)
+    named = [env.split("[")[0] for env in envs if (env in below) == few]  # an env's options are left out
+    which = f" ({'' if few else 'all but '}{', '.join(named)})" if named else ""
+    return f"{x} below {y} on {len(below)} of {len(envs)}{which}"
+
+
 def suite_summary(root: Path, manifest: Manifest) -> str:
-    """The README's MuJoCo sentence, read from the suite's kept report: how many published figures each algo
-    meets, each algo's IQM normalized score across the envs, and P(ours > SB3's) on the same presets."""
+    """The README's MuJoCo sentence, read from the suite's kept report and summary: how many published figures
+    each algo meets, each algo's IQM normalized score across the envs, P(ours > SB3's) on the same presets, and
+    on which tasks GRPO trails our PPO and our PPO trails SB3's."""
     entry = manifest.entry(SUITE)
     report = (root / entry.folder / "report.md").read_text()
     across = report[report.find("Normalized scores across envs"):]
@@ -189,7 +205,8 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
     return (f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
             f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's "
             f"protocol: {figures}. IQM normalized score across the envs [95% CI]: {scores}; "
-            f"P({x} > {y}) = {better.group(1)} {better.group(2)}.")
+            f"P({x} > {y}) = {better.group(1)} {better.group(2)}. Mean final return by task: "
+            f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}.")
 
 
 def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:

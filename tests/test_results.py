@@ -271,12 +271,22 @@ def test_the_readme_mujoco_sentence_reads_the_suite_report(tmp_path: Path) -> No
         "| X | Y | P(X > Y) | 95% CI |\n|---|---|---|---|\n| sb3-ppo | ppo | 0.555 | [0.433, 0.676] |\n"
         "| ppo | sb3-ppo | 0.445 | [0.324, 0.567] |\n"
     )  # fmt: skip
+    # Means by task: A ppo 1 < sb3 2, grpo 0 < ppo 1; B ppo (3 + 1)/2 = 2 > 1; C ppo (1 + 3)/2 = 2 < 2.5.
+    (report.parent / "summary.csv").write_text(
+        "algo,env_id,seed,status,final_eval_return_mean\n"
+        "ppo,A-v5,0,completed,1\nsb3-ppo,A-v5,0,completed,2\ngrpo,A-v5,0,completed,0\n"
+        "ppo,B-v5,0,completed,3\nppo,B-v5,1,completed,1\nsb3-ppo,B-v5,0,completed,1\ngrpo,B-v5,0,interrupted,\n"
+        "ppo,C-v5[x=1],0,completed,1\nppo,C-v5[x=1],1,completed,3\nsb3-ppo,C-v5[x=1],0,completed,2.5\n"
+    )  # fmt: skip
     assert pages.suite_summary(tmp_path, found) == (
         f"On the MuJoCo v5 suite ([results](docs/results/{pages.SUITE}.md), seeds 0–4, 2026-12-04), the best published "
         "PPO figures met, each by its source's protocol: grpo 1 of 6, ppo 5 of 6 (not B-v5 (final)), sb3-ppo 6 of 6. "
         "IQM normalized score across the envs [95% CI]: ppo 1.128 [1.109, 1.149], sb3-ppo -0.100 [-0.200, 0.050]; "
-        "P(ppo > sb3-ppo) = 0.445 [0.324, 0.567]."
+        "P(ppo > sb3-ppo) = 0.445 [0.324, 0.567]. Mean final return by task: grpo below ppo on 1 of 1; ppo below "
+        "sb3-ppo on 2 of 3 (all but B-v5)."
     )
+    assert pages.trailing(pages.completed_runs(tmp_path, found.entry(pages.SUITE)), "sb3-ppo", "ppo") == \
+        "sb3-ppo below ppo on 1 of 3 (B-v5)"
     report.write_text("# A report from before the comparison\n")
     with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {pages.SUITE}`"):
         pages.suite_summary(tmp_path, found)
