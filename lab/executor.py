@@ -33,7 +33,7 @@ from lab.cells import (
     Stop,
     live_progress,
     log_path,
-    pack_stacks,
+    pack_pending,
     read_status,
     run_cells,
     set_aside,
@@ -52,7 +52,7 @@ def run_local(
     outcomes: list[Outcome] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending: dict[Future[list[Outcome]], list[Cell]] = {}
-        queue = pack_stacks(cells, stack)
+        queue = pack_pending(cells, bench_dir, stack)
         try:
             while queue or pending:
                 while queue and len(pending) < workers:
@@ -163,7 +163,7 @@ def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board, stac
     remote = ray.remote(num_cpus=1)(run_cells_remote)
     outcomes: list[Outcome] = []
     pending: dict[Any, list[Cell]] = {}
-    for stacked in pack_stacks(cells, stack):
+    for stacked in pack_pending(cells, bench_dir, stack):
         to_send = []
         for cell in stacked:
             run_dir = cell.run_dir(bench_dir)
