@@ -15,7 +15,7 @@ import optuna
 
 from agents import rundir
 from envs.errors import BadInput
-from lab.cells import Cell, Outcome, Stop, live_progress, pack_stacks, run_cells
+from lab.cells import Cell, Outcome, Stop, live_progress, pack_pending, run_cells
 from lab.document import fmt_duration
 from lab.board import Heartbeat
 from lab.executor import import_ray, pack_run, unpack_run
@@ -98,7 +98,7 @@ def run_trial(
                     return True
         return False
 
-    stacks = pack_stacks(cells, stack)
+    stacks = pack_pending(cells, bench_dir, stack)
     with ThreadPoolExecutor(max_workers=len(stacks)) as pool:
         futures = [pool.submit(run_cells, stacked, bench_dir, retries, stop) for stacked in stacks]
         while not all(f.done() for f in futures):
