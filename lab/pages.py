@@ -170,7 +170,7 @@ def headline_table(root: Path, manifest: Manifest) -> str:
 
 
 def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
-    """"x below y on K of N tasks (…)": the tasks, of those both ran, where x's mean final return over its completed
+    """"x below y on K of N (…)": the tasks, of those both ran, where x's mean final return over its completed
     runs is below y's; named where they are the fewer, else the tasks where it is not."""
     returns: dict[tuple[str, str], list[float]] = {}
     for r in rows:
