@@ -49,17 +49,11 @@ class Grid:
     total_steps: int | None
     overrides: dict[str, list[str]] = field(default_factory=dict)  # algo → ["key=value", ...]
     variants: dict[str, list[str]] = field(default_factory=lambda: {"": []})  # label → pairs for every algo
-    algo_seeds: dict[str, list[int]] = field(default_factory=dict)  # algo → its seeds, where not ``seeds``
 
     def cells(self) -> list[Cell]:
         return [Cell(a, e, s, self.total_steps, tuple(self.overrides.get(a, []) + pairs), v)
                 for e in self.envs for v, pairs in self.variants.items() for a in self.algos
-                for s in self.algo_seeds.get(a, self.seeds)]  # fmt: skip
-
-    def seeds_text(self) -> str:
-        """``5 seeds``, or ``5 seeds (sb3-ppo 3)`` where some algos run fewer."""
-        others = ", ".join(f"{a} {len(s)}" for a, s in self.algo_seeds.items() if a in self.algos)
-        return counted(len(self.seeds), "seed") + (f" ({others})" if others else "")
+                for s in self.seeds]  # fmt: skip
 
     def definition(self) -> dict[str, Any]:
         """What makes two runs of a bench the same grid: a rerun with another definition is refused."""
@@ -101,8 +95,6 @@ def plan_grid(
         seeds=list(range(first_seed, first_seed + (seeds if seeds is not None else base.seeds))),
         total_steps=total_steps if total_steps is not None else base.total_steps,
         variants=variants or {"": []},
-        # --seeds gives every algo the same seeds; without it a suite may run some algos on fewer.
-        algo_seeds={} if seeds is not None else {a: list(range(first_seed, first_seed + n)) for a, n in base.algo_seeds},
     )
     if not grid.envs:
         raise BadInput(f"no environments: pass --envs ENV_ID ... or --suite {'|'.join(SUITES)}")

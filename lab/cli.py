@@ -203,7 +203,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            "runs/bench/NAME")  # fmt: skip
     cells = len(grid.cells())
     print(f"bench {grid.name}: {counted(len(grid.algos), 'algo')} × {counted(len(grid.envs), 'env')} × "
-          f"{grid.seeds_text()} = {counted(cells, 'run')}, {args.backend} backend, "
+          f"{counted(len(grid.seeds), 'seed')} = {counted(cells, 'run')}, {args.backend} backend, "
           f"{counted(workers, 'process', 'processes')} at a time → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
     return _run_grid(grid, workers, args, "report: {0}/report.md", reuse_from=reuse_from)
 

@@ -11,7 +11,6 @@ class Suite:
     algos: tuple[str, ...] = ("ppo", "grpo", "sb3-ppo")
     seeds: int = 3
     total_steps: int | None = None  # None: each algo's preset budget for the env
-    algo_seeds: tuple[tuple[str, int], ...] = ()  # (algo, seeds) where an algo runs another number than ``seeds``
 
 
 MUJOCO_V5 = ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Humanoid-v5", "HumanoidStandup-v5", "InvertedDoublePendulum-v5",
@@ -21,9 +20,10 @@ SUITES: dict[str, Suite] = {
     # A few minutes on 2 cores: the presets' budgets on CartPole.
     "quick": Suite(envs=("CartPole-v1",)),
     "classic": Suite(envs=("CartPole-v1", "Acrobot-v1", "LunarLander-v3")),
-    # Every MuJoCo v5 task at 1e6 env steps: 5 seeds of ours; 3 of SB3's PPO, which runs our PPO's
-    # hyperparameters and so checks our implementation.
-    "mujoco": Suite(envs=MUJOCO_V5, seeds=5, total_steps=1_000_000, algo_seeds=(("sb3-ppo", 3),)),
+    # Every MuJoCo v5 task at 1e6 env steps, 5 seeds of each algo. SB3's PPO runs our PPO's hyperparameters and
+    # so checks our implementation; with 3 of its seeds, their luck on Walker2d and Humanoid decided the comparison
+    # (benchmarks/results/sb3-ppo-*-matched).
+    "mujoco": Suite(envs=MUJOCO_V5, seeds=5, total_steps=1_000_000),
     # The five tasks of the earlier MuJoCo results (benchmarks/results/mujoco).
     "mujoco5": Suite(envs=("CartPole-v1", "LunarLander-v3", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")),
 }
