@@ -82,8 +82,9 @@ class Board:
         self.running += len(cells)
         self.processes += process
         self.launches.update((cell, time.monotonic()) for cell in cells)
-        seeds = ",".join(str(cell.seed) for cell in cells)
-        self._show(f"started  {cells[0].label} {cells[0].algo} seed{'s' if len(cells) > 1 else ''} {seeds}")
+        if process:  # a cell resolved without one (done already) shows only how it ended
+            seeds = ",".join(str(cell.seed) for cell in cells)
+            self._show(f"started  {cells[0].label} {cells[0].algo} seed{'s' if len(cells) > 1 else ''} {seeds}")
 
     def finished(self, outcome: Outcome) -> None:
         self.running -= 1

@@ -56,7 +56,10 @@ def run_local(
         try:
             while queue or pending:
                 while queue and len(pending) < workers:
-                    stacked = queue.pop(0)
+                    outcomes_now, stacked = skip_completed(queue.pop(0), bench_dir, board)
+                    outcomes += outcomes_now
+                    if not stacked:
+                        continue
                     board.launched(stacked)
                     pending[pool.submit(run_cells, stacked, bench_dir, retries, stop)] = stacked
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -72,6 +75,21 @@ def run_local(
                 board.exited(future.result())
             raise
     return outcomes
+
+
+def skip_completed(stacked: list[Cell], bench_dir: Path, board: Board) -> tuple[list[Outcome], list[Cell]]:
+    """The outcomes of a stack's completed cells, shown on the board as skipped, and the cells left to train.
+    A stack whose cells are all done starts no process. A completed run is final, so its writer, if it is
+    still exiting, need not be waited for."""
+    outcomes, to_train = [], []
+    for cell in stacked:
+        if read_status(cell.run_dir(bench_dir)) != "completed":
+            to_train.append(cell)
+            continue
+        outcomes.append(Outcome(cell, "completed", attempts=0))
+        board.launched([cell], process=False)
+        board.finished(outcomes[-1])
+    return outcomes, to_train
 
 
 @contextmanager
@@ -164,17 +182,15 @@ def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board, stac
     outcomes: list[Outcome] = []
     pending: dict[Any, list[Cell]] = {}
     for stacked in pack_pending(cells, bench_dir, stack):
+        outcomes_now, to_train = skip_completed(stacked, bench_dir, board)
+        outcomes += outcomes_now
         to_send = []
-        for cell in stacked:
-            run_dir = cell.run_dir(bench_dir)
-            holder = wait_for_writer(run_dir)  # a trainer on this machine may still be finishing the cell
-            if holder is not None:
-                outcomes.append(still_written(cell, run_dir, holder))
-            elif read_status(run_dir) == "completed":
-                outcomes.append(Outcome(cell, "completed", attempts=0))
-            else:
+        for cell in to_train:
+            holder = wait_for_writer(cell.run_dir(bench_dir))  # a trainer on this machine may still be finishing it
+            if holder is None:
                 to_send.append(cell)
                 continue
+            outcomes.append(still_written(cell, cell.run_dir(bench_dir), holder))
             board.launched([cell], process=False)
             board.finished(outcomes[-1])
         if to_send:

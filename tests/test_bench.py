@@ -49,7 +49,9 @@ def tiny_grid(name: str, envs: list[str] | None = None, algos: list[str] | None 
     return bench.plan_grid(None, algos or ["ppo", "grpo"], envs or ["CartPole-v1"], seeds, total_steps, sets, name)
 
 
-def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(tmp_path: Path) -> None:
+def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     grid = tiny_grid("tiny")
     bench_dir, outcomes = bench.run_grid(grid, workers=2, backend="local", ray_address=None, root=tmp_path)
     assert sorted((o.cell.algo, o.cell.seed, o.status) for o in outcomes) == [
@@ -65,8 +67,11 @@ def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(tmp_path: Path
     before = checkpoint.stat().st_mtime_ns
 
     started = time.monotonic()
+    capsys.readouterr()
     _, again = bench.run_grid(grid, workers=2, backend="local", ray_address=None, root=tmp_path)
     assert all(o.attempts == 0 for o in again) and len(again) == 4
+    out = capsys.readouterr().out
+    assert out.count("skipped (done)") == 4 and "started " not in out  # no process starts for a done stack
     assert checkpoint.stat().st_mtime_ns == before
     assert time.monotonic() - started < 30  # only the report is rebuilt
     # Each invocation is recorded with its start and end, and the report sums them.
