@@ -78,13 +78,21 @@ class Board:
             self.bar = tqdm(total=self.total, unit="run", dynamic_ncols=True, desc="bench")
 
     def launched(self, cells: list[Cell], process: bool = True) -> None:
-        """``cells`` start, side by side in one process (or Ray task); ``process=False``: resolved without one."""
+        """``cells`` start, side by side in one process (or Ray task); ``process=False``: resolved without one,
+        which shows only how it ended."""
         self.running += len(cells)
         self.processes += process
         self.launches.update((cell, time.monotonic()) for cell in cells)
-        if process:  # a cell resolved without one (done already) shows only how it ended
+        if process:
             seeds = ",".join(str(cell.seed) for cell in cells)
             self._show(f"started  {cells[0].label} {cells[0].algo} seed{'s' if len(cells) > 1 else ''} {seeds}")
+
+    def resolved(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Cells that ended without a process (done before, or another's to write), shown; returns ``outcomes``."""
+        for outcome in outcomes:
+            self.launched([outcome.cell], process=False)
+            self.finished(outcome)
+        return outcomes
 
     def finished(self, outcome: Outcome) -> None:
         self.running -= 1

@@ -113,14 +113,19 @@ def pack_stacks(cells: list[Cell], stack: int) -> list[list[Cell]]:
     return [sorted(part, key=lambda c: c.seed) for part in stacks]
 
 
-def pack_pending(cells: list[Cell], bench_dir: Path, stack: int) -> list[list[Cell]]:
-    """The cells whose run in ``bench_dir`` completed, packed among themselves (:func:`pack_stacks`), then the
-    others, packed among themselves.
+def pack_pending(cells: list[Cell], bench_dir: Path, stack: int) -> tuple[list[Cell], list[list[Cell]]]:
+    """The cells whose run in ``bench_dir`` completed, which need no process, and the others packed among
+    themselves (:func:`pack_stacks`).
 
-    Packing the cells still to train apart keeps a rerun's seeds in as few processes as a first run's: with
+    Packing only the cells still to train keeps a rerun's seeds in as few processes as a first run's: with
     seeds 0-4 done and 5-7 left, ``stack`` 5 trains 5-7 in one process, not 6 in one and 5, 7 in another."""
     done = [cell for cell in cells if read_status(cell.run_dir(bench_dir)) == "completed"]
-    return pack_stacks(done, stack) + pack_stacks([cell for cell in cells if cell not in done], stack)
+    return done, pack_stacks([cell for cell in cells if cell not in done], stack)
+
+
+def skipped(done: list[Cell]) -> list[Outcome]:
+    """The outcomes of cells whose runs completed before: nothing trained."""
+    return [Outcome(cell, "completed", attempts=0) for cell in done]
 
 
 @dataclass

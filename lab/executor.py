@@ -34,6 +34,7 @@ from lab.cells import (
     live_progress,
     log_path,
     pack_pending,
+    skipped,
     read_status,
     run_cells,
     set_aside,
@@ -52,14 +53,12 @@ def run_local(
     outcomes: list[Outcome] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending: dict[Future[list[Outcome]], list[Cell]] = {}
-        queue = pack_pending(cells, bench_dir, stack)
+        done, queue = pack_pending(cells, bench_dir, stack)
+        outcomes += board.resolved(skipped(done))
         try:
             while queue or pending:
                 while queue and len(pending) < workers:
-                    outcomes_now, stacked = skip_completed(queue.pop(0), bench_dir, board)
-                    outcomes += outcomes_now
-                    if not stacked:
-                        continue
+                    stacked = queue.pop(0)
                     board.launched(stacked)
                     pending[pool.submit(run_cells, stacked, bench_dir, retries, stop)] = stacked
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -75,21 +74,6 @@ def run_local(
                 board.exited(future.result())
             raise
     return outcomes
-
-
-def skip_completed(stacked: list[Cell], bench_dir: Path, board: Board) -> tuple[list[Outcome], list[Cell]]:
-    """The outcomes of a stack's completed cells, shown on the board as skipped, and the cells left to train.
-    A stack whose cells are all done starts no process. A completed run is final, so its writer, if it is
-    still exiting, need not be waited for."""
-    outcomes, to_train = [], []
-    for cell in stacked:
-        if read_status(cell.run_dir(bench_dir)) != "completed":
-            to_train.append(cell)
-            continue
-        outcomes.append(Outcome(cell, "completed", attempts=0))
-        board.launched([cell], process=False)
-        board.finished(outcomes[-1])
-    return outcomes, to_train
 
 
 @contextmanager
@@ -181,18 +165,16 @@ def run_ray(cells: list[Cell], bench_dir: Path, retries: int, board: Board, stac
     remote = ray.remote(num_cpus=1)(run_cells_remote)
     outcomes: list[Outcome] = []
     pending: dict[Any, list[Cell]] = {}
-    for stacked in pack_pending(cells, bench_dir, stack):
-        outcomes_now, to_train = skip_completed(stacked, bench_dir, board)
-        outcomes += outcomes_now
+    done, stacks = pack_pending(cells, bench_dir, stack)
+    outcomes += board.resolved(skipped(done))
+    for stacked in stacks:
         to_send = []
-        for cell in to_train:
+        for cell in stacked:
             holder = wait_for_writer(cell.run_dir(bench_dir))  # a trainer on this machine may still be finishing it
             if holder is None:
                 to_send.append(cell)
-                continue
-            outcomes.append(still_written(cell, cell.run_dir(bench_dir), holder))
-            board.launched([cell], process=False)
-            board.finished(outcomes[-1])
+            else:
+                outcomes += board.resolved([still_written(cell, cell.run_dir(bench_dir), holder)])
         if to_send:
             board.launched(to_send)
             files = [pack_run(cell.run_dir(bench_dir)) for cell in to_send]

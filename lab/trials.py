@@ -15,7 +15,7 @@ import optuna
 
 from agents import rundir
 from envs.errors import BadInput
-from lab.cells import Cell, Outcome, Stop, live_progress, pack_pending, run_cells
+from lab.cells import Cell, Outcome, Stop, live_progress, pack_pending, run_cells, skipped
 from lab.document import fmt_duration
 from lab.board import Heartbeat
 from lab.executor import import_ray, pack_run, unpack_run
@@ -98,15 +98,16 @@ def run_trial(
                     return True
         return False
 
-    stacks = pack_pending(cells, bench_dir, stack)
-    with ThreadPoolExecutor(max_workers=len(stacks)) as pool:
+    done, stacks = pack_pending(cells, bench_dir, stack)
+    by_seed = {o.cell.seed: o for o in skipped(done)}
+    with ThreadPoolExecutor(max_workers=max(len(stacks), 1)) as pool:
         futures = [pool.submit(run_cells, stacked, bench_dir, retries, stop) for stacked in stacks]
         while not all(f.done() for f in futures):
             wait(futures, timeout=POLL_S)
             if not pruned and report_new():
                 pruned = True
                 stop.stop_runs(set(run_dirs))
-        by_seed = {o.cell.seed: o for f in futures for o in f.result()}
+        by_seed.update((o.cell.seed, o) for f in futures for o in f.result())
         outcomes = [by_seed[cell.seed] for cell in cells]
     if not pruned and all(o.status == "completed" for o in outcomes):
         report_new()  # the last evaluations, written as the runs ended: later trials are pruned against them

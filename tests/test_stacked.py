@@ -286,12 +286,13 @@ def test_pack_stacks_groups_the_seeds_of_a_cell() -> None:
 
 def test_a_rerun_packs_only_the_seeds_left_to_train(tmp_path: Path) -> None:
     grid = bench.Grid("g", ["ppo"], ["CartPole-v1"], list(range(8)), 512)
-    assert cells.pack_pending(grid.cells(), tmp_path, 5) == cells.pack_stacks(grid.cells(), 5)  # nothing ran yet
+    assert cells.pack_pending(grid.cells(), tmp_path, 5) == ([], cells.pack_stacks(grid.cells(), 5))  # nothing ran yet
     for cell in grid.cells()[:5]:  # seeds 0-4 completed, as a rerun or --reuse-from finds them
         cell.run_dir(tmp_path).mkdir(parents=True)
         (cell.run_dir(tmp_path) / "summary.json").write_text(json.dumps({"status": "completed"}))
-    stacks = cells.pack_pending(grid.cells(), tmp_path, 5)
-    assert [[c.seed for c in s] for s in stacks] == [[0, 1, 2, 3, 4], [5, 6, 7]]  # not [0, 2, 4, 6] and [1, 3, 5, 7]
+    done, stacks = cells.pack_pending(grid.cells(), tmp_path, 5)
+    assert [c.seed for c in done] == [0, 1, 2, 3, 4]
+    assert [[c.seed for c in s] for s in stacks] == [[5, 6, 7]]  # one process, not [6] and [5, 7]
 
 
 def test_a_bench_trains_a_cells_seeds_in_one_process_and_reports_them(tmp_path: Path) -> None:
