@@ -118,9 +118,16 @@ def pack_pending(cells: list[Cell], bench_dir: Path, stack: int) -> tuple[list[C
     themselves (:func:`pack_stacks`).
 
     Packing only the cells still to train keeps a rerun's seeds in as few processes as a first run's: with
-    seeds 0-4 done and 5-7 left, ``stack`` 5 trains 5-7 in one process, not 6 in one and 5, 7 in another."""
+    seeds 0-4 done and 5-7 left, ``stack`` 5 trains 5-7 in one process, not 6 in one and 5, 7 in another.
+    The stacks come longest first (:func:`longest_first`)."""
     done = [cell for cell in cells if read_status(cell.run_dir(bench_dir)) == "completed"]
-    return done, pack_stacks([cell for cell in cells if cell not in done], stack)
+    return done, longest_first(pack_stacks([cell for cell in cells if cell not in done], stack))
+
+
+def longest_first(stacks: list[list[Cell]]) -> list[list[Cell]]:
+    """The stacks, the most env steps first (seeds × each one's budget), ties in their order: a pool that
+    starts the longest processes first ends sooner than one that leaves them for last."""
+    return sorted(stacks, key=lambda stacked: -len(stacked) * stacked[0].config().total_steps)
 
 
 def skipped(done: list[Cell]) -> list[Outcome]:

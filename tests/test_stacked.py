@@ -295,6 +295,16 @@ def test_a_rerun_packs_only_the_seeds_left_to_train(tmp_path: Path) -> None:
     assert [[c.seed for c in s] for s in stacks] == [[5, 6, 7]]  # one process, not [6] and [5, 7]
 
 
+def test_the_longest_stacks_start_first(tmp_path: Path) -> None:
+    grid = bench.Grid("g", ["sb3-ppo", "ppo"], ["CartPole-v1"], [0, 1, 2], 512)
+    _, stacks = cells.pack_pending(grid.cells(), tmp_path, 3)
+    # PPO's three seeds in one process (3 × 512 steps) before SB3's one seed per process, in seed order.
+    assert [(s[0].algo, [c.seed for c in s]) for s in stacks] == [
+        ("ppo", [0, 1, 2]), ("sb3-ppo", [0]), ("sb3-ppo", [1]), ("sb3-ppo", [2])]  # fmt: skip
+    longer = bench.Grid("g", ["ppo"], ["CartPole-v1"], [0], 1024)
+    assert cells.longest_first([grid.cells()[:1], longer.cells()]) == [longer.cells(), grid.cells()[:1]]
+
+
 def test_a_bench_trains_a_cells_seeds_in_one_process_and_reports_them(tmp_path: Path) -> None:
     overrides = [f"{key}={value}" for key, value in SMALL.items() if key != "total_steps"]
     grid = bench.Grid("stacked", ["ppo"], ["CartPole-v1"], [0, 1], 256, overrides={"ppo": overrides})
