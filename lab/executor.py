@@ -34,10 +34,10 @@ from lab.cells import (
     live_progress,
     log_path,
     pack_pending,
-    skipped,
     read_status,
     run_cells,
     set_aside,
+    skipped,
     still_written,
     wait_for_writer,
 )
