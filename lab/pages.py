@@ -37,6 +37,7 @@ BUSY = "a busy machine is slower"
 HEADLINE = "classic"  # the README's table and figure
 FIGURE = "plots/LunarLander-v3-steps.png"
 SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summary, and the pair it compares
+SEEDS_CHECK = "mujoco-v5-ppo-sb3"  # the same pair on more seeds, which the summary adds once produced
 TRAILS = (("grpo", "ppo"), REFERENCE)  # the summary says on which tasks the first of each pair trails the second
 # A label may hold one level of brackets: an env variant's alt text, "Ant-v5[include_…=False]: …".
 LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\])\(([^)\s]+)\)")
@@ -183,30 +184,47 @@ def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
     return f"{x} below {y} on {len(below)} of {len(envs)}{which}"
 
 
-def suite_summary(root: Path, manifest: Manifest) -> str:
-    """The README's MuJoCo sentence, read from the suite's kept report and summary: how many published figures
-    each algo meets, each algo's IQM normalized score across the envs, P(ours > SB3's) on the same presets, and
-    on which tasks GRPO trails our PPO and our PPO trails SB3's."""
-    entry = manifest.entry(SUITE)
+def compared(root: Path, entry: Entry) -> tuple[dict[str, str], str] | None:
+    """From the entry's kept report: each algo's IQM normalized score across the envs with its 95% CI, and
+    "P(x > y) = p [lo, hi]" for the REFERENCE pair; None if the report has no such comparison."""
     report = (root / entry.folder / "report.md").read_text()
     across = report[report.find("Normalized scores across envs"):]
-    # lab.published writes "ALGO at or above K of N figures (below: ENV (MEASURE), …)"; lab.normalized the tables.
-    met = re.findall(r"(\S+) at or above (\d+) of (\d+) figures(?: \(below: (.*?\))\))?", report)
+    # lab.normalized writes these tables.
     iqm = dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
     x, y = REFERENCE
     better = re.search(rf"^\| {re.escape(x)} \| {re.escape(y)} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", across, re.M)
-    if not met or not iqm or better is None:
-        raise BadInput(f"{entry.folder}/report.md lacks the figures met, the IQM table or P({x} > {y}); rebuild it "
-                       f"with `testbed results run {SUITE}`")  # fmt: skip
+    return (iqm, f"P({x} > {y}) = {better.group(1)} {better.group(2)}") if iqm and better else None
+
+
+def suite_summary(root: Path, manifest: Manifest) -> str:
+    """The README's MuJoCo sentence, read from the suite's kept report and summary: how many published figures
+    each algo meets, each algo's IQM normalized score across the envs, P(ours > SB3's) on the same presets, and
+    on which tasks GRPO trails our PPO and our PPO trails SB3's; then, once SEEDS_CHECK is produced, the same
+    IQMs and P on its seeds."""
+    entry = manifest.entry(SUITE)
+    report = (root / entry.folder / "report.md").read_text()
+    # lab.published writes "ALGO at or above K of N figures (below: ENV (MEASURE), …)".
+    met = re.findall(r"(\S+) at or above (\d+) of (\d+) figures(?: \(below: (.*?\))\))?", report)
+    comparison = compared(root, entry)
+    if not met or comparison is None:
+        raise BadInput(f"{entry.folder}/report.md lacks the figures met, the IQM table or P({' > '.join(REFERENCE)}); "
+                       f"rebuild it with `testbed results run {SUITE}`")  # fmt: skip
     # The figures missed are named where they are few; the report lists them all.
     figures = ", ".join(f"{algo} {k} of {n}" + (f" (not {below})" if below and int(n) - int(k) <= 3 else "")
                         for algo, k, n, below in met)  # fmt: skip
-    scores = ", ".join(f"{algo} {value}" for algo, value in iqm.items())
-    return (f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
+    iqm, better = comparison
+    text = (f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
             f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's "
-            f"protocol: {figures}. IQM normalized score across the envs [95% CI]: {scores}; "
-            f"P({x} > {y}) = {better.group(1)} {better.group(2)}. Mean final return by task: "
+            f"protocol: {figures}. IQM normalized score across the envs [95% CI]: "
+            f"{', '.join(f'{algo} {value}' for algo, value in iqm.items())}; {better}. Mean final return by task: "
             f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}.")
+    check = next((e for e in manifest.entries if e.name == SEEDS_CHECK and e.produced), None)
+    more = compared(root, check) if check else None
+    if check is None or more is None:
+        return text
+    return (f"{text} Both PPOs on seeds {check.seeds} ([results](docs/results/{SEEDS_CHECK}.md), "
+            f"{check.produced.get('date', 'undated')}): IQM {', '.join(f'{a} {v}' for a, v in more[0].items())}; "
+            f"{more[1]}.")
 
 
 def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:

@@ -287,6 +287,20 @@ def test_the_readme_mujoco_sentence_reads_the_suite_report(tmp_path: Path) -> No
     )
     assert pages.trailing(pages.completed_runs(tmp_path, found.entry(pages.SUITE)), "sb3-ppo", "ppo") == \
         "sb3-ppo below ppo on 1 of 3 (B-v5)"
+    # Once the same pair is produced on more seeds, the sentence adds its IQMs and P.
+    listed = yaml.safe_load((tmp_path / manifest.MANIFEST).read_text())
+    more = {**listed["results"][0], "name": pages.SEEDS_CHECK, "folder": "benchmarks/results/more", "seeds": "0–7"}
+    (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump({**listed, "results": [*listed["results"], more]}))
+    (tmp_path / "benchmarks/results/more").mkdir()
+    (tmp_path / "benchmarks/results/more/report.md").write_text(
+        "## Normalized scores across envs\n\n| algo | IQM | median |\n|---|---|---|\n"
+        "| ppo | 1.2 [1.1, 1.3] | 1.0 [1.0, 1.0] |\n| sb3-ppo | 1.1 [1.0, 1.2] | 1.0 [1.0, 1.0] |\n\n"
+        "| X | Y | P(X > Y) | 95% CI |\n|---|---|---|---|\n| ppo | sb3-ppo | 0.55 | [0.45, 0.65] |\n"
+    )  # fmt: skip
+    assert pages.suite_summary(tmp_path, manifest.load(tmp_path)).endswith(
+        f"sb3-ppo on 2 of 3 (all but B-v5). Both PPOs on seeds 0–7 ([results](docs/results/{pages.SEEDS_CHECK}.md), "
+        "2026-12-04): IQM ppo 1.2 [1.1, 1.3], sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.55 [0.45, 0.65]."
+    )
     report.write_text("# A report from before the comparison\n")
     with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {pages.SUITE}`"):
         pages.suite_summary(tmp_path, found)
