@@ -184,7 +184,7 @@ def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
     return f"{x} below {y} on {len(below)} of {len(envs)}{which}"
 
 
-def compared(root: Path, entry: Entry) -> tuple[dict[str, str], str] | None:
+def iqm_and_improvement(root: Path, entry: Entry) -> tuple[dict[str, str], str] | None:
     """From the entry's kept report: each algo's IQM normalized score across the envs with its 95% CI, and
     "P(x > y) = p [lo, hi]" for the REFERENCE pair; None if the report has no such comparison."""
     report = (root / entry.folder / "report.md").read_text()
@@ -205,7 +205,7 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
     report = (root / entry.folder / "report.md").read_text()
     # lab.published writes "ALGO at or above K of N figures (below: ENV (MEASURE), …)".
     met = re.findall(r"(\S+) at or above (\d+) of (\d+) figures(?: \(below: (.*?\))\))?", report)
-    comparison = compared(root, entry)
+    comparison = iqm_and_improvement(root, entry)
     if not met or comparison is None:
         raise BadInput(f"{entry.folder}/report.md lacks the figures met, the IQM table or P({' > '.join(REFERENCE)}); "
                        f"rebuild it with `testbed results run {SUITE}`")  # fmt: skip
@@ -219,7 +219,7 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
             f"{', '.join(f'{algo} {value}' for algo, value in iqm.items())}; {better}. Mean final return by task: "
             f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}.")
     check = next((e for e in manifest.entries if e.name == SEEDS_CHECK and e.produced), None)
-    more = compared(root, check) if check else None
+    more = iqm_and_improvement(root, check) if check else None
     if check is None or more is None:
         return text
     return (f"{text} Both PPOs on seeds {check.seeds} ([results](docs/results/{SEEDS_CHECK}.md), "
