@@ -184,10 +184,9 @@ def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
     return f"{x} below {y} on {len(below)} of {len(envs)}{which}"
 
 
-def iqm_and_improvement(root: Path, entry: Entry) -> tuple[dict[str, str], str] | None:
-    """From the entry's kept report: each algo's IQM normalized score across the envs with its 95% CI, and
+def iqm_and_improvement(report: str) -> tuple[dict[str, str], str] | None:
+    """From a bench report: each algo's IQM normalized score across the envs with its 95% CI, and
     "P(x > y) = p [lo, hi]" for the REFERENCE pair; None if the report has no such comparison."""
-    report = (root / entry.folder / "report.md").read_text()
     across = report[report.find("Normalized scores across envs"):]
     # lab.normalized writes these tables.
     iqm = dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
@@ -205,7 +204,7 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
     report = (root / entry.folder / "report.md").read_text()
     # lab.published writes "ALGO at or above K of N figures (below: ENV (MEASURE), …)".
     met = re.findall(r"(\S+) at or above (\d+) of (\d+) figures(?: \(below: (.*?\))\))?", report)
-    comparison = iqm_and_improvement(root, entry)
+    comparison = iqm_and_improvement(report)
     if not met or comparison is None:
         raise BadInput(f"{entry.folder}/report.md lacks the figures met, the IQM table or P({' > '.join(REFERENCE)}); "
                        f"rebuild it with `testbed results run {SUITE}`")  # fmt: skip
@@ -219,9 +218,12 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
             f"{', '.join(f'{algo} {value}' for algo, value in iqm.items())}; {better}. Mean final return by task: "
             f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}.")
     check = next((e for e in manifest.entries if e.name == SEEDS_CHECK and e.produced), None)
-    more = iqm_and_improvement(root, check) if check else None
-    if check is None or more is None:
+    if check is None:
         return text
+    more = iqm_and_improvement((root / check.folder / "report.md").read_text())
+    if more is None:
+        raise BadInput(f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it with "
+                       f"`testbed results run {SEEDS_CHECK}`")  # fmt: skip
     return (f"{text} Both PPOs on seeds {check.seeds} ([results](docs/results/{SEEDS_CHECK}.md), "
             f"{check.produced.get('date', 'undated')}): IQM {', '.join(f'{a} {v}' for a, v in more[0].items())}; "
             f"{more[1]}.")

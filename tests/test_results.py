@@ -301,6 +301,9 @@ def test_the_readme_mujoco_sentence_reads_the_suite_report(tmp_path: Path) -> No
         f"sb3-ppo on 2 of 3 (all but B-v5). Both PPOs on seeds 0–7 ([results](docs/results/{pages.SEEDS_CHECK}.md), "
         "2026-12-04): IQM ppo 1.2 [1.1, 1.3], sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.55 [0.45, 0.65]."
     )
+    (tmp_path / "benchmarks/results/more/report.md").write_text("# A report from before the comparison\n")
+    with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {pages.SEEDS_CHECK}`"):
+        pages.suite_summary(tmp_path, manifest.load(tmp_path))
     report.write_text("# A report from before the comparison\n")
     with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {pages.SUITE}`"):
         pages.suite_summary(tmp_path, found)
