@@ -184,15 +184,19 @@ def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
     return f"{x} below {y} on {len(below)} of {len(envs)}{which}"
 
 
-def iqm_and_improvement(report: str) -> tuple[dict[str, str], str] | None:
-    """From a bench report: each algo's IQM normalized score across the envs with its 95% CI, and
-    "P(x > y) = p [lo, hi]" for the REFERENCE pair; None if the report has no such comparison."""
+def iqm_and_improvement(report: str) -> tuple[str, str] | None:
+    """From a bench report, as the README words them: each algo's IQM normalized score across the envs with its
+    95% CI ("ppo 1.1 [1.0, 1.2], …"), and "P(x > y) = p [lo, hi]" for the REFERENCE pair; None if the report
+    has no such comparison."""
     across = report[report.find("Normalized scores across envs"):]
     # lab.normalized writes these tables.
     iqm = dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
     x, y = REFERENCE
     better = re.search(rf"^\| {re.escape(x)} \| {re.escape(y)} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", across, re.M)
-    return (iqm, f"P({x} > {y}) = {better.group(1)} {better.group(2)}") if iqm and better else None
+    if not iqm or better is None:
+        return None
+    scores = ", ".join(f"{algo} {value}" for algo, value in iqm.items())
+    return scores, f"P({x} > {y}) = {better.group(1)} {better.group(2)}"
 
 
 def suite_summary(root: Path, manifest: Manifest) -> str:
@@ -211,11 +215,11 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
     # The figures missed are named where they are few; the report lists them all.
     figures = ", ".join(f"{algo} {k} of {n}" + (f" (not {below})" if below and int(n) - int(k) <= 3 else "")
                         for algo, k, n, below in met)  # fmt: skip
-    iqm, better = comparison
+    scores, better = comparison
     text = (f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
             f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's "
-            f"protocol: {figures}. IQM normalized score across the envs [95% CI]: "
-            f"{', '.join(f'{algo} {value}' for algo, value in iqm.items())}; {better}. Mean final return by task: "
+            f"protocol: {figures}. IQM normalized score across the envs [95% CI]: {scores}; {better}. "
+            f"Mean final return by task: "
             f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}.")
     check = next((e for e in manifest.entries if e.name == SEEDS_CHECK and e.produced), None)
     if check is None:
@@ -225,8 +229,7 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
         raise BadInput(f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it with "
                        f"`testbed results run {SEEDS_CHECK}`")  # fmt: skip
     return (f"{text} Both PPOs on seeds {check.seeds} ([results](docs/results/{SEEDS_CHECK}.md), "
-            f"{check.produced.get('date', 'undated')}): IQM {', '.join(f'{a} {v}' for a, v in more[0].items())}; "
-            f"{more[1]}.")
+            f"{check.produced.get('date', 'undated')}): IQM {more[0]}; {more[1]}.")
 
 
 def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
