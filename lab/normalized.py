@@ -168,6 +168,14 @@ def across_envs(
                 [x, y, f"{v.point:.3f}", f"[{v.low:.3f}, {v.high:.3f}]"]
                 for (x, y), v in improvements.items()
             ]))  # fmt: skip
+            if len(matrices.envs) > 1:
+                blocks.append(Para("By env: the same probability on each env alone, its 95% CI from the runs of X "
+                                   "and of Y resampled within that env; P(X > Y) above is the mean of these."))  # fmt: skip
+                blocks.append(Table(["env", "X", "Y", "P(X > Y)", "95% CI"], [
+                    [env, x, y, f"{v.point:.3f}", f"[{v.low:.3f}, {v.high:.3f}]"]
+                    for (x, y), by_env in stats.improvement_by_env(matrices.scores).items()
+                    for env, v in zip(matrices.envs, by_env, strict=True)
+                ]))  # fmt: skip
         blocks += left_out_pairs(runs, matrices, normalize)
         taus = np.linspace(min(0.0, min(float(m.min()) for m in matrices.scores.values())),
                            max(1.25, max(float(m.max()) for m in matrices.scores.values())), 61)  # fmt: skip

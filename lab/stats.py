@@ -146,34 +146,59 @@ def aggregate_intervals(scores: dict[str, np.ndarray], seed: int = 0) -> dict[st
                    for i, name in enumerate(METRIC_NAMES)} for algo in scores}  # fmt: skip
 
 
-def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
-    """P(X > Y) = 1/M Σ_m 1/(R_x·R_y) Σ_i Σ_j [x_im > y_jm] + ½·[x_im = y_jm].
+def env_improvements(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """P_m(X > Y) = 1/(R_x·R_y) Σ_i Σ_j [x_im > y_jm] + ½·[x_im = y_jm], for each env m.
 
     x: ``(R_x, M)`` scores of algo X, R_x runs on each of M envs; y: ``(R_y, M)`` of algo Y on the same envs.
-    The inner double sum is the Mann-Whitney U statistic of env m, so this equals rliable's
-    ``metrics.probability_of_improvement``; it is computed here with one array comparison instead of
-    one SciPy test per env, which makes the bootstrap's thousands of evaluations fast.
+    P_m is env m's Mann-Whitney probability that a run of X scores above a run of Y (ties count half),
+    computed with one array comparison instead of one SciPy test per env, which makes the bootstrap's
+    thousands of evaluations fast. Returns ``(M,)``.
     """
     greater = (x[:, None, :] > y[None, :, :]).mean(axis=(0, 1))  # (M,)
-    ties = (x[:, None, :] == y[None, :, :]).mean(axis=(0, 1))
-    return float(np.mean(greater + 0.5 * ties))
+    ties = (x[:, None, :] == y[None, :, :]).mean(axis=(0, 1))  # (M,)
+    return greater + 0.5 * ties
+
+
+def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
+    """P(X > Y) = 1/M Σ_m P_m(X > Y), the mean over the M envs of :func:`env_improvements`; this equals
+    rliable's ``metrics.probability_of_improvement``. x: ``(R_x, M)``; y: ``(R_y, M)``."""
+    return float(np.mean(env_improvements(x, y)))
+
+
+def _pairwise(
+    scores: dict[str, np.ndarray], func: Callable[[np.ndarray, np.ndarray], Any], seed: int
+) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """``func(x, y)``'s point estimate and CI ``(2, …)`` for each pair of algos X before Y in ``scores``: a
+    stratified bootstrap, the runs of X and of Y resampled independently within each env."""
+    algos = list(scores)
+    pairs = {f"{x}\t{y}": [scores[x], scores[y]] for i, x in enumerate(algos) for y in algos[i + 1 :]}
+    if not pairs:
+        return {}
+    points, intervals = _estimates(pairs, func, REPS, seed)
+    result: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    for key in pairs:
+        x, y = key.split("\t")
+        result[(x, y)] = np.asarray(points[key]), np.asarray(intervals[key])
+    return result
 
 
 def improvement_probabilities(scores: dict[str, np.ndarray], seed: int = 0) -> dict[tuple[str, str], Interval]:
     """P(X > Y) for every ordered pair of algos, with its stratified bootstrap CI (the runs of X and of Y
     resampled independently within each env). P(Y > X) = 1 − P(X > Y), so each pair is bootstrapped once."""
-    algos = list(scores)
-    pairs = {f"{x}\t{y}": [scores[x], scores[y]] for i, x in enumerate(algos) for y in algos[i + 1 :]}
-    if not pairs:
-        return {}
-    points, intervals = _estimates(pairs, probability_of_improvement, REPS, seed)
     result: dict[tuple[str, str], Interval] = {}
-    for key in pairs:
-        x, y = key.split("\t")
-        point, (low, high) = float(points[key]), map(float, np.ravel(intervals[key]))
-        result[(x, y)] = Interval(point, low, high)
-        result[(y, x)] = Interval(1.0 - point, 1.0 - high, 1.0 - low)
+    for (x, y), (point, interval) in _pairwise(scores, probability_of_improvement, seed).items():
+        low, high = map(float, np.ravel(interval))
+        result[(x, y)] = Interval(float(point), low, high)
+        result[(y, x)] = Interval(1.0 - float(point), 1.0 - high, 1.0 - low)
     return result
+
+
+def improvement_by_env(scores: dict[str, np.ndarray], seed: int = 0) -> dict[tuple[str, str], list[Interval]]:
+    """P_m(X > Y) on each env m, in the order of the matrices' columns, for each pair of algos X before Y in
+    ``scores``, with its bootstrap CI (the runs of X and of Y resampled within env m): the terms whose mean is
+    P(X > Y) (:func:`env_improvements`)."""
+    return {pair: [Interval(float(p), float(low), float(high)) for p, low, high in zip(point, *interval, strict=True)]
+            for pair, (point, interval) in _pairwise(scores, env_improvements, seed).items()}  # fmt: skip
 
 
 def performance_profiles(

@@ -515,6 +515,19 @@ def test_the_report_names_the_cpus_and_versions_the_runs_trained_under(tmp_path:
         "model or the physics engine's version differs, runs of the same seed and settings differ too)")  # fmt: skip
 
 
+def test_a_report_over_several_envs_gives_the_probability_of_improvement_on_each(tmp_path: Path) -> None:
+    # ppo beats grpo in every pairing on CartPole (500, 480 against 100, 90) and loses every one on Acrobot.
+    finals = {("CartPole-v1", "ppo"): (500.0, 480.0), ("CartPole-v1", "grpo"): (100.0, 90.0),
+              ("Acrobot-v1", "ppo"): (-400.0, -380.0), ("Acrobot-v1", "grpo"): (-90.0, -100.0)}  # fmt: skip
+    for (env_id, algo), values in finals.items():
+        for seed, final in enumerate(values):
+            make_run(tmp_path / env_id / algo / f"seed{seed}", env_id, algo, seed, linear_evals(2), final=final)
+    markdown = build_report(tmp_path)["markdown"].read_text()
+    assert "| grpo | ppo | 0.500 | [0.500, 0.500] |" in markdown  # the mean of 1 and 0
+    assert "| Acrobot-v1 | grpo | ppo | 1.000 | [1.000, 1.000] |" in markdown
+    assert "| CartPole-v1 | grpo | ppo | 0.000 | [0.000, 0.000] |" in markdown
+
+
 def test_an_algo_that_has_only_begun_does_not_shrink_the_comparison_of_the_others(tmp_path: Path) -> None:
     # ppo and grpo completed CartPole and Acrobot; sb3-ppo only CartPole. Comparing all three would keep
     # CartPole alone: sb3-ppo is left out, and the others are compared on both envs.

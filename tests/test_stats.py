@@ -60,6 +60,27 @@ def test_probability_of_improvement_equals_rliables_and_hand_cases() -> None:
     assert both[("b", "a")].high == pytest.approx(1.0 - both[("a", "b")].low)
 
 
+def test_improvement_by_env_gives_each_envs_term_of_the_mean() -> None:
+    # Hand: env 0, x = (1, 3) against y = (2, 2): 0.5; env 1, (1, 1) against (1, 0): 0.75 (as above).
+    x, y = np.array([[1, 1], [3, 1]]), np.array([[2, 1], [2, 0]])
+    assert stats.env_improvements(x, y) == pytest.approx([0.5, 0.75])
+    # a wins every pairing on env 0 and loses every one on env 1: 1 and 0, each with no spread, mean 0.5.
+    a = np.column_stack([SPLIT[:, 0] + 0.5, SPLIT[:, 1] - 0.5])
+    by_env = stats.improvement_by_env({"a": a, "b": SPLIT})
+    assert list(by_env) == [("a", "b")]
+    assert by_env[("a", "b")] == [stats.Interval(1.0, 1.0, 1.0), stats.Interval(0.0, 0.0, 0.0)]
+    assert stats.improvement_probabilities({"a": a, "b": SPLIT})[("a", "b")].point == pytest.approx(0.5)
+    # Where runs overlap, each env's interval brackets its point and stays within [0, 1].
+    rng = np.random.default_rng(2)
+    scores = {"x": rng.random((5, 3)), "y": rng.random((5, 3)), "z": rng.random((5, 3))}
+    by_env = stats.improvement_by_env(scores)
+    assert list(by_env) == [("x", "y"), ("x", "z"), ("y", "z")]
+    for (x_name, y_name), intervals in by_env.items():
+        points = stats.env_improvements(scores[x_name], scores[y_name])
+        assert [v.point for v in intervals] == pytest.approx(points)
+        assert all(0.0 <= v.low <= v.point <= v.high <= 1.0 for v in intervals)
+
+
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # arch on rliable's RandomState argument
 def test_the_bootstrap_is_stratified_where_pooling_would_give_another_interval() -> None:
     stratified = stats.aggregate_intervals({"x": SPLIT})["x"]["mean"]
