@@ -32,12 +32,17 @@ FILES = "files"  # docs/results/files -> ../../benchmarks/results
 RESULTS = Path("benchmarks/results")
 README = Path("README.md")
 GUIDE = Path("docs/ppo_and_grpo.md")
+TRAINING = Path("docs/training.md")  # its sb3-ppo section holds the CHECKS' table
 FIGURES = Path("docs/figures")
 BUSY = "a busy machine is slower"
 HEADLINE = "classic"  # the README's table and figure
 FIGURE = "plots/LunarLander-v3-steps.png"
 SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summary, and the pair it compares
-SEEDS_CHECK = "mujoco-v5-ppo-sb3"  # the same pair on more seeds, which the summary adds once produced
+# The same pair on more seeds, then with its one differing setting made equal: each adds a sentence to the summary
+# once produced, opening with its label ({seeds} is the entry's).
+CHECKS = (("mujoco-v5-ppo-sb3", "Both PPOs on seeds {seeds}"),
+          ("ppo-sb3-reward-scale-v5", "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one setting "
+                                      "in which the pair's runs differ), seeds {seeds}"))  # fmt: skip
 TRAILS = (("grpo", "ppo"), REFERENCE)  # the summary says on which tasks the first of each pair trails the second
 # A label may hold one level of brackets: an env variant's alt text, "Ant-v5[include_…=False]: …".
 LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\])\(([^)\s]+)\)")
@@ -184,14 +189,59 @@ def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
     return f"{x} below {y} on {len(below)} of {len(envs)}{which}"
 
 
+def iqms(report: str) -> dict[str, str]:
+    """Each algo's IQM normalized score across the envs with its 95% CI, "1.1 [1.0, 1.2]", from a bench
+    report's table (lab.normalized writes it); empty if the report has none."""
+    across = report[report.find("Normalized scores across envs"):]
+    return dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
+
+
+def improvement_by_env(report: str) -> dict[str, str]:
+    """P(x > y) on each env alone for the REFERENCE pair, "0.5 [0.2, 0.8]" by env label, from a bench
+    report's "By env" table (lab.normalized writes it); empty if the report has none."""
+    x, y = map(re.escape, REFERENCE)
+    found = re.findall(rf"^\| (\S+) \| {x} \| {y} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", report, re.M)
+    return {env: f"{p} {ci}" for env, p, ci in found}
+
+
+def scale_table(root: Path, manifest: Manifest) -> str:
+    """The training guide's table: on each task, our PPO as the suite runs it and at SB3's reward scale, each
+    with P(ours > SB3's) [95% CI] on that task, beside SB3's PPO: mean final return over the seeds of CHECKS
+    (SB3's runs are the same in both), then each one's IQM normalized score across the tasks."""
+    x, y = REFERENCE
+    entries = [manifest.entry(name) for name, _ in CHECKS]
+    rows = [completed_runs(root, entry) for entry in entries]
+    reports = [(root / entry.folder / "report.md").read_text() for entry in entries]
+    better, iqm = [improvement_by_env(report) for report in reports], [iqms(report) for report in reports]
+    envs = sorted(set(better[0]) & set(better[1]))
+    if not envs or not all(x in scores and y in scores for scores in iqm):
+        raise BadInput(f"{entries[1].folder}/report.md and {entries[0].folder}/report.md need the IQM table and "
+                       f"P({x} > {y}) by env; rebuild them with `testbed results run NAME`")  # fmt: skip
+
+    def mean(runs: list[dict[str, str]], env: str, algo: str) -> str:
+        return fmt_return(float(np.mean([float(r["final_eval_return_mean"]) for r in runs
+                                         if r["env_id"] == env and r["algo"] == algo])))  # fmt: skip
+
+    table = [[env.split("[")[0], f"{mean(rows[0], env, x)}, P = {better[0][env]}",
+              f"{mean(rows[1], env, x)}, P = {better[1][env]}", mean(rows[1], env, y)] for env in envs]  # fmt: skip
+    made, done = entries[1].produced or entries[1].progress, bool(entries[1].produced)
+    if done:  # until then the two IQMs span different tasks
+        table.append(["IQM normalized score", iqm[0][x], iqm[1][x], iqm[1][y]])
+    return (_table(["task", "ours", "ours at SB3's scale", "SB3's"], table) + "\n\n"
+            f"Mean final return over seeds {entries[1].seeds} and P({x} > {y}) on each task [95% CI]"
+            + ("; IQM across the tasks [95% CI]." if done else f". In progress: {len(envs)} tasks so far.")
+            + f" [Ours and SB3's](results/{entries[0].name}.md), [ours at SB3's scale]"
+            f"(results/{entries[1].name}.md), {made.get('date', 'undated')}.")  # fmt: skip
+
+
 def iqm_and_improvement(report: str) -> tuple[str, str] | None:
     """From a bench report, as the README words them: each algo's IQM normalized score across the envs with its
     95% CI ("ppo 1.1 [1.0, 1.2], …"), and "P(x > y) = p [lo, hi]" for the REFERENCE pair; None if the report
     has no such comparison."""
-    across = report[report.find("Normalized scores across envs"):]
-    # lab.normalized writes these tables.
-    iqm = dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
+    iqm = iqms(report)
     x, y = REFERENCE
+    across = report[report.find("Normalized scores across envs"):]
+    # lab.normalized writes this table, and under it one whose rows begin with the env.
     better = re.search(rf"^\| {re.escape(x)} \| {re.escape(y)} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", across, re.M)
     if not iqm or better is None:
         return None
@@ -202,8 +252,8 @@ def iqm_and_improvement(report: str) -> tuple[str, str] | None:
 def suite_summary(root: Path, manifest: Manifest) -> str:
     """The README's MuJoCo sentence, read from the suite's kept report and summary: how many published figures
     each algo meets, each algo's IQM normalized score across the envs, P(ours > SB3's) on the same presets, and
-    on which tasks GRPO trails our PPO and our PPO trails SB3's; then, once SEEDS_CHECK is produced, the same
-    IQMs and P on its seeds."""
+    on which tasks GRPO trails our PPO and our PPO trails SB3's; then the same IQMs and P from each of CHECKS
+    that is produced."""
     entry = manifest.entry(SUITE)
     report = (root / entry.folder / "report.md").read_text()
     # lab.published writes "ALGO at or above K of N figures (below: ENV (MEASURE), …)".
@@ -221,15 +271,17 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
             f"protocol: {figures}. IQM normalized score across the envs [95% CI]: {scores}; {better}. "
             f"Mean final return by task: "
             f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}.")
-    check = next((e for e in manifest.entries if e.name == SEEDS_CHECK and e.produced), None)
-    if check is None:
-        return text
-    more = iqm_and_improvement((root / check.folder / "report.md").read_text())
-    if more is None:
-        raise BadInput(f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it with "
-                       f"`testbed results run {SEEDS_CHECK}`")  # fmt: skip
-    return (f"{text} Both PPOs on seeds {check.seeds} ([results](docs/results/{SEEDS_CHECK}.md), "
-            f"{check.produced.get('date', 'undated')}): IQM {more[0]}; {more[1]}.")
+    for name, label in CHECKS:
+        check = next((e for e in manifest.entries if e.name == name and e.produced), None)
+        if check is None:
+            continue
+        more = iqm_and_improvement((root / check.folder / "report.md").read_text())
+        if more is None:
+            raise BadInput(f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it "
+                           f"with `testbed results run {name}`")  # fmt: skip
+        text += (f" {label.format(seeds=check.seeds)} ([results](docs/results/{name}.md), "
+                 f"{check.produced.get('date', 'undated')}): IQM {more[0]}; {more[1]}.")
+    return text
 
 
 def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
@@ -391,6 +443,8 @@ def render_all(root: Path) -> dict[Path, str]:
     for entry in manifest.entries:
         out[PAGES / f"{entry.name}.md"] = result_page(root, manifest, entry)
     out[README] = fill_blocks((root / README).read_text(), readme_blocks(root, manifest))
+    training = (root / TRAINING).read_text()
+    out[TRAINING] = fill_blocks(training, {"reward-scale": scale_table(root, manifest)}, TRAINING)
     guide = (root / GUIDE).read_text()
     out[GUIDE] = fill_blocks(guide, guide_blocks(root, manifest, guide), GUIDE)
     return out

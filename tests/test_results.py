@@ -287,26 +287,76 @@ def test_the_readme_mujoco_sentence_reads_the_suite_report(tmp_path: Path) -> No
     )
     assert pages.trailing(pages.completed_runs(tmp_path, found.entry(pages.SUITE)), "sb3-ppo", "ppo") == \
         "sb3-ppo below ppo on 1 of 3 (B-v5)"
-    # Once the same pair is produced on more seeds, the sentence adds its IQMs and P.
+    # Once each check is produced, the sentence adds its IQMs and P, in CHECKS' order.
+    (seeds_check, _), (scale_check, _) = pages.CHECKS
     listed = yaml.safe_load((tmp_path / manifest.MANIFEST).read_text())
-    more = {**listed["results"][0], "name": pages.SEEDS_CHECK, "folder": "benchmarks/results/more", "seeds": "0–7"}
-    (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump({**listed, "results": [*listed["results"], more]}))
-    (tmp_path / "benchmarks/results/more").mkdir()
-    (tmp_path / "benchmarks/results/more/report.md").write_text(
-        "## Normalized scores across envs\n\n| algo | IQM | median |\n|---|---|---|\n"
-        "| ppo | 1.2 [1.1, 1.3] | 1.0 [1.0, 1.0] |\n| sb3-ppo | 1.1 [1.0, 1.2] | 1.0 [1.0, 1.0] |\n\n"
-        "| X | Y | P(X > Y) | 95% CI |\n|---|---|---|---|\n| ppo | sb3-ppo | 0.55 | [0.45, 0.65] |\n"
-    )  # fmt: skip
+    checks = [{**listed["results"][0], "name": name, "folder": f"benchmarks/results/{name}", "seeds": "0–7"}
+              for name in (scale_check, seeds_check)]  # fmt: skip
+    (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump({**listed, "results": [*listed["results"], *checks]}))
+    for name, iqm, p in ((seeds_check, "1.2 [1.1, 1.3]", "0.55"), (scale_check, "1.3 [1.2, 1.4]", "0.60")):
+        (tmp_path / "benchmarks/results" / name).mkdir()
+        (tmp_path / "benchmarks/results" / name / "report.md").write_text(
+            "## Normalized scores across envs\n\n| algo | IQM | median |\n|---|---|---|\n"
+            f"| ppo | {iqm} | 1.0 [1.0, 1.0] |\n| sb3-ppo | 1.1 [1.0, 1.2] | 1.0 [1.0, 1.0] |\n\n"
+            f"| X | Y | P(X > Y) | 95% CI |\n|---|---|---|---|\n| ppo | sb3-ppo | {p} | [0.45, 0.65] |\n"
+        )  # fmt: skip
     assert pages.suite_summary(tmp_path, manifest.load(tmp_path)).endswith(
-        f"sb3-ppo on 2 of 3 (all but B-v5). Both PPOs on seeds 0–7 ([results](docs/results/{pages.SEEDS_CHECK}.md), "
-        "2026-12-04): IQM ppo 1.2 [1.1, 1.3], sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.55 [0.45, 0.65]."
+        f"sb3-ppo on 2 of 3 (all but B-v5). Both PPOs on seeds 0–7 ([results](docs/results/{seeds_check}.md), "
+        "2026-12-04): IQM ppo 1.2 [1.1, 1.3], sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.55 [0.45, 0.65]. "
+        "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one setting in which the pair's runs "
+        f"differ), seeds 0–7 ([results](docs/results/{scale_check}.md), 2026-12-04): IQM ppo 1.3 [1.2, 1.4], "
+        "sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.60 [0.45, 0.65]."
     )
-    (tmp_path / "benchmarks/results/more/report.md").write_text("# A report from before the comparison\n")
-    with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {pages.SEEDS_CHECK}`"):
+    (tmp_path / "benchmarks/results" / scale_check / "report.md").write_text("# A report from before the comparison\n")
+    with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {scale_check}`"):
         pages.suite_summary(tmp_path, manifest.load(tmp_path))
     report.write_text("# A report from before the comparison\n")
     with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {pages.SUITE}`"):
         pages.suite_summary(tmp_path, found)
+
+
+def test_the_training_guide_table_sets_ours_at_both_scales_beside_sb3s(tmp_path: Path) -> None:
+    (seeds_check, _), (scale_check, _) = pages.CHECKS
+    _toy(tmp_path, WRITE, name=seeds_check, folder="benchmarks/results/a", seeds="0–1",
+         produced={"commit": "abc1234", "date": "2026-12-04", "code_version": 3})  # fmt: skip
+    listed = yaml.safe_load((tmp_path / manifest.MANIFEST).read_text())
+    scaled = {**listed["results"][0], "name": scale_check, "folder": "benchmarks/results/b", "produced": None,
+              "progress": {"commit": "def5678", "date": "2026-12-05", "code_version": 3}}  # fmt: skip
+    (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump({**listed, "results": [*listed["results"], scaled]}))
+    # SB3's runs are the same in both; ours as it is makes 1 and 3 on A, ours at SB3's scale 4 and 6.
+    for folder, ours, p_a in (("a", (1, 3), "0.250"), ("b", (4, 6), "1.000")):
+        (tmp_path / "benchmarks/results" / folder).mkdir(parents=True)
+        (tmp_path / "benchmarks/results" / folder / "summary.csv").write_text(
+            "algo,env_id,seed,status,final_eval_return_mean\n"
+            f"ppo,A-v5[x=1],0,completed,{ours[0]}\nppo,A-v5[x=1],1,completed,{ours[1]}\nppo,A-v5[x=1],2,failed,\n"
+            "sb3-ppo,A-v5[x=1],0,completed,2\nsb3-ppo,A-v5[x=1],1,completed,2\n"
+            "ppo,B-v5,0,completed,-1.5\nsb3-ppo,B-v5,0,completed,-1\n"
+        )  # fmt: skip
+        (tmp_path / "benchmarks/results" / folder / "report.md").write_text(
+            "## Normalized scores across envs\n\n| algo | IQM | median |\n|---|---|---|\n"
+            f"| ppo | 1.{folder == 'b':d} [0.9, 1.1] | 1.0 [1.0, 1.0] |\n| sb3-ppo | 1.5 [1.4, 1.6] | 1.0 [1.0, 1.0] |\n\n"
+            "| X | Y | P(X > Y) | 95% CI |\n|---|---|---|---|\n| ppo | sb3-ppo | 0.5 | [0.4, 0.6] |\n\n"
+            "| env | X | Y | P(X > Y) | 95% CI |\n|---|---|---|---|---|\n"
+            f"| A-v5[x=1] | ppo | sb3-ppo | {p_a} | [0.000, 1.000] |\n| B-v5 | ppo | sb3-ppo | 0.000 | [0.000, 0.000] |\n"
+        )  # fmt: skip
+    rows = ["| A-v5 | 2.00, P = 0.250 [0.000, 1.000] | 5.00, P = 1.000 [0.000, 1.000] | 2.00 |",
+            "| B-v5 | -1.50, P = 0.000 [0.000, 0.000] | -1.50, P = 0.000 [0.000, 0.000] | -1.00 |"]  # fmt: skip
+    links = (f"[Ours and SB3's](results/{seeds_check}.md), [ours at SB3's scale](results/{scale_check}.md)")
+    head = "| task | ours | ours at SB3's scale | SB3's |\n|---|---|---|---|\n"
+    # In progress, the IQMs would span different tasks, so they wait.
+    assert pages.scale_table(tmp_path, manifest.load(tmp_path)) == (
+        head + "\n".join(rows) + "\n\nMean final return over seeds 0–1 and P(ppo > sb3-ppo) on each task [95% CI]. "
+        f"In progress: 2 tasks so far. {links}, 2026-12-05.")  # fmt: skip
+    listed = yaml.safe_load((tmp_path / manifest.MANIFEST).read_text())
+    listed["results"][1].update(produced={"commit": "def5678", "date": "2026-12-06", "code_version": 3}, progress=None)
+    (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump(listed))
+    assert pages.scale_table(tmp_path, manifest.load(tmp_path)) == (
+        head + "\n".join([*rows, "| IQM normalized score | 1.0 [0.9, 1.1] | 1.1 [0.9, 1.1] | 1.5 [1.4, 1.6] |"])
+        + f"\n\nMean final return over seeds 0–1 and P(ppo > sb3-ppo) on each task [95% CI]; IQM across the tasks "
+        f"[95% CI]. {links}, 2026-12-06.")  # fmt: skip
+    (tmp_path / "benchmarks/results/b/report.md").write_text("# A report from before the comparison\n")
+    with pytest.raises(BadInput, match="rebuild them with `testbed results run NAME`"):
+        pages.scale_table(tmp_path, manifest.load(tmp_path))
 
 
 def test_the_guide_blocks_copy_a_figure_s_tables_and_average_a_credit_study(tmp_path: Path) -> None:
