@@ -1,9 +1,9 @@
-"""The result pages of the site and the generated blocks of the README and the guide, made from the manifest
+"""The result pages of the site and the generated blocks of the README and the guides, made from the manifest
 and its files.
 
 Nothing here is typed by hand: ``render_all`` reads ``benchmarks/manifest.yaml``, the files each entry
 keeps and the figures ``testbed docs`` wrote, and returns the text of every generated page, of the README
-and of the guide. ``testbed results pages`` writes
+and of the guides. ``testbed results pages`` writes
 them; a test checks that the committed ones are what ``render_all`` gives, so a page never disagrees
 with the files it shows.
 
