@@ -41,8 +41,8 @@ SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summar
 # The same pair on more seeds, then with its one differing setting made equal: each adds a sentence to the summary
 # once produced, opening with its label ({seeds} is the entry's).
 CHECKS = (("mujoco-v5-ppo-sb3", "Both PPOs on seeds {seeds}"),
-          ("ppo-sb3-reward-scale-v5", "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one setting "
-                                      "in which the pair's runs differ), seeds {seeds}"))  # fmt: skip
+          ("ppo-sb3-reward-scale-v5", "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one "
+                                      "hyperparameter in which the pair's runs differ), seeds {seeds}"))  # fmt: skip
 TRAILS = (("grpo", "ppo"), REFERENCE)  # the summary says on which tasks the first of each pair trails the second
 # A label may hold one level of brackets: an env variant's alt text, "Ant-v5[include_…=False]: …".
 LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\])\(([^)\s]+)\)")
@@ -215,8 +215,9 @@ def scale_table(root: Path, manifest: Manifest) -> str:
     better, iqm = [improvement_by_env(report) for report in reports], [iqms(report) for report in reports]
     envs = sorted(set(better[0]) & set(better[1]))
     if not envs or not all(x in scores and y in scores for scores in iqm):
-        raise BadInput(f"{entries[1].folder}/report.md and {entries[0].folder}/report.md need the IQM table and "
-                       f"P({x} > {y}) by env; rebuild them with `testbed results run NAME`")  # fmt: skip
+        names = " ".join(entry.name for entry in entries)
+        raise BadInput(f"{entries[0].folder}/report.md and {entries[1].folder}/report.md need the IQM table and "
+                       f"P({x} > {y}) by env; rebuild them with `testbed results run {names}`")  # fmt: skip
 
     def mean(runs: list[dict[str, str]], env: str, algo: str) -> str:
         return fmt_return(float(np.mean([float(r["final_eval_return_mean"]) for r in runs

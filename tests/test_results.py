@@ -303,8 +303,8 @@ def test_the_readme_mujoco_sentence_reads_the_suite_report(tmp_path: Path) -> No
     assert pages.suite_summary(tmp_path, manifest.load(tmp_path)).endswith(
         f"sb3-ppo on 2 of 3 (all but B-v5). Both PPOs on seeds 0–7 ([results](docs/results/{seeds_check}.md), "
         "2026-12-04): IQM ppo 1.2 [1.1, 1.3], sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.55 [0.45, 0.65]. "
-        "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one setting in which the pair's runs "
-        f"differ), seeds 0–7 ([results](docs/results/{scale_check}.md), 2026-12-04): IQM ppo 1.3 [1.2, 1.4], "
+        "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one hyperparameter in which the pair's "
+        f"runs differ), seeds 0–7 ([results](docs/results/{scale_check}.md), 2026-12-04): IQM ppo 1.3 [1.2, 1.4], "
         "sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.60 [0.45, 0.65]."
     )
     (tmp_path / "benchmarks/results" / scale_check / "report.md").write_text("# A report from before the comparison\n")
@@ -355,7 +355,7 @@ def test_the_training_guide_table_sets_ours_at_both_scales_beside_sb3s(tmp_path:
         + f"\n\nMean final return over seeds 0–1 and P(ppo > sb3-ppo) on each task [95% CI]; IQM across the tasks "
         f"[95% CI]. {links}, 2026-12-06.")  # fmt: skip
     (tmp_path / "benchmarks/results/b/report.md").write_text("# A report from before the comparison\n")
-    with pytest.raises(BadInput, match="rebuild them with `testbed results run NAME`"):
+    with pytest.raises(BadInput, match=f"rebuild them with `testbed results run {seeds_check} {scale_check}`"):
         pages.scale_table(tmp_path, manifest.load(tmp_path))
 
 
