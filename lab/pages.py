@@ -153,16 +153,25 @@ def completed_runs(root: Path, entry: Entry) -> list[dict[str, str]]:
         return [r for r in csv.DictReader(f) if r["status"] == "completed"]
 
 
+def final_returns(rows: list[dict[str, str]]) -> dict[tuple[str, str], list[float]]:
+    """The final evaluation returns of summary rows, one per run, by (env label, algo)."""
+    returns: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        returns.setdefault((r["env_id"], r["algo"]), []).append(float(r["final_eval_return_mean"]))
+    return returns
+
+
 def headline_table(root: Path, manifest: Manifest) -> str:
     """The README's table: final return per env and algo, mean over seeds and its 95% bootstrap CI."""
     entry = manifest.entry(HEADLINE)
     rows = completed_runs(root, entry)
     algos = sorted({r["algo"] for r in rows})
+    returns = final_returns(rows)
     table = []
     for env in sorted({r["env_id"] for r in rows}):
         cells = [env]
         for algo in algos:
-            scores = np.array([float(r["final_eval_return_mean"]) for r in rows if r["env_id"] == env and r["algo"] == algo])
+            scores = np.array(returns.get((env, algo), []))
             cells.append(f"{fmt_return(float(scores.mean()))} {fmt_ci(*bootstrap_ci(scores))}" if scores.size else DASH)
         table.append(cells)
     lines = [_table(["env", *algos], table)]
@@ -178,9 +187,7 @@ def headline_table(root: Path, manifest: Manifest) -> str:
 def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
     """"x below y on K of N (…)": the tasks, of those both ran, where x's mean final return over its completed
     runs is below y's; named where they are the fewer, else the tasks where it is not."""
-    returns: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        returns.setdefault((r["env_id"], r["algo"]), []).append(float(r["final_eval_return_mean"]))
+    returns = final_returns(rows)
     envs = sorted({env for env, _ in returns if (env, x) in returns and (env, y) in returns})
     below = {env for env in envs if np.mean(returns[env, x]) < np.mean(returns[env, y])}
     few = 2 * len(below) <= len(envs)
@@ -210,7 +217,7 @@ def scale_table(root: Path, manifest: Manifest) -> str:
     (SB3's runs are the same in both), then each one's IQM normalized score across the tasks."""
     x, y = REFERENCE
     entries = [manifest.entry(name) for name, _ in CHECKS]
-    rows = [completed_runs(root, entry) for entry in entries]
+    returns = [final_returns(completed_runs(root, entry)) for entry in entries]
     reports = [(root / entry.folder / "report.md").read_text() for entry in entries]
     better, iqm = [improvement_by_env(report) for report in reports], [iqms(report) for report in reports]
     envs = sorted(set(better[0]) & set(better[1]))
@@ -219,12 +226,11 @@ def scale_table(root: Path, manifest: Manifest) -> str:
         raise BadInput(f"{entries[0].folder}/report.md and {entries[1].folder}/report.md need the IQM table and "
                        f"P({x} > {y}) by env; rebuild them with `testbed results run {names}`")  # fmt: skip
 
-    def mean(runs: list[dict[str, str]], env: str, algo: str) -> str:
-        return fmt_return(float(np.mean([float(r["final_eval_return_mean"]) for r in runs
-                                         if r["env_id"] == env and r["algo"] == algo])))  # fmt: skip
+    def mean(k: int, env: str, algo: str) -> str:
+        return fmt_return(float(np.mean(returns[k][env, algo])))
 
-    table = [[env.split("[")[0], f"{mean(rows[0], env, x)}, P = {better[0][env]}",
-              f"{mean(rows[1], env, x)}, P = {better[1][env]}", mean(rows[1], env, y)] for env in envs]  # fmt: skip
+    table = [[env.split("[")[0], f"{mean(0, env, x)}, P = {better[0][env]}",
+              f"{mean(1, env, x)}, P = {better[1][env]}", mean(1, env, y)] for env in envs]  # fmt: skip
     made, done = entries[1].produced or entries[1].progress, bool(entries[1].produced)
     if done:  # until then the two IQMs span different tasks
         table.append(["IQM normalized score", iqm[0][x], iqm[1][x], iqm[1][y]])
