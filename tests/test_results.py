@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import re
 import shutil
@@ -39,6 +41,27 @@ def test_every_manifest_entry_keeps_files_that_exist_and_names_its_provenance() 
             assert (ROOT / entry.folder / kept).exists(), f"{entry.name}: {entry.folder}/{kept} is missing"
     headline = found.entry(pages.HEADLINE)
     assert found.current(headline), "the README's headline table must come from today's algorithms"
+
+
+def test_every_run_a_result_reused_is_carried_by_it_or_by_a_result_it_reuses() -> None:
+    """A result that adopts runs (--reuse-from) carries only those its sources do not; so when a source's cell
+    is set aside (a preset changed), the result must carry that cell's runs itself, or a rerun on a fresh
+    checkout trains new runs in their place. Each completed run of its summary is found by its final return."""
+    for entry in manifest.load(ROOT).entries:
+        if not entry.produced or entry.output is None or "--reuse-from" not in entry.command:
+            continue
+        folders = [ROOT / entry.folder / manifest.CARRIED / entry.output, *manifest.reuse_sources(ROOT, entry)]
+        with open(ROOT / entry.folder / "summary.csv", newline="") as f:
+            rows = [row for row in csv.DictReader(f) if row["status"] == "completed"]
+        lost = [row["run_dir"] for row in rows
+                if not any(_final_return(folder / row["run_dir"]) == float(row["final_eval_return_mean"])
+                           for folder in folders)]  # fmt: skip
+        assert not lost, f"{entry.name}: no carried folder holds these runs; put them back under its output folder (from the commit that carried them) and `testbed results save` it: {lost}"
+
+
+def _final_return(run_dir: Path) -> float | None:
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()).get("final_eval_return_mean") if path.is_file() else None
 
 
 def _toy(tmp_path: Path, command: str, **extra: object) -> manifest.Manifest:
