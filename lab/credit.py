@@ -208,7 +208,7 @@ def plot_vs_horizon(
 
 
 def build_credit_report(bench_dir: Path) -> dict[str, Path]:
-    """Write credit.md, credit.html and plots/credit-*.png|svg from the study's runs on disk."""
+    """Write credit.md, credit.html and plots/credit-*.png from the study's runs on disk."""
     bench_dir = Path(bench_dir)
     study = read_study(bench_dir)
     runs = find_runs([bench_dir])

@@ -8,11 +8,11 @@ those files into the site's result pages and the README's generated blocks.
 A rerun is the entry's own command, so it resumes as that command does: a bench or a study reuses its
 finished runs, and a stopped ``results run`` started again goes on from the first entry not yet done.
 
-Runs live under ``runs/``, which git ignores, so a new checkout would start a long result over. An entry's
-``carry`` names the run folders that travel with the checkout instead: a rerun copies them into
-``FOLDER/carried/`` when its command ends or is stopped (``testbed results save`` does it for runs still
-going), and copies them back before its command starts, so finished runs are reused and stopped ones resume
-from their checkpoints in any later checkout.
+Runs live under ``runs/``, which git ignores. An entry with ``keep_runs`` keeps what a reader needs of each
+run that ended (``lab.kept``: config, meta, summary, thinned curves; no checkpoint), at its path under the
+command's output, when its command ends or is stopped (``testbed results save`` does it for runs still
+going). A rerun first restores those runs into the output, so that finished runs are reused in any later
+checkout; a run that was cut short starts again, to the same numbers.
 
 An entry that is not to be run on, a study stopped for good short of its trials, says why under
 ``stopped``; ``results run`` refuses it by name and passes over it with ``--all`` or ``--cheap``.
@@ -21,7 +21,6 @@ An entry that is not to be run on, a study stopped for good short of its trials,
 from __future__ import annotations
 
 import datetime
-import filecmp
 import os
 import re
 import shlex
@@ -39,23 +38,23 @@ import yaml
 
 from envs.errors import BadInput
 from lab.executor import stop_signals
+from lab.kept import keep_runs, restore_runs
 from lab.machine import machine_line
 
 MANIFEST = Path("benchmarks/manifest.yaml")
 HEADER = """\
 # Every result the project commits. Edit the entries by hand, but not `produced`: `testbed results run`
 # writes it when it reruns an entry's command and keeps its files (entries made before that command
-# existed carry what their files and the history record). Nor `progress`: `testbed results save` writes it
+# existed keep what their files and the history record). Nor `progress`: `testbed results save` writes it
 # when it keeps the files of a result still being made. `testbed results pages`
 # rebuilds docs/results/ and the README's generated blocks from this file and the kept files.
 # code_version: raise it when a change alters what the algorithms compute; results produced at a lower
 # version are shown as from older code, with their commit, and stay out of the headline tables.
 """
 ENTRY_KEYS = {"name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget",
-              "cost", "fresh", "last_line", "carry", "tries", "stopped", "produced", "progress"}  # fmt: skip
+              "cost", "fresh", "last_line", "keep_runs", "tries", "stopped", "produced", "progress"}  # fmt: skip
 TRY_KEYS = {"what", "runs", "steps", "algo", "env", "result"}
 COSTS = ("cheap", "long")
-CARRIED = "carried"  # under an entry's folder: its carried runs, at their paths from the repository root
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class Entry:
     output: str | None = None  # where the command writes, when not ``folder``: kept files are copied from it
     fresh: bool = False  # start from an empty ``output``, so the recorded wall time is a first run's
     last_line: str | None = None  # keep the last line the command printed (a test run's count) in this file
-    carry: tuple[str, ...] = ()  # glob patterns of run folders under runs/ that travel with the checkout
+    keep_runs: bool = False  # keep each ended run of ``output`` at its path under ``folder`` (``lab.kept``)
     # Runs on tuning seeds outside a study that chose settings (a try, a hand sweep): what, runs, steps, and
     # the algo and env where the command is not the study of that algo and env. The tuning ledger counts them.
     tries: tuple[dict[str, Any], ...] = ()
@@ -128,15 +127,14 @@ def _entry(raw: Any, where: str) -> Entry:
         raise BadInput(f"{where}: entry {raw['name']!r} has cost {raw['cost']!r}; use one of {COSTS}")
     values = {k: raw[k] for k in ENTRY_KEYS if k in raw}
     values["keep"] = tuple(raw["keep"])
-    carry = raw.get("carry") or []
-    if not isinstance(carry, list) or not all(isinstance(c, str) and c.startswith("runs/") and ".." not in c
-                                              for c in carry):  # fmt: skip
-        raise BadInput(f"{where}: entry {raw['name']!r} has carry {carry!r}; give a list of folders (glob patterns "
-                       "allowed) under runs/, e.g. [runs/bench/NAME]")  # fmt: skip
-    if carry and raw.get("fresh"):
-        raise BadInput(f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and carries runs (that "
+    if raw.get("keep_runs", False) not in (True, False):
+        raise BadInput(f"{where}: entry {raw['name']!r} has keep_runs {raw['keep_runs']!r}; give true or false")
+    if raw.get("keep_runs") and not (isinstance(raw.get("output"), str) and raw["output"].startswith("runs/")):
+        raise BadInput(f"{where}: entry {raw['name']!r} keeps runs but names no `output` under runs/ to keep them "
+                       "from; give the folder its command writes, e.g. runs/bench/NAME")  # fmt: skip
+    if raw.get("keep_runs") and raw.get("fresh"):
+        raise BadInput(f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and keeps runs (that "
                        "a rerun reuses); drop one of the two")  # fmt: skip
-    values["carry"] = tuple(carry)
     if "stopped" in raw and not (isinstance(raw["stopped"], str) and raw["stopped"].strip()):
         raise BadInput(f"{where}: entry {raw['name']!r} has stopped {raw['stopped']!r}; give the reason it is not to "
                        "be run on, as a text, or drop the key")  # fmt: skip
@@ -166,7 +164,10 @@ def load(root: Path) -> Manifest:
     if not path.exists():
         raise BadInput(f"{path} does not exist; run `testbed results` from the repository root")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as error:
+        raise BadInput(f"{path} is not UTF-8 text (byte {error.start}); restore it from git (`git checkout -- "
+                       f"{MANIFEST}`) or save it as UTF-8") from None  # fmt: skip
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -186,12 +187,12 @@ def load(root: Path) -> Manifest:
 def save(root: Path, manifest: Manifest) -> None:
     """Write the manifest back, keys in a fixed order; written whole to a temporary file, then renamed."""
     order = ["name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget", "cost",
-             "fresh", "last_line", "carry", "tries", "stopped", "produced", "progress"]  # fmt: skip
+             "fresh", "last_line", "keep_runs", "tries", "stopped", "produced", "progress"]  # fmt: skip
     results = []
     for e in manifest.entries:
         values = {"name": e.name, "title": e.title, "about": e.about, "command": e.command, "output": e.output,
                   "folder": e.folder, "keep": list(e.keep), "page": e.page, "seeds": e.seeds, "budget": e.budget,
-                  "cost": e.cost, "fresh": e.fresh or None, "last_line": e.last_line, "carry": list(e.carry) or None,
+                  "cost": e.cost, "fresh": e.fresh or None, "last_line": e.last_line, "keep_runs": e.keep_runs or None,
                   "tries": [dict(t) for t in e.tries] or None, "stopped": e.stopped, "produced": e.produced or None,
                   "progress": e.progress or None}  # fmt: skip
         results.append({k: values[k] for k in order if values[k] is not None})
@@ -296,90 +297,26 @@ def _record(root: Path, name: str, **fields: dict[str, Any]) -> Manifest:
     return updated
 
 
-def _copy_run_folder(source: Path, target: Path, adopted_from: Sequence[Path] = ()) -> None:
-    """Copy what a run needs to resume or to be reused. Lock files and logs stay behind (hidden: they name
-    this machine's writer), and so does what is large and made again from the rest: TensorBoard event files
-    (``progress.csv`` holds the same numbers) and reports with their plots (a bench or study rebuilds them).
-    So do runs the bench adopted (``--reuse-from``, ``adopted_from``) and still holds as they came: the
-    command adopts them again from there. Checkpoints go first: a trainer may still be writing, and a log
-    copied after its checkpoint is at least as long as the checkpoint records, which a resume cuts it back to."""
-    def carried(path: Path) -> bool:
-        parts = path.relative_to(source).parts
-        return not (path.name.startswith("events.out.tfevents") or path.suffix == ".html"
-                    or path.name == "report.md" or any(p.startswith(".") or p == "plots" for p in parts))  # fmt: skip
-
-    files = [p for p in source.rglob("*") if p.is_file() and carried(p)]
-    if adopted_from:
-        files = _not_adopted(files, source, adopted_from)
-    for file in sorted(files, key=lambda p: (p.suffix != ".pt", str(p))):
-        copy = target / file.relative_to(source)
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(file, copy)
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    return b.is_file() and filecmp.cmp(a, b, shallow=False)  # files of different sizes are unequal unread
-
-
-def _not_adopted(files: list[Path], source: Path, adopted_from: Sequence[Path]) -> list[Path]:
-    """``files`` (under the bench folder ``source``) less the runs and console logs that are byte for byte
-    their counterparts in one of the folders ``adopted_from``. A run counts whole (every file of its folder
-    the same), so that a restored checkout never holds half of one."""
-    same = {f for f in files if any(_same_file(f, folder / f.relative_to(source)) for folder in adopted_from)}
-    run_of = {f: next((d for d in [f.parent, *f.parent.parents]
-                       if d.is_relative_to(source) and (d / "config.yaml").is_file()), None) for f in files}  # fmt: skip
-    differing_runs = {run_of[f] for f in files if f not in same}
-    return [f for f in files if f not in same or (run_of[f] is not None and run_of[f] in differing_runs)]
-
-
 def reuse_sources(root: Path, entry: Entry) -> list[Path]:
     """The folders the entry's bench adopts finished runs from (each ``--reuse-from``), in its order."""
     argv = argv_of(entry.command)
     return [root / argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--reuse-from"]
 
 
-def carry_out(root: Path, entry: Entry) -> list[Path]:
-    """Copy the entry's carried run folders into ``FOLDER/carried/``, replacing older copies; the folders copied.
-
-    A folder that no longer exists here keeps its committed copy: a checkout that never ran it loses nothing.
-    """
-    copied = []
-    adopted = [folder for folder in reuse_sources(root, entry) if folder.is_dir()]
-    for pattern in entry.carry:
-        for source in sorted(root.glob(pattern)):
-            if not source.is_dir():
-                continue
-            target = root / entry.folder / CARRIED / source.relative_to(root)
-            staging = target.with_name(target.name + ".partial")
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            _copy_run_folder(source, staging, adopted)
-            shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
-            copied.append(source.relative_to(root))
-    return copied
-
-
-def carry_in(root: Path, entry: Entry) -> list[Path]:
-    """Copy carried run folders back under ``runs/`` where this checkout has none of their files; those folders.
-
-    A folder that already holds files here is left alone, whatever it holds: its own runs are newer than, or
-    the same as, the committed copy, and mixing the two would pair one run's checkpoint with another's log.
-    """
-    carried = root / entry.folder / CARRIED
-    if not carried.is_dir():
+def restore(root: Path, entry: Entry) -> list[Path]:
+    """Copy the entry's kept runs back into its output, where this checkout has none of their files; the runs
+    restored, relative to the output. Its command then reuses them as finished."""
+    if not entry.keep_runs or entry.output is None:
         return []
-    restored = []
-    for folder in sorted(p for p in carried.rglob("*") if p.is_dir()):
-        files = [f for f in folder.iterdir() if f.is_file()]
-        target = root / folder.relative_to(carried)
-        if not files or (target.is_dir() and any(f.is_file() for f in target.iterdir())):
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        for f in files:
-            shutil.copy2(f, target / f.name)
-        restored.append(folder.relative_to(carried))
-    return restored
+    return restore_runs(root / entry.folder, root / entry.output)
+
+
+def keep(root: Path, entry: Entry) -> list[Path]:
+    """Keep each run of the entry's output that ended (``lab.kept``), but those its bench adopted from another
+    result (``--reuse-from``), which that result keeps; the runs kept, relative to the output."""
+    if not entry.keep_runs or entry.output is None or not (root / entry.output).is_dir():
+        return []
+    return keep_runs(root / entry.output, root / entry.folder, reuse_sources(root, entry))
 
 
 def _follow(child: subprocess.Popen[str]) -> tuple[int, str]:
@@ -404,11 +341,17 @@ def _follow(child: subprocess.Popen[str]) -> tuple[int, str]:
 def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
     """Run one entry's command, keep its files and record where, when and from which code it ran.
 
-    Its carried runs are restored first and carried out when the command ends, stopped or not."""
+    Its kept runs are restored first, and the runs that ended are kept when the command ends, stopped or not."""
+    for other in manifest.entries:  # an audit reads its bench's runs, which no checkout keeps: make them first
+        if other.output and other.output != entry.output and other.output in shlex.split(entry.command) and not (
+            root / other.output
+        ).is_dir():
+            raise BadInput(f"{entry.name} reads {other.output}, which this checkout lacks; make it first: "
+                           f"`testbed results run {other.name} {entry.name}`")  # fmt: skip
     if entry.fresh and entry.output is not None:
         shutil.rmtree(root / entry.output, ignore_errors=True)
-    for folder in carry_in(root, entry):
-        print(f"{entry.name}: restored {folder} from {entry.folder}/{CARRIED}", flush=True)
+    if restored := restore(root, entry):
+        print(f"{entry.name}: restored {len(restored)} kept runs from {entry.folder}", flush=True)
     output = root / (entry.output or entry.folder)
     # Runs an earlier invocation finished: left in the output, or adopted from another bench's folder.
     left = entry.output is not None and output.is_dir() and any(output.iterdir())
@@ -420,10 +363,10 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
     try:
         code, last = _follow(child)
     finally:
-        carry_out(root, entry)
+        keep(root, entry)
     wall = time.monotonic() - started
     if code != 0:
-        kept = f"; its runs as they stand are in {entry.folder}/{CARRIED}" if entry.carry else ""
+        kept = f"; the runs that ended are kept in {entry.folder}" if entry.keep_runs else ""
         raise BadInput(f"{entry.name}: `{entry.command}` exited with status {code} after {wall:.0f} s; its "
                        f"report and the manifest are unchanged{kept}. Fix the cause and rerun: finished runs "
                        "are reused")  # fmt: skip

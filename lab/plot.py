@@ -18,6 +18,7 @@ global state and needs no display.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from PIL import Image
 
 from envs.errors import BadInput
 from lab.results import Run, find_runs, natural_key, read_series
@@ -160,16 +162,21 @@ def new_figure(
 
 
 def save_figure(fig: Figure, out: Path) -> list[Path]:
-    """Write ``out`` as PNG and the same stem as SVG; returns both paths.
-
-    The SVG carries no date and a fixed id salt, so rebuilding from the same runs gives the same file.
-    """
-    png, svg = out.with_suffix(".png"), out.with_suffix(".svg")
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, format="png", dpi=110)
-    with matplotlib.rc_context({"svg.hashsalt": "testbed"}):
-        fig.savefig(svg, format="svg", metadata={"Date": None})
-    return [png, svg]
+    """Write the figure once, in one format: SVG where ``out`` ends in ``.svg`` (no date, a fixed id salt),
+    else a PNG of at most 256 colours (a third of a full-colour one's size, for results kept in git); returns
+    ``[path]``. The same figure gives the same bytes either way."""
+    path = out if out.suffix == ".svg" else out.with_suffix(".png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".svg":
+        with matplotlib.rc_context({"svg.hashsalt": "testbed"}):
+            fig.savefig(path, format="svg", metadata={"Date": None})
+        return [path]
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    with Image.open(buffer) as image:
+        palette = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    palette.save(path, format="PNG", optimize=True)
+    return [path]
 
 
 PANEL_TITLES: dict[str, str] = {"eval": "evaluation", "train": "training"}

@@ -12,13 +12,14 @@ The env id always comes from ``config.yaml``, never from the path: a bench write
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -31,6 +32,19 @@ RUN_DIR_CONTENTS = (
     "and, once it has ended, summary.json"
 )
 EVAL_COLUMN = "eval/return_mean"
+KEPT_PROGRESS = "progress.csv.gz"
+"""What a committed result keeps of a run's progress.csv: its rows thinned and compressed (``lab.kept``)."""
+
+
+def open_progress(path: Path) -> IO[str] | None:
+    """``path`` (a run's progress.csv) open for reading as text, or the kept ``progress.csv.gz`` beside it
+    when the run is a committed result's; None when the run has neither. Undecodable bytes read as U+FFFD."""
+    if path.exists():
+        return open(path, newline="", encoding="utf-8", errors="replace")
+    kept = path.with_name(KEPT_PROGRESS)
+    if kept.exists():
+        return gzip.open(kept, "rt", newline="", encoding="utf-8", errors="replace")
+    return None
 
 
 @dataclass
@@ -82,8 +96,8 @@ def read_progress(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, 
     times: list[float] = []
     returns: list[float] = []
     last_step, last_time = 0, 0.0
-    if path.exists():
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    if (f := open_progress(path)) is not None:
+        with f:
             for row in csv.DictReader(f):
                 try:
                     step = int(row["global_step"])
@@ -110,8 +124,8 @@ def read_series(path: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
     as ``losses/explained_variance``); empty arrays when the file or the column is missing."""
     steps: list[int] = []
     values: list[float] = []
-    if path.exists():
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    if (f := open_progress(path)) is not None:
+        with f:
             for row in csv.DictReader(f):
                 value = _float(row.get(column))
                 if math.isfinite(value) and (row.get("global_step") or "").isdigit():
@@ -122,8 +136,12 @@ def read_series(path: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 def progress_problem(path: Path, summary: dict[str, Any], last_step: int) -> str | None:
     """What is wrong with a run's progress.csv, in a few words, or None. Only an ended run (one with a
-    summary) is judged by its end: a running one may be caught mid-row."""
+    summary) is judged by its end: a running one may be caught mid-row. A run with a checkpoint is also
+    judged by it: its progress.csv reached the size the checkpoint recorded, and only grows from there."""
+    checkpoint = path.with_name("checkpoint.pt")
     if not path.exists():
+        if checkpoint.exists() and not path.with_name(KEPT_PROGRESS).exists():
+            return "is missing, though the run has a checkpoint: its curve is lost (restore the file from a backup)"
         return None
     data = path.read_bytes()
     problems = []
@@ -131,11 +149,21 @@ def progress_problem(path: Path, summary: dict[str, Any], last_step: int) -> str
         data.decode("utf-8")
     except UnicodeDecodeError:
         problems.append("holds bytes that are not UTF-8 text (the values there are skipped)")
+    if b"\x00" in data:  # valid UTF-8, but no row: what a resume of a shortened file once padded it with
+        problems.append("holds NUL bytes where rows were (the rows there are skipped)")
     if summary and data and not data.endswith(b"\n"):
         problems.append("ends in a row cut short")
     trained = summary.get("total_steps")
-    if summary.get("status") == "completed" and isinstance(trained, int) and last_step < trained:
+    # A run that completed or was interrupted wrote the row of its last step; a failed one may have failed before.
+    if summary.get("status") in ("completed", "interrupted") and isinstance(trained, int) and last_step < trained:
         problems.append(f"ends at step {last_step:,}, before the run's last step {trained:,}: rows are missing")
+    if checkpoint.exists():
+        from agents.runlog import recorded_csv_bytes  # here: checkpoints need torch, which runs without one never do
+
+        recorded = recorded_csv_bytes(path.parent)
+        if recorded is not None and len(data) < recorded:
+            problems.append(f"holds {len(data):,} bytes, fewer than the {recorded:,} its checkpoint recorded: rows "
+                            "were deleted")  # fmt: skip
     return "; ".join(problems) or None
 
 

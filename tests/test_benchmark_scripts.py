@@ -155,7 +155,7 @@ def test_an_ablation_tables_its_rows_in_order_after_each_and_a_ctrl_c_stops_the_
     assert md.startswith("# An ablation (2 of 3 rows so far)\n") and out.count("wrote page.md") == 2
     assert "`ent_coef=0.01`" in md and "--name abl-b --set total_steps=1024" in md
     assert "](plots/page-seeds.png)" in md  # each row's seeds as curves, beside the page
-    assert (tmp_path / "plots/page-seeds.png").stat().st_size > 0 and (tmp_path / "plots/page-seeds.svg").exists()
+    assert (tmp_path / "plots/page-seeds.png").stat().st_size > 0
 
 
 def test_an_ablation_with_a_bad_row_fails_before_any_bench_runs(tmp_path: Path) -> None:

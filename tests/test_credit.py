@@ -94,7 +94,7 @@ def test_a_tiny_sweep_writes_its_report(tmp_path: Path, monkeypatch: pytest.Monk
     assert main(argv) == 0
     study_dir = tmp_path / "runs" / "bench" / "tiny"
     for name in ("credit.md", "credit.html", "report.md", "summary.csv", "plots/credit-score.png",
-                 "plots/credit-steps-to-solve.svg", "plots/credit-curves.png"):  # fmt: skip
+                 "plots/credit-steps-to-solve.png", "plots/credit-curves.png"):  # fmt: skip
         assert (study_dir / name).is_file(), name
     report = (study_dir / "credit.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith(("| 4 |", "| 8 |"))]

@@ -66,9 +66,9 @@ def test_one_run_is_plotted_into_its_folder_with_both_returns(
 ) -> None:
     run_dir = write_run(tmp_path / "run")
     assert main(["plot", str(run_dir)]) == 0
-    png, svg = run_dir / "plots" / "curves-steps.png", run_dir / "plots" / "curves-steps.svg"
-    assert capsys.readouterr().out.splitlines() == [f"wrote {png}", f"wrote {svg}"]
-    assert png.read_bytes().startswith(b"\x89PNG") and b"<svg" in svg.read_bytes()
+    png = run_dir / "plots" / "curves-steps.png"
+    assert capsys.readouterr().out.splitlines() == [f"wrote {png}"]  # one format: no SVG beside it
+    assert png.read_bytes().startswith(b"\x89PNG") and not png.with_suffix(".svg").exists()
     assert not (tmp_path / "plots").exists(), "nothing lands in the working directory"
 
     [fig] = figures
@@ -108,7 +108,7 @@ def test_one_metric_is_one_panel_named_for_it(
 ) -> None:  # fmt: skip
     run_dir = write_run(tmp_path / "run")
     assert main(["plot", str(run_dir), "--metric", metric, "--x", "time"]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"wrote {run_dir / 'plots' / name}.{ext}" for ext in ("png", "svg")]
+    assert capsys.readouterr().out.splitlines() == [f"wrote {run_dir / 'plots' / name}.png"]
     [fig] = figures
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in panels] == titles
@@ -123,7 +123,10 @@ def test_several_paths_need_out(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert not (a / "plots").exists() and not (b / "plots").exists(), "the error comes before any file"
     out = tmp_path / "compare" / "ab.png"
     assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"wrote {out}", f"wrote {out.with_suffix('.svg')}"]
+    assert capsys.readouterr().out.splitlines() == [f"wrote {out}"]
+    svg = tmp_path / "compare" / "ab.svg"  # SVG when asked for by name
+    assert main(["plot", str(a), str(b), "--out", str(svg)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote {svg}"] and b"<svg" in svg.read_bytes()
 
 
 def test_a_short_real_run_gives_a_training_curve(tmp_path: Path, figures: list[Figure]) -> None:

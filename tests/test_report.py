@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
 from matplotlib.figure import Figure
 
 from envs.errors import BadInput
@@ -170,15 +171,15 @@ def test_mean_curve_averages_only_the_runs_covering_each_point(tmp_path: Path) -
 
 
 def _check_images(paths: list[Path]) -> None:
-    assert [p.suffix for p in paths] == [".png", ".svg"]
-    assert paths[0].read_bytes().startswith(b"\x89PNG")
-    assert b"<svg" in paths[1].read_bytes()
+    assert [p.suffix for p in paths] == [".png"]
+    with Image.open(paths[0]) as image:
+        assert image.format == "PNG" and image.mode == "P"  # a palette of at most 256 colours
 
 
 def test_plot_runs_one_run_with_the_default_output(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path / "r", "CartPole-v1", "ppo", 0, linear_evals(4))
     paths = plot_runs([run_dir])
-    assert paths == [run_dir / "plots" / "curves-steps.png", run_dir / "plots" / "curves-steps.svg"]
+    assert paths == [run_dir / "plots" / "curves-steps.png"]
     _check_images(paths)
 
 
@@ -190,7 +191,7 @@ def test_plot_runs_of_different_lengths_and_benches(tmp_path: Path) -> None:
     _check_images(plot_runs([tmp_path / "b1"], out=tmp_path / "three.png"))
     _check_images(plot_runs([tmp_path / "b1", tmp_path / "b2"], out=tmp_path / "two-benches.png"))
     paths = plot_runs([tmp_path / "b1", tmp_path / "b2"], x="time", out=tmp_path / "out" / "time.png")
-    assert paths == [tmp_path / "out" / "time.png", tmp_path / "out" / "time.svg"]
+    assert paths == [tmp_path / "out" / "time.png"]
     _check_images(paths)
 
 
@@ -268,9 +269,9 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     assert "<table>" in html and 'src="plots/' not in html
     for name in ("CartPole-v1-steps", "CartPole-v1-time", "normalized-scores", "performance-profiles",
                  "sample-efficiency"):  # fmt: skip
-        for ext in ("png", "svg"):
-            path = bench / "plots" / f"{name}.{ext}"
-            assert written[f"plots/{name}.{ext}"] == path and path.stat().st_size > 0
+        path = bench / "plots" / f"{name}.png"
+        assert written[f"plots/{name}.png"] == path and path.stat().st_size > 0
+        assert f"plots/{name}.svg" not in written and not path.with_suffix(".svg").exists()  # one format
         assert f"](plots/{name}.png)" in markdown
     # No absolute path leaks into the outputs.
     for key in ("summary", "markdown", "html"):
@@ -360,11 +361,11 @@ def test_a_stack_started_with_a_seed_count_is_one_process(bench: Path) -> None:
 def test_build_report_is_idempotent(bench: Path) -> None:
     first = build_report(bench)
     texts = {key: first[key].read_text() for key in ("summary", "markdown", "html")}
-    svg = (bench / "plots" / "CartPole-v1-steps.svg").read_text()
+    png = (bench / "plots" / "CartPole-v1-steps.png").read_bytes()
     second = build_report(bench)
     assert second == first
     assert {key: second[key].read_text() for key in texts} == texts
-    assert (bench / "plots" / "CartPole-v1-steps.svg").read_text() == svg
+    assert (bench / "plots" / "CartPole-v1-steps.png").read_bytes() == png
 
 
 def test_build_report_leaves_out_envs_without_references(tmp_path: Path) -> None:

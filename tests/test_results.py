@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import re
@@ -43,32 +44,48 @@ def test_every_manifest_entry_keeps_files_that_exist_and_names_its_provenance() 
     assert found.current(headline), "the README's headline table must come from today's algorithms"
 
 
-def test_every_run_a_result_reused_is_carried_by_it_or_by_a_result_it_reuses() -> None:
-    """A result that adopts runs (--reuse-from) carries only those its sources do not; so when a source's cell
-    is set aside (a preset changed), the result must carry that cell's runs itself, or a rerun on a fresh
-    checkout trains new runs in their place. Each completed run of its summary is found by its final return."""
+SUMMARY_COLUMNS = ("algo", "seed", "status", "final_eval_return_mean", "final_eval_return_std", "total_steps",
+                   "wall_time_s", "sps")  # fmt: skip
+
+
+def test_the_kept_runs_give_back_every_row_of_every_committed_summary() -> None:
+    """Each run of a result's summary.csv is kept by the result, or by a result it adopted runs from
+    (--reuse-from), with the same numbers: a rerun on a fresh checkout reuses it instead of training anew.
+    When a source's cell is set aside (a preset changed), the result must keep that cell's runs itself."""
+    checked = 0
     for entry in manifest.load(ROOT).entries:
-        if not entry.produced or entry.output is None or "--reuse-from" not in entry.command:
+        summary = ROOT / entry.folder / "summary.csv"
+        if not entry.keep_runs or not entry.produced or not summary.is_file():
             continue
-        folders = [ROOT / entry.folder / manifest.CARRIED / entry.output, *manifest.reuse_sources(ROOT, entry)]
-        with open(ROOT / entry.folder / "summary.csv", newline="") as f:
-            rows = [row for row in csv.DictReader(f) if row["status"] == "completed"]
-        lost = [row["run_dir"] for row in rows
-                if not any(_final_return(folder / row["run_dir"]) == float(row["final_eval_return_mean"])
-                           for folder in folders)]  # fmt: skip
-        assert not lost, f"{entry.name}: no carried folder holds these runs; put them back under its output folder (from the commit that carried them) and `testbed results save` it: {lost}"
+        folders = [ROOT / entry.folder, *manifest.reuse_sources(ROOT, entry)]
+        with open(summary, newline="") as f:
+            rows = [row for row in csv.DictReader(f) if row["status"] in ("completed", "failed")]
+        lost = [row["run_dir"] for row in rows if not any(_same_numbers(row, folder / row["run_dir"]) for folder in folders)]
+        assert not lost, f"{entry.name}: no result keeps these runs; put them back under its output folder (from the commit that kept them) and `testbed results save` it: {lost}"
+        checked += len(rows)
+    assert checked > 700
 
 
-def _final_return(run_dir: Path) -> float | None:
+def _same_numbers(row: dict[str, str], run_dir: Path) -> bool:
     path = run_dir / "summary.json"
-    return json.loads(path.read_text()).get("final_eval_return_mean") if path.is_file() else None
+    if not path.is_file():
+        return False
+    kept = json.loads(path.read_text())
+    return all(str(kept.get(column)) == row[column] or _close(kept.get(column), row[column]) for column in SUMMARY_COLUMNS)
+
+
+def _close(value: object, text: str) -> bool:
+    try:
+        return float(value) == float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return value is None and text == ""
 
 
 def _toy(tmp_path: Path, command: str, **extra: object) -> manifest.Manifest:
     entry = {"name": "toy", "title": "Toy", "about": "a toy result", "command": command, "output": "out",
              "folder": "benchmarks/results/toy", "keep": ["report.md", "plots"], "page": "report.md",
              "seeds": "0", "budget": "none", "cost": "cheap", **extra}  # fmt: skip
-    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks").mkdir(exist_ok=True)
     (tmp_path / manifest.MANIFEST).write_text(yaml.safe_dump({"code_version": 3, "results": [entry]}))
     return manifest.load(tmp_path)
 
@@ -133,92 +150,108 @@ def test_a_failed_rerun_changes_neither_the_kept_files_nor_the_manifest(tmp_path
     assert not (tmp_path / "benchmarks/results/toy").exists()
 
 
-def test_a_failed_rerun_still_carries_out_the_runs_it_trained_and_says_so(tmp_path: Path) -> None:
+def test_a_failed_rerun_still_keeps_the_runs_that_ended_and_says_so(tmp_path: Path) -> None:
     crash = ("python -c \"import pathlib, sys; d = pathlib.Path('runs/bench/toy/seed0'); d.mkdir(parents=True); "
-             "(d / 'config.yaml').write_text('seed: 0'); sys.exit(3)\"")
-    found = _toy(tmp_path, crash, carry=["runs/bench/toy"])
-    with pytest.raises(BadInput, match="unchanged; its runs as they stand are in benchmarks/results/toy/carried"):
+             "(d / 'config.yaml').write_text('algo: ppo'); (d / 'summary.json').write_text('{\\\"status\\\": \\\"completed\\\"}'); "
+             "sys.exit(3)\"")
+    found = _toy(tmp_path, crash, output="runs/bench/toy", keep_runs=True)
+    with pytest.raises(BadInput, match="unchanged; the runs that ended are kept in benchmarks/results/toy"):
         manifest.rerun(tmp_path, found, found.entry("toy"))
-    assert (tmp_path / "benchmarks/results/toy/carried/runs/bench/toy/seed0/config.yaml").read_text() == "seed: 0"
+    assert (tmp_path / "benchmarks/results/toy/seed0/config.yaml").read_text() == "algo: ppo"
     assert not manifest.load(tmp_path).entry("toy").produced
 
 
-# A run that writes what a trainer writes, then reports which of its files it found when it started.
-RUN = ("python -c \"import pathlib; d = pathlib.Path('runs/bench/toy/seed0'); found = sorted(p.name for p in d.glob('*')) "
-       "if d.is_dir() else []; d.mkdir(parents=True, exist_ok=True); n = len(list(d.glob('ckpt*'))); "
-       "[(d / f).write_text(f) for f in ('config.yaml', f'ckpt{n}.pt', 'events.out.tfevents.1', '.lock')]; "
-       "(d.parent / 'report.md').write_text('rebuilt by the bench'); "
-       "pathlib.Path('out').mkdir(exist_ok=True); pathlib.Path('out/report.md').write_text(str(found)); "
-       "pathlib.Path('out/plots').mkdir(exist_ok=True)\"")
+# A bench that writes what a trainer writes for seed0 (ended) and seed1 (cut short), then reports which of
+# seed0's files it found when it started.
+RUN = ("python -c \"import pathlib; b = pathlib.Path('runs/bench/toy'); d = b / 'seed0'; "
+       "found = sorted(p.name for p in d.glob('*')) if d.is_dir() else []; "
+       "[(s.mkdir(parents=True, exist_ok=True), (s / 'config.yaml').write_text('algo: ppo'), "
+       "(s / 'checkpoint.pt').write_text('weights'), (s / 'events.out.tfevents.1').write_text('events'), "
+       "(s / '.lock').write_text('me'), (s / 'progress.csv').write_text('global_step,eval/return_mean\\n0,\\n9,5.0\\n')) "
+       "for s in (d, b / 'seed1')]; (d / 'summary.json').write_text('{\\\"status\\\": \\\"completed\\\"}'); "
+       "(b / 'seed0.log').write_text('console'); (b / 'report.md').write_text(str(found)); "
+       "(b / 'plots').mkdir(exist_ok=True)\"")
 
 
-def test_carried_runs_travel_with_the_checkout_and_never_replace_local_files(tmp_path: Path) -> None:
-    found = _toy(tmp_path, RUN, carry=["runs/bench/toy*"])
+def test_kept_runs_travel_with_the_checkout_and_never_replace_local_files(tmp_path: Path) -> None:
+    found = _toy(tmp_path, RUN, keep_runs=True, output="runs/bench/toy")
     manifest.rerun(tmp_path, found, found.entry("toy"))
-    carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy/seed0"
-    assert sorted(p.name for p in carried.iterdir()) == ["ckpt0.pt", "config.yaml"]  # no events, no lock
-    assert not (carried.parent / "report.md").exists()  # nor what the bench makes again from its runs
+    kept = tmp_path / "benchmarks/results/toy"
+    # seed0 ended: its config, summary and curves, no checkpoint, events, lock or log; seed1 was cut short.
+    assert sorted(p.name for p in (kept / "seed0").iterdir()) == ["config.yaml", "progress.csv.gz", "summary.json"]
+    assert gzip.decompress((kept / "seed0/progress.csv.gz").read_bytes()) == b"global_step,eval/return_mean\n0,\n9,5.0\n"
+    assert not (kept / "seed1").exists() and not (kept / "seed0.log").exists()
     shutil.rmtree(tmp_path / "runs")  # a new checkout: `results restore` brings the runs back by hand…
     restore = subprocess.run([sys.executable, "-m", "lab.cli", "results", "restore", "toy"], cwd=tmp_path,
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert restore.returncode == 0 and "→ runs/bench/toy/seed0" in restore.stdout, restore.stderr
-    assert (tmp_path / "runs/bench/toy/seed0/ckpt0.pt").read_text() == "ckpt0.pt"
+    assert restore.returncode == 0 and "toy: 1 kept runs → runs/bench/toy" in restore.stdout, restore.stderr
+    assert (tmp_path / "runs/bench/toy/seed0/summary.json").is_file()
     shutil.rmtree(tmp_path / "runs")  # …and a rerun before its command starts
     manifest.rerun(tmp_path, found, found.entry("toy"))
-    assert (tmp_path / "out/report.md").read_text() == "['ckpt0.pt', 'config.yaml']"
-    assert sorted(p.name for p in carried.iterdir()) == ["ckpt0.pt", "ckpt1.pt", "config.yaml"]
+    assert (kept / "report.md").read_text() == "['config.yaml', 'progress.csv.gz', 'summary.json']"
     local = tmp_path / "runs/bench/toy/seed0"
     for f in local.iterdir():
         f.unlink()
     (local / "mine.txt").write_text("newer")  # a folder with files of its own is left as it is
-    assert manifest.carry_in(tmp_path, found.entry("toy")) == []
+    assert manifest.restore(tmp_path, found.entry("toy")) == []
     assert sorted(p.name for p in local.iterdir()) == ["mine.txt"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    with pytest.raises(BadInput, match="under runs/"):
-        _toy(elsewhere, RUN, carry=["/etc"])
+    with pytest.raises(BadInput, match="names no `output` under runs/"):
+        _toy(elsewhere, RUN, keep_runs=True, output="/etc")
 
 
-STOPPABLE = ("python -c \"import pathlib, signal, sys, time; d = pathlib.Path('runs/bench/toy/seed0'); "
-             "d.mkdir(parents=True); signal.signal(signal.SIGINT, lambda *a: ((d / 'checkpoint.pt').write_text('at stop'), "
+def test_a_run_trained_for_its_checkpoints_is_kept_but_not_restored(tmp_path: Path) -> None:
+    # An audit reads the policies of its bench's runs: restored without them, the bench would skip training.
+    run = tmp_path / "benchmarks/results/toy/seed0"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("algo: ppo\nkeep_checkpoints: [50000]\n")
+    (run / "summary.json").write_text('{"status": "completed"}')
+    found = _toy(tmp_path, "python -c pass", keep_runs=True, output="runs/bench/toy")
+    assert manifest.restore(tmp_path, found.entry("toy")) == []
+
+
+STOPPABLE = ("python -c \"import pathlib, signal, sys, time; b = pathlib.Path('runs/bench/toy'); "
+             "[((b / s).mkdir(parents=True), (b / s / 'config.yaml').write_text('algo: ppo')) for s in ('seed0', 'seed1')]; "
+             "(b / 'seed0/summary.json').write_text('{\\\"status\\\": \\\"completed\\\"}'); "
+             "signal.signal(signal.SIGINT, lambda *a: ((b / 'seed1/summary.json').write_text('{\\\"status\\\": \\\"interrupted\\\"}'), "
              "sys.exit(1))); print('ready', flush=True); time.sleep(60)\"")
 
 
-def test_runs_adopted_with_reuse_from_are_not_carried_twice(tmp_path: Path) -> None:
+def test_runs_adopted_with_reuse_from_are_not_kept_twice(tmp_path: Path) -> None:
     def write(folder: Path, files: dict[str, str]) -> None:
         for name, text in files.items():
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_text(text)
 
-    adopted = {"ppo/seed0/config.yaml": "ppo", "ppo/seed0/checkpoint.pt": "weights", "ppo/seed0.log": "log",
-               "grpo/seed0/config.yaml": "grpo"}  # fmt: skip
-    write(tmp_path / "runs/bench/suite", {**adopted, "grpo/seed0/progress.csv": "the suite's run"})
-    # The bench adopted PPO's run as it was; its GRPO run shares a config file with the suite's, no more.
-    write(tmp_path / "runs/bench/toy", {**adopted, "grpo/seed0/progress.csv": "a longer run", "bench.yaml": "grid"})
-    # A second bench it adopted from holds a SAC run the toy bench keeps as it came.
-    write(tmp_path / "runs/bench/other", {"sac/seed0/config.yaml": "sac"})
-    write(tmp_path / "runs/bench/toy", {"sac/seed0/config.yaml": "sac"})
-    found = _toy(tmp_path, "python -c pass --reuse-from runs/bench/suite --reuse-from runs/bench/other",
-                 carry=["runs/bench/toy"])  # fmt: skip
-    manifest.carry_out(tmp_path, found.entry("toy"))
-    carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy"
-    assert sorted(str(p.relative_to(carried)) for p in carried.rglob("*") if p.is_file()) == [
-        "bench.yaml", "grpo/seed0/config.yaml", "grpo/seed0/progress.csv"]  # the GRPO run whole, not half
+    ended = '{"status": "completed"}'
+    adopted = {"ppo/seed0/config.yaml": "algo: ppo", "ppo/seed0/summary.json": ended}
+    write(tmp_path / "benchmarks/results/suite", adopted)
+    # The bench adopted PPO's run as it was, and trained GRPO's itself.
+    write(tmp_path / "runs/bench/toy", {**adopted, "grpo/seed0/config.yaml": "algo: grpo",
+                                        "grpo/seed0/summary.json": ended, "bench.yaml": "grid"})  # fmt: skip
+    found = _toy(tmp_path, "python -c pass --reuse-from benchmarks/results/suite", output="runs/bench/toy",
+                 keep_runs=True)  # fmt: skip
+    assert manifest.keep(tmp_path, found.entry("toy")) == [Path("grpo/seed0")]
+    kept = tmp_path / "benchmarks/results/toy"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == [
+        "grpo/seed0/config.yaml", "grpo/seed0/summary.json"]
     shutil.rmtree(tmp_path / "runs/bench/toy")
-    manifest.carry_in(tmp_path, found.entry("toy"))  # a new checkout; the bench adopts PPO's run again
-    assert (tmp_path / "runs/bench/toy/grpo/seed0/progress.csv").read_text() == "a longer run"
+    assert manifest.restore(tmp_path, found.entry("toy")) == [Path("grpo/seed0")]  # PPO's: the bench adopts it again
 
 
-def test_a_stopped_rerun_passes_the_stop_on_once_and_carries_what_the_command_saved(tmp_path: Path) -> None:
-    _toy(tmp_path, STOPPABLE, carry=["runs/bench/toy"])
+def test_a_stopped_rerun_passes_the_stop_on_once_and_keeps_the_runs_that_ended(tmp_path: Path) -> None:
+    _toy(tmp_path, STOPPABLE, keep_runs=True, output="runs/bench/toy")
     code = "from pathlib import Path; from lab import manifest; m = manifest.load(Path('.')); manifest.rerun(Path('.'), m, m.entry('toy'))"
     driver = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert driver.stdout is not None and driver.stdout.readline().strip() == "ready"
     driver.send_signal(signal.SIGTERM)  # as `kill` does; the command is in a session of its own
     assert driver.wait(timeout=30) != 0
-    carried = tmp_path / "benchmarks/results/toy/carried/runs/bench/toy/seed0/checkpoint.pt"
-    assert carried.read_text() == "at stop"
+    kept = tmp_path / "benchmarks/results/toy"
+    assert (kept / "seed0/summary.json").is_file()
+    assert (tmp_path / "runs/bench/toy/seed1/summary.json").read_text() == '{"status": "interrupted"}'  # it stopped
+    assert not (kept / "seed1").exists()  # an interrupted run starts again, to the same numbers
     assert not manifest.load(tmp_path).entry("toy").produced
 
 
@@ -454,3 +487,58 @@ def test_the_recorded_commit_says_changes_only_when_code_differs(tmp_path: Path)
     assert manifest.git_commit(tmp_path) == head
     (tmp_path / "agent.py").write_text("x = 2\n")
     assert manifest.git_commit(tmp_path) == f"{head}+changes"
+
+
+# The results whose old run folders (``FOLDER/carried/``, checkpoints and logs included, from before results
+# kept compact runs) are still to be removed: one submission may change at most so much, so they go over
+# several. Their runs are kept compactly beside them already, and nothing reads the old folders. Remove a
+# name here when its folder goes; the list only shrinks.
+CARRIED_PENDING = {
+    "audit-halfcheetah-runs", "audit-hopper-runs", "audit-lunarlander-runs", "equal-time-halfcheetah",
+    "equal-time-hopper", "equal-time-walker2d", "grpo-humanoid-trial5", "mujoco-v5-seeds5-7",
+    "ppo-pusher-sb3-reward-scale", "ppo-reacher-sb3-parity", "ppo-sb3-reward-scale-v5",
+    "ppo-walker2d-gamma099-seeds0-7", "ppo-walker2d-gamma099-seeds10-14", "ppo-walker2d-sb3-scale-seeds0-7",
+    "ppo-walker2d-seeds5-9", "ppo-walker2d-trial9", "ppo-walker2d-trial9-anneal", "ppo-walker2d-zoo-anneal",
+    "sb3-humanoid-seeds3-7", "sb3-mujoco-v5-seeds3-4", "sb3-ppo-humanoid-matched", "sb3-ppo-walker2d-matched",
+    "sb3-walker2d-gamma099-seeds0-7", "sb3-walker2d-seeds3-7", "tune-grpo-ant-1m", "tune-grpo-ant-nocontact-1m",
+    "tune-grpo-halfcheetah-1m", "tune-grpo-humanoid-1m", "tune-grpo-idp-1m", "tune-ppo-ant-1m",
+    "tune-ppo-halfcheetah-1m", "tune-ppo-humanoid-1m", "tune-ppo-idp-1m", "tune-ppo-walker2d-1m",
+}  # fmt: skip
+CACHES = re.compile(r"(\.pt|\.pth|\.ckpt|\.log|\.lock)$|events\.out\.tfevents")
+
+
+def _tracked(*folders: str) -> dict[str, int]:
+    """Every file git tracks under ``folders``, with its size (a link counts as the link, not its target)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--", *folders], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.split("\0")  # fmt: skip
+    return {name: os.lstat(ROOT / name).st_size for name in listed if name and (ROOT / name).exists()}
+
+
+def test_the_repository_keeps_its_size_budget() -> None:
+    """git holds code and compact results, never run caches: no file over 2 MB under benchmarks/ or docs/,
+    at most 40 MB under benchmarks/, no checkpoint, log or event file (see DESIGN.md, Committed results)."""
+    pending = tuple(f"benchmarks/results/{name}/carried/" for name in CARRIED_PENDING)
+    assert all((ROOT / folder).is_dir() for folder in pending), "a pending folder is gone: drop it from CARRIED_PENDING"
+    files = {name: size for name, size in _tracked("benchmarks", "docs").items() if not name.startswith(pending)}
+    large = sorted(f"{name} ({size / 2**20:.1f} MB)" for name, size in files.items() if size > 2 * 2**20)
+    assert not large, f"files over 2 MB: {large}"
+    caches = sorted(name for name in files if CACHES.search(name))
+    assert not caches, f"run caches are not committed (a run is bit-identical given config, seed and code): {caches[:5]}"
+    total = sum(size for name, size in files.items() if name.startswith("benchmarks/"))
+    assert total <= 40 * 2**20, f"benchmarks/ holds {total / 2**20:.1f} MB, over its 40 MB"
+
+
+def test_a_result_that_reads_another_s_output_asks_for_it_first(tmp_path: Path) -> None:
+    found = _toy(tmp_path, "python -c pass runs/bench/toy-runs")
+    entries = (*found.entries, manifest.Entry(**{**found.entries[0].__dict__, "name": "toy-runs", "output": "runs/bench/toy-runs"}))
+    both = manifest.Manifest(found.code_version, entries)
+    with pytest.raises(BadInput, match=r"toy reads runs/bench/toy-runs, which this checkout lacks; make it first: "
+                                       r"`testbed results run toy-runs toy`"):  # fmt: skip
+        manifest.rerun(tmp_path, both, both.entry("toy"))
+
+
+def test_a_manifest_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
+    _toy(tmp_path, "python -c pass")
+    (tmp_path / manifest.MANIFEST).write_bytes(b"code_version: 3\nresults: []\n# caf\xe9\n")
+    with pytest.raises(BadInput, match=r"is not UTF-8 text \(byte 33\); restore it from git"):
+        manifest.load(tmp_path)
