@@ -271,6 +271,9 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
         if str(value) not in args:
             raise BadInput(f"{key} must be one of {', '.join(map(str, args))}; got {brief(value)}")
         return str(value)
+    if kind in (int, float) and isinstance(value, bool):
+        # YAML reads true, yes and on as booleans, which Python would take as the number 1.
+        raise BadInput(f"{key}={str(value).lower()} is a boolean, not a number; give a number")
     try:
         if kind is bool:
             if isinstance(value, bool):
@@ -282,8 +285,6 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
                 return False
             raise ValueError
         if kind is int:
-            if isinstance(value, bool):
-                raise ValueError
             # Whole numbers exactly (2**62 + 1 stays itself); 1e5 and 2048.0 through a float.
             whole = isinstance(value, int) or re.fullmatch(r"\s*[+-]?\d+\s*", str(value))
             number = int(value) if whole else float(value)

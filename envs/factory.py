@@ -30,10 +30,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers import vector as vector_wrappers
 
-from envs.tasks import TASK_IDS
 from envs.delay import Delay, DelayedReward, check_delay
+from envs.errors import BadInput, brief
 from envs.normalize import NormalizeObservation, NormalizeReward
-from envs.errors import BadInput
+from envs.tasks import TASK_IDS
 
 Vectorization = Literal["auto", "native", "sync", "async"]
 
@@ -79,7 +79,8 @@ class EnvOptions:
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     """Return the spec of a registered id, or raise BadInput naming the closest registered ids.
 
-    ``module:EnvId`` first imports ``module`` (which registers its envs), as ``gym.make`` does.
+    ``module:EnvId`` first imports ``module`` (which registers its envs), as ``gym.make`` does: for an id the
+    user typed. An id read from a file goes through :func:`check_saved_env_id` first.
     """
     module, colon, name = env_id.rpartition(":")
     if colon:
@@ -97,6 +98,30 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
         f"Unknown environment id {env_id!r}. {hint} "
         "List them all with: python -c 'import gymnasium; gymnasium.pprint_registry()'"
     )
+
+
+TRUST_FLAG = "--trust-env-module"
+"""The option by which a user lets a run folder's ``module:EnvId`` be imported (as Hugging Face's
+``trust_remote_code``)."""
+
+
+def check_saved_env_id(env_id: Any, source: str, trust_module: bool = False) -> str:
+    """The env id that a run folder, a preset or a committed result names, checked before anything is imported.
+
+    Importing ``module`` of ``module:EnvId`` runs that module's code, and ``gym.make`` imports it by itself;
+    with ``python -m lab`` the working folder is on ``sys.path``, so a file shipped beside a shared run folder
+    would run. Such folders are data: an id without a module must be one gymnasium has registered (nothing
+    is imported to find it), and one with a module is imported only when the user says so (``trust_module``,
+    the command's ``--trust-env-module``). An id the user typed on the command line goes through
+    :func:`check_env_id` instead. ``source`` names where the id was read, for the message."""
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise BadInput(f"{source} has no env_id (a gymnasium id such as CartPole-v1); restore it")
+    module, colon, _ = env_id.rpartition(":")
+    if colon and not trust_module:
+        raise BadInput(f"{source} names the env {brief(env_id, 80)}, which would import and run the module "
+                       f"{brief(module, 60)}; if you trust that code, add {TRUST_FLAG}")  # fmt: skip
+    check_env_id(env_id)
+    return env_id
 
 
 @functools.cache

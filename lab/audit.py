@@ -33,8 +33,9 @@ from agents.audit import AuditSettings
 from agents.audit_scores import NOISE_TARGET, noise_share
 from envs import start_states as starts
 from envs.errors import BadInput
-from lab.document import Block, Heading, Image, Para, Table, fmt_duration, fmt_sig, render_html, render_markdown
+from envs.factory import check_saved_env_id
 from lab.board import HEARTBEAT_S, Heartbeat
+from lab.document import Block, Heading, Image, Para, Table, fmt_duration, fmt_sig, render_html, render_markdown
 from lab.results import env_label, find_runs, natural_key
 
 DISTANCE_BINS = ((1, 10), (10, 100), (100, 1000), (1000, 10**9))
@@ -60,9 +61,10 @@ def checkpoint_files(run_dir: Path, which: str) -> list[str]:
     return {"final": final, "kept": kept, "all": kept + final}[which]
 
 
-def plan(paths: Sequence[Path], which: str, out: Path) -> list[Target]:
+def plan(paths: Sequence[Path], which: str, out: Path, trust_env_module: bool = False) -> list[Target]:
     """Every checkpoint to audit under ``paths``; bad input (an algo without a policy of its own, an env whose
-    state cannot be set, no checkpoint at all) is refused here, before any work."""
+    state cannot be set, no checkpoint at all) is refused here, before any work. Run folders are data: an env
+    id naming a module to import is refused unless ``trust_env_module`` (``--trust-env-module``)."""
     targets, checked = [], set()
     here = Path.cwd().resolve()
     for run in find_runs(paths):
@@ -70,6 +72,7 @@ def plan(paths: Sequence[Path], which: str, out: Path) -> list[Target]:
             raise BadInput(f"{run.run_dir}: the audit scores the testbed's own ppo and grpo agents, not {run.algo}")
         env = env_label(run.config)
         if env not in checked:  # a replay check steps the env: once per env, not per run
+            check_saved_env_id(run.config.get("env_id"), str(run.run_dir / "config.yaml"), trust_env_module)
             try:
                 starts.restore_mode(run.config["env_id"], **(run.config.get("env_kwargs") or {}))
             except starts.NotRestorable as error:

@@ -23,16 +23,18 @@ from agents import registry, rundir
 from agents.config import build_config, parse_key_values
 from envs import check_env_id
 from envs.errors import BadInput, brief
+from envs.factory import check_saved_env_id
 from lab import bench, manifest
 from lab.document import counted
-from lab.parser import build_parser
-from lab.plan import checkpoint_policy, plan_train
+from lab.parser import build_parser, check_sizes
+from lab.plan import check_folder, checkpoint_policy, plan_train
 from lab.study import TUNE_FILE
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    check_sizes(args)
     runs, seeds = plan_train(args)
     algo = registry.get(args.algo)
     with contextlib.ExitStack() as locks:
@@ -105,19 +107,20 @@ def seeds_line(summaries: list[dict[str, Any]]) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    check_sizes(args)  # --episodes: one env each
+    run_dir = Path(args.run_dir)
+    values = rundir.read_config(run_dir)
+    algo_name = values.pop("algo")
+    if algo_name not in registry.NAMES:
+        raise BadInput(f"{run_dir} was written by algo {brief(algo_name, 60)}, which this command cannot evaluate")
+    # A run folder is data: its env id imports nothing unless the user trusts it.
+    check_saved_env_id(values.get("env_id"), str(run_dir / "config.yaml"), args.trust_env_module)
     import torch
 
     from agents.plumbing import EVAL_SEED_BASE, check_env
     from agents.rollout import evaluate_policy
 
     torch.set_num_threads(1)
-    run_dir = Path(args.run_dir)
-    values = rundir.read_config(run_dir)
-    algo_name = values.pop("algo")
-    if algo_name not in registry.NAMES:
-        raise BadInput(f"{run_dir} was written by algo {brief(algo_name, 60)}, which this command cannot evaluate")
-    if args.episodes < 1:
-        raise BadInput(f"--episodes must be at least 1, got {args.episodes}")
     video_dir = _writable_dir(Path(args.video)) if args.video else None
     if args.env_kwargs:  # on top of the run's own, at evaluation only: the env the policy trained in stays
         try:
@@ -193,6 +196,7 @@ def grid_sets(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    check_sizes(args)
     workers = _workers(args)
     grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, grid_sets(args), args.name,
                            first_seed=args.first_seed)  # fmt: skip
@@ -211,6 +215,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_credit(args: argparse.Namespace) -> int:
     from lab import credit
 
+    check_sizes(args)
     workers = _workers(args)
     study = credit.plan_study(args.task, args.horizons, args.env_kwargs)
     name = args.name or "credit-" + args.task.replace(":", "-").replace("/", "_")
@@ -239,7 +244,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from lab import audit
 
     out = Path(args.out) if args.out else Path("runs/audit") / Path(args.paths[0]).resolve().name
-    targets = audit.plan([Path(p) for p in args.paths], args.checkpoints, out)
+    check_folder(out, "--out")
+    targets = audit.plan([Path(p) for p in args.paths], args.checkpoints, out, args.trust_env_module)
     settings = audit.AuditSettings(samples=args.samples, branches=args.branches, groups=args.groups,
                                    group_size=args.group_size, vine_branches=args.vine_branches, seed=args.seed,
                                    steps=tuple(args.steps), max_branches=args.max_branches)  # fmt: skip
@@ -255,6 +261,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    check_sizes(args)
     registry.check_name(args.algo)  # before the study's modules, which import Optuna and the reports
     check_env_id(args.env)
     from lab import tune

@@ -10,7 +10,16 @@ from __future__ import annotations
 import argparse
 
 from agents import registry
+from agents.config import MAX_EVAL_EPISODES
+from envs.errors import BadInput, brief
+from envs.factory import TRUST_FLAG
 from lab.suites import SUITES
+
+MAX_SEEDS = 256
+"""The most seeds one command takes (``--seeds`` of train, bench, credit and tune): as many as one process
+trains side by side, and past which a slip of the keyboard would plan for minutes or run out of memory."""
+MAX_NAME = 100
+"""The most characters of a bench's or a study's ``--name``: one folder name, which every file system takes."""
 
 DEFAULT_STACK = 16
 """Seeds per process in bench, credit and tune: the fastest stack size measured for PPO on CartPole
@@ -24,6 +33,25 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
         return help_text if "default" in help_text else super()._get_help_string(action)
+
+
+TRUST_HELP = ("import the module of a run's env id MODULE:ENV_ID, which runs its code; without it such a run is "
+              "refused, as a shared run folder is data")  # fmt: skip
+
+
+def check_sizes(args: argparse.Namespace) -> None:
+    """BadInput for a count or a name beyond its bound, checked as the options are read, before any planning:
+    ``--seeds`` (a count; train's list is read by ``lab.plan.parse_seeds``), ``--name`` and ``--episodes``."""
+    seeds = getattr(args, "seeds", None)
+    if isinstance(seeds, int) and seeds > MAX_SEEDS:
+        raise BadInput(f"--seeds takes at most {MAX_SEEDS} seeds, got {seeds:,}; run more as further commands with "
+                       "--first-seed")  # fmt: skip
+    name = getattr(args, "name", None)
+    if isinstance(name, str) and len(name) > MAX_NAME:
+        raise BadInput(f"--name {brief(name, 60)} has {len(name):,} characters; give at most {MAX_NAME}")
+    episodes = getattr(args, "episodes", None)
+    if isinstance(episodes, int) and not 1 <= episodes <= MAX_EVAL_EPISODES:
+        raise BadInput(f"--episodes must be from 1 to {MAX_EVAL_EPISODES:,}, got {episodes:,}")
 
 
 def execution_options(what: str, workers_default: int | None, workers_help: str) -> argparse.ArgumentParser:
@@ -43,7 +71,7 @@ def execution_options(what: str, workers_default: int | None, workers_help: str)
 def grid_options(seeds_default: int | None, seeds_help: str) -> argparse.ArgumentParser:
     """What a grid of runs trains: the shared ``--seeds``, ``--first-seed``, ``--total-steps`` and ``--set``."""
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--seeds", type=int, default=seeds_default, help=seeds_help)
+    options.add_argument("--seeds", type=int, default=seeds_default, help=f"{seeds_help}; at most {MAX_SEEDS}")
     options.add_argument("--first-seed", type=int, default=0, help="seeds run FIRST … FIRST+N−1; sweeps use seeds "
                          "that final results never do")  # fmt: skip
     options.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
@@ -76,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--preset", default=None, metavar="FILE",
                        help="a presets file whose entry for --env replaces the packaged one (e.g. a tune's preset.yaml)")  # fmt: skip
     train.add_argument("--seeds", default=None, metavar="N|S1,S2,…",
-                       help="train several seeds side by side in one process: a count, from --seed on, or a list; "
-                            "each seed writes an ordinary run directory, RUN_DIR/seed<k>")  # fmt: skip
+                       help=f"train several seeds side by side in one process: a count, from --seed on, or a list, "
+                            f"of at most {MAX_SEEDS}; each seed writes an ordinary run directory, RUN_DIR/seed<k>")  # fmt: skip
     train.add_argument("--run-dir", default=None, help="output directory (default: runs/ALGO/ENV/seedN-TIME); "
                        "with --seeds, the folder holding seed<k>/ (default: runs/ALGO/ENV/seedsN-M-TIME)")
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
@@ -85,12 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint", formatter_class=DefaultsFormatter)
     evaluate.add_argument("run_dir", help="a run directory holding config.yaml and checkpoint.pt")
-    evaluate.add_argument("--episodes", type=int, default=10, help="episodes, one per fixed seed")
+    evaluate.add_argument("--episodes", type=int, default=10, help=f"episodes, one per fixed seed (at most "
+                          f"{MAX_EVAL_EPISODES:,})")  # fmt: skip
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of the policy's mode")
     evaluate.add_argument("--video", default=None, metavar="DIR", help="also record the first episode as a GIF in DIR")
     evaluate.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE",
                           help="env keyword arguments for this evaluation, on top of the run's (config key "
                           "eval_env_kwargs), e.g. contact_cost_weight:0 to score without a reward term")  # fmt: skip
+    evaluate.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
 
     grid = sub.add_parser("bench", help="run a grid of algos × envs × seeds and report it",
                           formatter_class=DefaultsFormatter,
@@ -99,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--suite", default=None, help=f"a named grid: {', '.join(SUITES)}")
     grid.add_argument("--algos", nargs="+", default=None, help="algos (default: the suite's, else ppo grpo sb3-ppo)")
     grid.add_argument("--envs", nargs="+", default=None, help="gymnasium ids (default: the suite's)")
-    grid.add_argument("--name", default=None, help="bench name: runs/bench/NAME (default: the suite's name)")
+    grid.add_argument("--name", default=None, help=f"bench name, at most {MAX_NAME} characters: runs/bench/NAME "
+                      "(default: the suite's name)")  # fmt: skip
     grid.add_argument("--reuse-from", action="append", default=None, metavar="BENCH_DIR",
                       help="first copy in the completed runs of another bench that this one asks for, with the same "
                            "settings (e.g. PPO's runs, beside GRPO's at PPO's wall time); give it again to reuse "
@@ -141,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     auditor.add_argument("--ray-address", default=None, help="join this Ray cluster (auto or host:port); default: "
                          "start a local instance")  # fmt: skip
     auditor.add_argument("--out", default=None, help="output folder (default: runs/audit/NAME, NAME the first path's)")
+    auditor.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
 
     tuner = sub.add_parser("tune", help="tune an algo's hyperparameters on one env (Optuna: TPE + median pruner)",
                            formatter_class=DefaultsFormatter, parents=[execution_options(
@@ -151,13 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--total-steps", type=int, default=None,
                        help="env steps per seed of a trial (default: the preset's); PPO rounds it up to a multiple of "
                             "every n_steps·n_envs the space allows, so that every trial trains the same")  # fmt: skip
-    tuner.add_argument("--seeds", type=int, default=1, help="seeds per trial; its score is their mean final return")
+    tuner.add_argument("--seeds", type=int, default=1, help=f"seeds per trial, at most {MAX_SEEDS}; its score is "
+                       "their mean final return")  # fmt: skip
     tuner.add_argument("--first-seed", type=int, default=100, help="seeds FIRST … FIRST+K−1; bench's 0 … stay unseen")
     tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: lab/spaces/ALGO.yaml)")
     tuner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a config key in every trial")
     tuner.add_argument("--vary", action="append", default=[], metavar="KEY=RANGE",
                        help="set one key's range in the space: a YAML list or {low: …, high: …}")  # fmt: skip
-    tuner.add_argument("--name", default=None, help="runs/tune/NAME and the study's name (default: ALGO-ENV)")
+    tuner.add_argument("--name", default=None, help=f"runs/tune/NAME and the study's name, at most {MAX_NAME} "
+                       "characters (default: ALGO-ENV)")  # fmt: skip
     tuner.add_argument("--storage", default=None, metavar="URL",
                        help="an Optuna database URL shared by several drivers (default: runs/tune/NAME/study.log)")  # fmt: skip
     tuner.add_argument("--pruner", choices=["median", "none"], default="median",

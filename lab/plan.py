@@ -10,7 +10,10 @@ recognised as the one asked for (:func:`agents.rundir.config_differences`).
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
+import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +26,7 @@ from agents import registry, rundir
 from agents.config import RunConfig, build_config, parse_overrides, resolve_config
 from envs import action_space_of, check_env_id, load_normalizer_state
 from envs.errors import BadInput, brief
+from lab.parser import MAX_SEEDS
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +74,7 @@ def resolve_run(
 # ── testbed train: its runs, and what to do with each ───────────────────────────────────────────────
 
 
-MAX_STACK = 256
+MAX_STACK = MAX_SEEDS
 """The most seeds one process trains side by side (``train --seeds``); a bench spreads more over processes."""
 
 
@@ -112,6 +116,7 @@ def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | 
         raise BadInput("a resumed run keeps the settings in its config.yaml; drop --preset")
     if args.run_dir is not None:
         check_path(args.run_dir, "--run-dir")
+        check_folder(Path(args.run_dir), "--run-dir")
     seeds = parse_seeds(args.seeds, args.seed) if args.seeds is not None else None
     if seeds is not None and algo.train_stack is None:
         stackable = ", ".join(name for name, a in registry.algos().items() if a.train_stack is not None)
@@ -136,6 +141,27 @@ def check_path(value: str, option: str) -> None:
     if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise BadInput(f"{option} {brief(value, 80)} is not a usable path: give a non-empty path without control "
                        "characters (newlines, tabs)")  # fmt: skip
+
+
+def check_folder(path: Path, option: str) -> None:
+    """BadInput naming what stands where a folder is wanted, before anything is made: a loop of symbolic links, a
+    link to nothing, or a file, at ``path`` or above it. An absent folder is fine: it will be made."""
+    for part in (path, *path.parents):  # the path itself first, then each folder above it
+        try:
+            if stat.S_ISDIR(part.stat().st_mode):
+                return  # an existing folder: every folder above it exists too
+        except OSError as error:
+            linked = part.is_symlink()
+            if error.errno == errno.ELOOP and linked:
+                raise BadInput(f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a loop of symbolic links "
+                               "that never reaches a folder; remove the link or choose another folder") from None  # fmt: skip
+            if error.errno == errno.ENOENT and linked:
+                raise BadInput(f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a symbolic link to "
+                               f"{brief(os.readlink(part), 80)}, which does not exist; make that folder, remove the "
+                               "link or choose another folder") from None  # fmt: skip
+            continue  # absent (or below a link or file found higher up): look above it
+        raise BadInput(f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a file where a folder is wanted; "
+                       "choose another path, or move the file away")  # fmt: skip
 
 
 def stack_template(parent: Path, seeds: list[int]) -> dict[str, Any]:
@@ -205,8 +231,15 @@ def plan_run(
     algo.validate(cfg)
     if not (run_dir / rundir.CHECKPOINT).exists():
         return PlannedRun(cfg, run_dir, "its config.yaml", "new", saved if started else {})
-    # Refuses a checkpoint that config.yaml's network or normalization no longer fits, before anything is written.
-    ckpt, env, _ = checkpoint_policy(args.algo, cfg, run_dir, episodes=1)
+    # Refuses a checkpoint that config.yaml's network or normalization no longer fits, before anything is written;
+    # one holding NaN or inf is recorded as diverged first, so that a bench neither retries nor trains it again.
+    from agents import runlog  # torch is imported by now, for the checkpoint
+
+    try:
+        ckpt, env, _ = checkpoint_policy(args.algo, cfg, run_dir, episodes=1)
+    except runlog.NonFiniteCheckpoint as error:
+        runlog.record_diverged(run_dir, error, {"algo": args.algo, "env_id": cfg.env_id, "seed": cfg.seed})
+        raise
     env.close()
     trained = ckpt["global_step"]
     if cfg.total_steps < trained and cfg.total_steps != saved.get("total_steps"):
@@ -214,6 +247,8 @@ def plan_run(
     status = (rundir.read_summary(run_dir) or {}).get("status")
     timed_out = cfg.budget_seconds is not None and ckpt["wall_time_s"] >= cfg.budget_seconds
     done = status == "completed" and (trained >= cfg.total_steps or timed_out)
+    if not done:  # a progress.csv shorter than the checkpoint recorded, or missing, would be padded or restarted
+        runlog.check_progress(run_dir, ckpt.get("csv_bytes"))
     return PlannedRun(cfg, run_dir, "resumed", "done" if done else "resume", saved)
 
 
