@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a presets file whose entry for --env replaces the packaged one (e.g. a tune's preset.yaml)")  # fmt: skip
     train.add_argument("--seeds", default=None, metavar="N|S1,S2,…",
                        help=f"train several seeds side by side in one process: a count, from --seed on, or a list, "
-                            f"of at most {MAX_SEEDS}; each seed writes an ordinary run directory, RUN_DIR/seed<k>")  # fmt: skip
+                            f"of at most {MAX_SEEDS}; each seed writes an ordinary run directory, "
+                            "RUN_DIR/seed<k>")  # fmt: skip
     train.add_argument("--run-dir", default=None, help="output directory (default: runs/ALGO/ENV/seedN-TIME); "
                        "with --seeds, the folder holding seed<k>/ (default: runs/ALGO/ENV/seedsN-M-TIME)")
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
