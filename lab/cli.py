@@ -306,6 +306,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     bench_dir = Path(args.bench_dir)
     if not bench_dir.is_dir():
         raise BadInput(f"{bench_dir} is not a folder; give a bench directory, runs/bench/NAME, or a study's, runs/tune/NAME")
+    if args.against is not None:
+        from lab.committed import report_against  # statistics and plots: imported only when a report is built
+
+        written = report_against(bench_dir, args.against)  # checks both sides before writing anything
+        print(f"wrote {written['markdown']} and {written['html']}")
+        return 0
     if (bench_dir / TUNE_FILE).exists():
         from lab.tune_report import build_tune_report
 

@@ -222,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="rebuild a bench's or a study's report from disk",
                             formatter_class=DefaultsFormatter)
     report.add_argument("bench_dir", help="runs/bench/NAME or runs/tune/NAME")
+    report.add_argument("--against", default=None, metavar="RESULT",
+                        help="set the bench beside a committed result (a name of `testbed results list`, or a folder "
+                             "of runs) on the envs both hold, in BENCH_DIR/against-RESULT/: the same report, the "
+                             "result's algos named ALGO@RESULT; refused where budgets or evaluation differ")  # fmt: skip
 
     results = sub.add_parser("results", help="the committed results: list them, rerun them, rebuild their pages",
                              formatter_class=DefaultsFormatter)  # fmt: skip

@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -70,8 +70,16 @@ def _clean_error(error: Any, bench_dir: Path) -> str:
 # ── the parts of a report ────────────────────────────────────────────────────────────────────────
 
 
-def write_summary_csv(runs: Sequence[Run], bench_dir: Path, path: Path) -> None:
-    """One row per run. A run without summary.json shows its steps and wall-clock so far."""
+def _place(bench_dir: Path) -> Callable[[Run], str]:
+    """A run named by its path under the bench: the default of a report's ``where``."""
+    return lambda run: _relative(run, bench_dir)
+
+
+def write_summary_csv(
+    runs: Sequence[Run], bench_dir: Path, path: Path, where: Callable[[Run], str] | None = None
+) -> None:
+    """One row per run, each named by ``where`` (default: its path under ``bench_dir``). A run without
+    summary.json shows its steps and wall-clock so far."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -87,7 +95,7 @@ def write_summary_csv(runs: Sequence[Run], bench_dir: Path, path: Path) -> None:
             "total_steps": s.get("total_steps", run.last_step),
             "wall_time_s": s.get("wall_time_s", run.last_wall_time_s),
             "sps": s.get("sps"),
-            "run_dir": _relative(run, bench_dir),
+            "run_dir": (where or _place(bench_dir))(run),
         }
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
     path.write_text(buffer.getvalue())
@@ -260,7 +268,8 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
     return text
 
 
-def _what_was_run(runs: Sequence[Run], bench_dir: Path) -> list[Block]:
+def _what_was_run(runs: Sequence[Run], bench_dir: Path | None) -> list[Block]:
+    """The facts at the top of a report; the wall-clock of ``bench_dir``'s invocations when its runs are the report's."""
     envs = sorted({r.env_id for r in runs}, key=natural_key)
     algos = sorted({r.algo for r in runs})
     seeds = sorted({r.seed for r in runs})
@@ -285,7 +294,7 @@ def _what_was_run(runs: Sequence[Run], bench_dir: Path) -> list[Block]:
         f"Seeds: {', '.join(map(str, seeds))}",
         f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})",
         compute_text(runs),
-        *([wall] if (wall := wall_clock_text(bench_dir, runs)) else []),
+        *([wall] if bench_dir is not None and (wall := wall_clock_text(bench_dir, runs)) else []),
         *([machine] if (machine := machine_text(runs)) else []),
         (
             f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. "
@@ -308,31 +317,46 @@ def _what_was_run(runs: Sequence[Run], bench_dir: Path) -> list[Block]:
     ]
 
 
-def build_report(bench_dir: Path) -> dict[str, Path]:
+def build_report(
+    bench_dir: Path,
+    runs: Sequence[Run] | None = None,
+    out_dir: Path | None = None,
+    title: str | None = None,
+    where: Callable[[Run], str] | None = None,
+    preface: Sequence[Block] = (),
+) -> dict[str, Path]:
     """Write summary.csv, report.md, report.html and plots/ for the bench at ``bench_dir``.
 
     Returns the paths: ``summary``, ``markdown``, ``html``, and each plot under its path relative to
-    ``bench_dir`` (e.g. ``plots/CartPole-v1-steps.png``). BadInput if ``bench_dir`` holds no run. A credit
+    ``out_dir`` (e.g. ``plots/CartPole-v1-steps.png``). BadInput if ``bench_dir`` holds no run. A credit
     study's own report is built beside this one by ``lab.bench.build_reports``.
+
+    The other arguments make the same report over other runs (``lab.committed``'s comparison of a bench with a
+    committed result): ``runs`` instead of the bench's, written into ``out_dir`` (default ``bench_dir``) under
+    ``title``, each run named by ``where`` (default: its path under ``bench_dir``), with ``preface`` after the
+    title. The bench's wall-clock is left out then: its invocations did not train runs read from elsewhere.
     """
     bench_dir = Path(bench_dir)
-    runs = find_runs([bench_dir])
+    own = runs is None
+    runs = find_runs([bench_dir]) if runs is None else list(runs)
+    out_dir = bench_dir if out_dir is None else Path(out_dir)
+    title = title or f"Bench report: {bench_dir.resolve().name}"
     refs = load_reference_scores()
-    plots_dir = bench_dir / "plots"
+    plots_dir = out_dir / "plots"
     colors = algo_colors([r.algo for r in runs])
     written: dict[str, Path] = {
-        "summary": bench_dir / "summary.csv",
-        "markdown": bench_dir / "report.md",
-        "html": bench_dir / "report.html",
+        "summary": out_dir / "summary.csv",
+        "markdown": out_dir / "report.md",
+        "html": out_dir / "report.html",
     }
-    write_summary_csv(runs, bench_dir, written["summary"])
+    write_summary_csv(runs, bench_dir, written["summary"], where)
 
     def add_plots(paths: list[Path]) -> str:
         for path in paths:
-            written[path.relative_to(bench_dir).as_posix()] = path
-        return paths[0].relative_to(bench_dir).as_posix()
+            written[path.relative_to(out_dir).as_posix()] = path
+        return paths[0].relative_to(out_dir).as_posix()
 
-    blocks: list[Block] = [Heading(1, f"Bench report: {bench_dir.resolve().name}"), *_what_was_run(runs, bench_dir)]
+    blocks: list[Block] = [Heading(1, title), *preface, *_what_was_run(runs, bench_dir if own else None)]
     images: list[Image] = []
 
     # Per env: the table, and the curves against env steps and wall-clock.
@@ -372,7 +396,7 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
     if unfinished:
         listed = [
             [r.env_id, r.algo, str(r.seed), r.status, _clean_error(r.summary.get("error"), bench_dir)
-             if r.summary else "no summary.json yet (running, or killed)", _relative(r, bench_dir)]
+             if r.summary else "no summary.json yet (running, or killed)", (where or _place(bench_dir))(r)]
             for r in unfinished
         ]  # fmt: skip
         blocks.append(Table(["env", "algo", "seed", "status", "error", "run dir"], listed))
@@ -384,5 +408,5 @@ def build_report(bench_dir: Path) -> dict[str, Path]:
     blocks.extend(images)
 
     written["markdown"].write_text(render_markdown(blocks))
-    written["html"].write_text(render_html(blocks, f"Bench report: {bench_dir.resolve().name}", bench_dir))
+    written["html"].write_text(render_html(blocks, title, out_dir))
     return written
