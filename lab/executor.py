@@ -7,7 +7,7 @@ sends its own run directories and logs back to the driver as tar archives, so no
 needed; a cell to resume travels to the worker the same way. Nothing else travels: a task can never replace
 another cell's files, and a run that completed on the driver is never replaced. A local Ray instance ends
 with its driver (``lab/raywatch.py``); its workers kill their trainers without a checkpoint, whose scratch
-folder never returns, so those cells start again.
+folder never returns (the instance's watchdog removes it), so those cells start again.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 
 from agents import rundir
 from envs.errors import BadInput, brief
+from lab.board import HEARTBEAT_S, Board, Heartbeat
 from lab.cells import (
     Cell,
     Outcome,
@@ -41,8 +42,7 @@ from lab.cells import (
     still_written,
     wait_for_writer,
 )
-from lab.board import HEARTBEAT_S, Board, Heartbeat
-from lab.raywatch import init_local
+from lab.raywatch import init_local, scratch_folder
 
 
 def run_local(
@@ -120,7 +120,7 @@ def run_cells_remote(
 ) -> list[tuple[Outcome, bytes | None]]:
     """A Ray task: run the cells (one stack) in a scratch bench folder, each from the run directory and log in
     its ``files`` if any; send back those run directories and logs only."""
-    with tempfile.TemporaryDirectory(prefix="testbed-cells-") as scratch:  # named: a cancelled task leaves it
+    with scratch_folder("testbed-cells-") as scratch:  # in the instance's folder: a killed worker's goes with it
         for cell, packed in zip(cells, files, strict=True):
             cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
             if packed is not None:

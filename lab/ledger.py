@@ -57,14 +57,16 @@ def trials_done(root: Path, report: list[str], study_name: str, storage: str | N
     if storage and storage.startswith("sqlite:///") and (root / storage.removeprefix("sqlite:///")).is_file():
         import optuna
 
+        from lab.study import reading_storage
         from lab.trials import refused
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         url = f"sqlite:///{root / storage.removeprefix('sqlite:///')}"
-        try:
-            trials = optuna.load_study(study_name=study_name, storage=url).get_trials(deepcopy=False)
-        except KeyError:  # the file holds no study of that name yet
-            return 0
+        with reading_storage(url, root) as opened:  # a snapshot: the committed file stays as it is
+            try:
+                trials = optuna.load_study(study_name=study_name, storage=opened).get_trials(deepcopy=False)
+            except KeyError:  # the file holds no study of that name yet
+                return 0
         return sum(t.state.name in FINISHED and not refused(t) for t in trials)
     from lab.tune_report import TRIALS  # the wording the report writes, as in steps_spent
 

@@ -13,21 +13,34 @@ longer show it); when the driver's end of a pipe closes, it kills those still al
 any other process bearing the mark. A cluster joined with ``--ray-address`` was started by others and bears no
 mark: nothing of it is touched.
 
-Run as ``python -I lab/raywatch.py DRIVER_PID TOKEN``: the watchdog itself (standard library only).
+The instance's tasks train in scratch folders (:func:`scratch_folder`) inside one folder of the instance's,
+``testbed-ray-*`` in the temporary directory, which the watchdog removes once the instance's processes are
+gone: a worker killed with its driver cannot remove its own. The watchdog holds a lock on it while it watches;
+should the watchdog itself be killed, the next local instance removes the folder (:func:`_sweep`).
+
+Run as ``python -I lab/raywatch.py DRIVER_PID TOKEN SCRATCH``: the watchdog itself (standard library only).
 """
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 MARK = "TESTBED_RAY_INSTANCE"
+SCRATCH = "TESTBED_RAY_SCRATCH"
+"""Names the instance's scratch folder to its tasks, which inherit it as they inherit the mark."""
+SCRATCH_PREFIX = "testbed-ray-"
+LOCK = ".lock"  # in the scratch folder: held by the watchdog while it watches
 POLL_S = 1.0  # a process missed by the last look still bears the mark, or descends from one that does
 _watchdogs: list[subprocess.Popen[bytes]] = []  # their stdin pipes stay open as long as this process lives
 
@@ -37,27 +50,58 @@ def init_local(ray: Any, **init_kwargs: Any) -> None:
     _watchdogs[:] = [w for w in _watchdogs if w.poll() is None]  # those of instances shut down earlier
     token = secrets.token_hex(8)
     watchdog = None
+    marks = {MARK: token}
     if os.path.isdir("/proc"):  # Linux; elsewhere Ray's own fate-sharing is all there is
-        # Started first, so that a driver killed during ray.init() leaves nothing behind either.
-        watchdog = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), str(os.getpid()), token],
-                                    stdin=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        _sweep()
+        scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+        # Locked under another name, then renamed: a sweep never finds the lock file unheld while the watchdog lives.
+        with open(os.path.join(scratch, f"{LOCK}.new"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.rename(os.path.join(scratch, f"{LOCK}.new"), os.path.join(scratch, LOCK))
+            # Started first, so that a driver killed during ray.init() leaves nothing behind either. The lock's
+            # descriptor passes to it: the lock is held as long as the watchdog lives.
+            watchdog = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), str(os.getpid()), token,
+                                         scratch], stdin=subprocess.PIPE, start_new_session=True,
+                                        pass_fds=(lock.fileno(),))  # fmt: skip
         _watchdogs.append(watchdog)
-    previous = os.environ.get(MARK)
-    os.environ[MARK] = token  # inherited by what ray.init() starts, and by what those start
+        marks[SCRATCH] = scratch
+    previous = {name: os.environ.get(name) for name in marks}
+    os.environ.update(marks)  # inherited by what ray.init() starts, and by what those start
     try:
         # "local": a new instance, even where RAY_ADDRESS or a `ray start` on this machine names a running one.
         ray.init(address="local", **init_kwargs)
     finally:
-        if previous is None:
-            os.environ.pop(MARK, None)
-        else:
-            os.environ[MARK] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     if watchdog is not None and watchdog.stdin is not None:
         try:
             watchdog.stdin.write(b"up\n")  # the instance is up: once its processes are gone, so is the need to watch
             watchdog.stdin.flush()
         except OSError:
             pass
+
+
+def scratch_folder(prefix: str) -> tempfile.TemporaryDirectory[str]:
+    """A Ray task's scratch folder, removed when the task ends. In a local instance it lies in the instance's
+    folder, which goes with the instance even when the task is killed; on a cluster joined by address, in the
+    node's temporary directory."""
+    parent = os.environ.get(SCRATCH)
+    return tempfile.TemporaryDirectory(prefix=prefix, dir=parent if parent and os.path.isdir(parent) else None)
+
+
+def _sweep() -> None:
+    """Remove the scratch folders of local instances whose watchdog is gone (killed itself), found by their lock
+    being free."""
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"{SCRATCH_PREFIX}*")):
+        try:
+            with open(os.path.join(folder, LOCK)) as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # held (BlockingIOError), not ours or already gone: left as it is
+            continue
 
 
 def _table() -> dict[int, tuple[int, str]]:
@@ -139,3 +183,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the end of the driver ends the watch
     watch(int(sys.argv[1]), sys.argv[2])
+    shutil.rmtree(sys.argv[3], ignore_errors=True)  # the instance's tasks are gone, and their scratch folders with it

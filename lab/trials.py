@@ -4,7 +4,6 @@ they come, and its end told to the study."""
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -15,10 +14,11 @@ import optuna
 
 from agents import rundir
 from envs.errors import BadInput
+from lab.board import Heartbeat
 from lab.cells import Cell, Outcome, Stop, live_progress, pack_pending, run_cells, skipped
 from lab.document import fmt_duration
-from lab.board import Heartbeat
 from lab.executor import import_ray, pack_run, unpack_run
+from lab.raywatch import scratch_folder
 from lab.results import read_progress
 from lab.study import trial_dir
 
@@ -133,7 +133,7 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
     """A Ray task: the trial's seeds in a scratch folder; returns (outcomes, pruned, each run's files)."""
 
     ray = import_ray()
-    with tempfile.TemporaryDirectory(prefix="testbed-trial-") as scratch:  # named: a cancelled task leaves it
+    with scratch_folder("testbed-trial-") as scratch:  # in the instance's folder: a killed worker's goes with it
         for cell, packed in zip(cells, files):
             cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
             if packed is not None:

@@ -9,9 +9,9 @@ to the pruner, which stops a trial that falls below the median of earlier trials
 The study lives in a storage that Optuna reads: by default a journal file, ``runs/tune/NAME/study.log``;
 with ``--storage URL`` any database Optuna accepts, so drivers on several machines can share one study.
 A study is idempotent: ``--trials N`` is the study's total, so a rerun adds only what is missing, and a
-trial that a killed driver left running resumes from its runs' checkpoints. Trials run on the same
-backends as ``bench`` (``lab.bench``): the local pool, or one Ray task per trial; a failed trial is
-recorded with its error and the study goes on.
+trial that a killed driver left running resumes from its runs' checkpoints, wherever the study folder now is
+(``lab.study.left_running``). Trials run on the same backends as ``bench`` (``lab.bench``): the local pool,
+or one Ray task per trial; a failed trial is recorded with its error and the study goes on.
 
 Trials train equal budgets. A run trains whole iterations, and PPO's, n_steps · n_envs, is what trials tune: the
 budget is rounded up to a multiple of every iteration size the space allows (``lab.space.iteration_sizes``).
@@ -38,7 +38,7 @@ import optuna
 import yaml
 
 from agents import registry, rundir
-from agents.config import SEED_LIMIT, build_config, load_preset, parse_overrides, read_yaml, resolve_config
+from agents.config import SEED_LIMIT, build_config, load_preset, parse_overrides, resolve_config
 from envs import action_space_of
 from envs.errors import BadInput
 from lab.bench import BENCH_NAME
@@ -46,7 +46,8 @@ from lab.cells import Cell, Outcome, Stop, pack_stacks
 from lab.document import fmt_return
 from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
 from lab.space import Param, admitting, as_list, default_space_file, iteration_sizes, parse_space, with_ranges
-from lab.study import STUDY_FILE, TUNE_FILE, TUNE_ROOT, check_journal, set_aside_stale, storage_for, trial_dir
+from lab.study import (STUDY_FILE, STUDY_ID, TUNE_FILE, TUNE_ROOT, check_journal, left_running, read_tune_yaml,
+                       set_aside_stale, storage_for, study_id_of, trial_dir)
 from lab.trials import (REFUSED, Reporter, known_costs, reporter_for, run_trial, run_trial_remote, settle,
                         study_heartbeat)
 from lab.tune_report import budget_text, build_tune_report, pairs_text, seeds_text
@@ -212,7 +213,7 @@ def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
 def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:
     path = tune_dir / TUNE_FILE
     if path.exists():
-        saved = read_yaml(path) or {}
+        saved = read_tune_yaml(tune_dir)
         if {k: saved.get(k) for k in plan.definition()} != plan.definition():
             differ = sorted(k for k, v in plan.definition().items() if saved.get(k) != v)
             raise BadInput(f"{tune_dir} holds a study with other {', '.join(differ)}; use another --name for "
@@ -223,15 +224,19 @@ def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:
                            "another --name")  # fmt: skip
 
 
-def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> None:
+def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> str:
+    """Write the study's settings and the command that ran it into tune.yaml; returns the folder's identity
+    (``lab.study.STUDY_ID``), made with the study and kept through reruns, moves and renames."""
     path = tune_dir / TUNE_FILE
-    saved = read_yaml(path) if path.exists() else {}
-    merged = {"name": plan.name, **plan.definition(), "steps_per_seed": plan.steps_per_seed, "trials": plan.trials,
+    saved = read_tune_yaml(tune_dir) if path.exists() else {}
+    merged = {"name": plan.name, STUDY_ID: study_id_of(saved), **plan.definition(),
+              "steps_per_seed": plan.steps_per_seed, "trials": plan.trials,
               "iteration_sizes": list(plan.iteration_sizes or []) or None, "storage": plan.storage,
               "pruner": plan.pruner, "startup_trials": plan.startup_trials, "sampler_seed": plan.sampler_seed,
               "commands": [*saved.get("commands", []), " ".join(["testbed", *sys.argv[1:]])]}  # fmt: skip
     tune_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(merged, sort_keys=False))
+    return merged[STUDY_ID]
 
 
 def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
@@ -272,12 +277,14 @@ def overrides_of(values: dict[str, Any]) -> list[str]:
             for k, v in values.items()]  # fmt: skip
 
 
-def new_trial(study: optuna.Study, plan: TunePlan, driver: str) -> optuna.Trial | None:
-    """Ask for a trial and sample its values; a sample the algo refuses is told as failed (no env step spent)."""
+def new_trial(study: optuna.Study, plan: TunePlan, driver: str, study_id: str = "") -> optuna.Trial | None:
+    """Ask for a trial and sample its values, marked with the folder's identity (``lab.study.left_running``) and,
+    for people, where its driver runs; a sample the algo refuses is told as failed (no env step spent)."""
 
     trial = study.ask()
     values = {name: param.suggest(trial) for name, param in plan.space.items()}
     trial.set_user_attr("driver", driver)
+    trial.set_user_attr(STUDY_ID, study_id)
     trial.set_user_attr("overrides", overrides_of(values))
     try:
         plan.config(values)
@@ -308,12 +315,6 @@ def _started(study: optuna.Study) -> int:
     return sum(t.state != optuna.trial.TrialState.WAITING for t in study.get_trials(deepcopy=False))
 
 
-def _resumable(study: optuna.Study, driver: str) -> list[Any]:
-    """Trials this driver's folder left running (its process was killed): they continue from checkpoints."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs.get("driver") == driver]  # fmt: skip
-
-
 def run_study(
     plan: TunePlan, workers: int, backend: str, ray_address: str | None, root: Path = TUNE_ROOT, stack: int = 1
 ) -> tuple[Path, dict[str, int]]:
@@ -334,9 +335,13 @@ def run_study(
             check_journal(tune_dir / STUDY_FILE, repair=True)
         study = open_study(plan, tune_dir)
         known_costs(study.get_trials(deepcopy=False), tune_dir)  # else its report would count trials as costing 0
-        write_tune_yaml(tune_dir, plan)
+        study_id = write_tune_yaml(tune_dir, plan)
         enqueue_presets(study, plan)
-        interrupted = _drive(study, plan, tune_dir, driver, workers, backend, counts, stack)
+        # Held lock: the folder's running trials are dead drivers', to continue from their checkpoints.
+        resumable = left_running(study.get_trials(deepcopy=False), study_id, plan.storage is not None, driver)
+        for trial in resumable:
+            print(f"trial {trial.number}: left running by a driver that stopped; it continues", flush=True)
+        interrupted = _drive(study, plan, tune_dir, (driver, study_id), workers, backend, counts, stack, resumable)
         if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)):
             build_tune_report(tune_dir)
     if interrupted:
@@ -344,10 +349,10 @@ def run_study(
     return tune_dir, counts
 
 
-def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, workers: int, backend: str,
-           counts: dict[str, int], stack: int = 1) -> bool:  # fmt: skip
-    """Start trials until the study is full, ``workers`` at a time; True if stopped by Ctrl-C or SIGTERM."""
-    resumable = _resumable(study, driver)
+def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: tuple[str, str], workers: int, backend: str,
+           counts: dict[str, int], stack: int, resumable: list[Any]) -> bool:  # fmt: skip
+    """Start trials until the study is full, ``workers`` at a time, the ``resumable`` ones first; True if stopped
+    by Ctrl-C or SIGTERM. ``driver``: (where it runs, the folder's identity), as new trials record them."""
     stop = Stop()
     ray_reporter = None
     remote_refs: set[Any] = set()
@@ -381,7 +386,7 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: str, wor
         try:
             while True:
                 while len(pending) < workers and (resumable or _started(study) < plan.trials):
-                    trial = resumable.pop(0) if resumable else new_trial(study, plan, driver)
+                    trial = resumable.pop(0) if resumable else new_trial(study, plan, *driver)
                     if trial is None:
                         counts["failed"] = counts.get("failed", 0) + 1
                         continue

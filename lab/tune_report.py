@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ import numpy as np
 import yaml
 
 from agents import registry
-from agents.config import PRESET_DIR, parse_overrides, read_yaml
-from envs.errors import BadInput
+from agents.config import PRESET_DIR, parse_overrides
+from envs.errors import BadInput, brief
 from lab.document import (
     Block,
     Bullets,
@@ -38,7 +39,7 @@ from lab.document import (
     render_markdown,
 )
 from lab.plot import new_figure, save_figure
-from lab.study import TUNE_FILE, storage_for
+from lab.study import TUNE_FILE, read_tune_yaml, reading_storage
 from lab.trials import known_costs
 
 SPENT = "Env steps spent by the whole study, pruned and failed trials included"
@@ -85,16 +86,24 @@ def pairs_text(overrides: Sequence[str]) -> str:
     return " ".join(f"{k}={fmt_param(yaml.safe_load(v))}" for k, _, v in (pair.partition("=") for pair in overrides))
 
 
-def load_study(tune_dir: Path) -> tuple[Any, dict[str, Any]]:
-    """The study of ``tune_dir`` (from its tune.yaml's storage) and tune.yaml's contents."""
+@contextmanager
+def reading_study(tune_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """The study of ``tune_dir``, from its tune.yaml's storage opened for reading only (:func:`reading_storage`),
+    and tune.yaml's contents; BadInput, before anything is written, for a tune.yaml or storage that is not a
+    study's."""
     import optuna
 
-    path = tune_dir / TUNE_FILE
-    if not path.is_file():
+    if not (tune_dir / TUNE_FILE).is_file():
         raise BadInput(f"{tune_dir} holds no {TUNE_FILE}: give a study folder, runs/tune/NAME")
-    saved = read_yaml(path) or {}
+    saved = read_tune_yaml(tune_dir, needed=("name", "algo", "env_id", "seeds"))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name=saved["name"], storage=storage_for(saved.get("storage"), tune_dir)), saved
+    with reading_storage(saved.get("storage"), tune_dir) as storage:
+        try:
+            study = optuna.load_study(study_name=saved["name"], storage=storage)
+        except KeyError:
+            raise BadInput(f"the study's storage holds no study named {brief(saved['name'], 80)}: check `name` "
+                           f"and `storage` in {tune_dir / TUNE_FILE}; nothing was written") from None  # fmt: skip
+        yield study, saved
 
 
 def _params_text(trial: Any) -> str:
@@ -208,10 +217,16 @@ def build_tune_report(tune_dir: Path) -> dict[str, Path]:
     import matplotlib
 
     matplotlib.use("Agg")
+    with reading_study(tune_dir) as (study, saved):
+        return _write_report(study, saved, tune_dir)
+
+
+def _write_report(study: Any, saved: dict[str, Any], tune_dir: Path) -> dict[str, Path]:
+    """The report of ``study``, whose tune.yaml holds ``saved``, written into ``tune_dir``."""
+    import matplotlib
     import optuna
     from optuna.visualization import matplotlib as optuna_plots
 
-    study, saved = load_study(tune_dir)
     trials = study.get_trials(deepcopy=False)
     states = optuna.trial.TrialState
     complete = [t for t in trials if t.state == states.COMPLETE]
