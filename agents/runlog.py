@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.rundir import CHECKPOINT, PARENT_PID, atomic_write_text
+from agents.rundir import CHECKPOINT, PARENT_PID, atomic_write_text, lock_holder, write_summary
 from envs.errors import BadInput
 
 CHECKPOINT_FORMAT = 1
@@ -115,7 +115,87 @@ def load_checkpoint(run_dir: Path, expected: dict[str, Any], name: str = CHECKPO
     for key, value in expected.items():
         if payload.get(key) != value:
             raise BadInput(f"{path} was written for {key}={payload.get(key)!r}, not {value!r}; it cannot be used here.")
+    bad = non_finite_entries(payload)
+    if bad:
+        # A policy of NaN weights acts by tracebacks (torch.multinomial) and evaluates to any number at all.
+        where = ", ".join(bad[:3]) + (" …" if len(bad) > 3 else "")
+        raise NonFiniteCheckpoint(
+            f"{path} holds NaN or inf values (in {where}), so neither a resume nor an evaluation can use it: the run "
+            "diverged before this checkpoint was written. Start the run again in a new folder (a lower learning rate "
+            "or gradient clipping keeps it finite), or restore the file from a backup.",
+            int(payload.get("global_step") or 0),
+        )
     return _from_safe(payload)
+
+
+UNCHECKED_ENTRIES = ("rng", "env_state", "rollout")
+"""Checkpoint entries that hold the envs' and generators' state, not what was learned: left to their owners."""
+
+
+def non_finite_entries(payload: dict[str, Any]) -> list[str]:
+    """The dotted names of a checkpoint's floating tensors and arrays that hold a NaN or an inf: the model, the
+    optimizer state, the normalizer statistics and whatever else an agent learned."""
+    bad: list[str] = []
+
+    def visit(value: Any, name: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not (name == "" and key in UNCHECKED_ENTRIES):
+                    visit(item, f"{name}.{key}" if name else str(key))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(item, f"{name}[{i}]")
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            bad.append(name.removesuffix(".__ndarray__"))
+
+    visit(payload, "")
+    return bad
+
+
+class NonFiniteCheckpoint(BadInput):
+    """A checkpoint with NaN or inf values: the run diverged. ``global_step``: the checkpoint's step."""
+
+    def __init__(self, message: str, global_step: int) -> None:
+        super().__init__(message)
+        self.global_step = global_step
+
+
+def record_diverged(run_dir: Path, error: NonFiniteCheckpoint, run: dict[str, Any]) -> None:
+    """Record in ``run_dir``'s summary.json that a resume found its checkpoint non-finite: failed and diverged,
+    so that a bench keeps it as it is rather than retrying it (the same config and seed diverge again).
+    ``run``: what the summary says the run is (algo, env_id, seed). Left alone while another process writes
+    the run directory."""
+    holder = lock_holder(run_dir)
+    if holder is not None and not holder.startswith(f"pid {os.getpid()} "):
+        return
+    write_summary(run_dir, {**run, "status": "failed", "total_steps": error.global_step, "error": str(error),
+                            "diverged": True})  # fmt: skip
+
+
+def check_progress(run_dir: Path, csv_bytes: int | None) -> None:
+    """BadInput, before a resume writes anything, if progress.csv is missing or shorter than the checkpoint
+    recorded (``csv_bytes``; None for older checkpoints, which recorded no size): cut back to that size it would
+    be padded with NUL bytes, and started afresh it would lose every row before the checkpoint."""
+    path = run_dir / "progress.csv"
+    fix = f"Restore {path.name} from a backup, or start the run again in a new folder."
+    if not path.exists():
+        raise BadInput(f"{path} is missing, but the run has a checkpoint ({CHECKPOINT}): a resume would lose every "
+                       f"row before it. {fix}")  # fmt: skip
+    size = path.stat().st_size
+    if csv_bytes is not None and size < csv_bytes:
+        raise BadInput(f"{path} holds {size:,} bytes, fewer than the {csv_bytes:,} that {run_dir / CHECKPOINT} "
+                       f"recorded: rows were deleted, and a resume would leave a gap in the curve. {fix}")  # fmt: skip
+
+
+def recorded_csv_bytes(run_dir: Path) -> int | None:
+    """How far progress.csv went when ``run_dir``'s checkpoint was written; None without a readable
+    checkpoint, or for an older one that did not record it. For readers that warn about a shortened file."""
+    try:
+        payload = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001  absent, corrupt or foreign: refused where a resume or eval loads it
+        return None
+    size = payload.get("csv_bytes") if isinstance(payload, dict) else None
+    return size if isinstance(size, int) else None
 
 
 def rng_state() -> dict[str, Any]:
@@ -145,6 +225,8 @@ class MetricLog:
         from torch.utils.tensorboard import SummaryWriter  # here: TensorBoard takes a second; `eval` needs none
 
         self.columns = ["global_step", "wall_time_s", *columns]
+        if resume_step is not None:  # before the event file below is made: a refused resume writes nothing
+            check_progress(run_dir, csv_bytes)
         # purge_step hides every event at or after it: the checkpoint's own step was logged and stays.
         self.writer = SummaryWriter(str(run_dir), purge_step=None if resume_step is None else resume_step + 1)
         self.csv_path = run_dir / "progress.csv"

@@ -147,8 +147,16 @@ class LaneRun:
 
     def resume(self, name: str) -> tuple[float, int | None, int | None]:
         """Weights, optimizer, the seed's own state and its random number generators from the checkpoint;
-        returns what the tracker continues from: (wall time so far, progress.csv's size, last evaluation step)."""
-        ckpt = runlog.load_checkpoint(self.run_dir, {"algo": name, "env_id": self.cfg.env_id})
+        returns what the tracker continues from: (wall time so far, progress.csv's size, last evaluation step).
+
+        BadInput, with nothing written, for a checkpoint that cannot be continued; one holding NaN or inf is
+        recorded first as diverged (summary.json), so that a bench neither retries nor trains it again."""
+        try:
+            ckpt = runlog.load_checkpoint(self.run_dir, {"algo": name, "env_id": self.cfg.env_id})
+        except runlog.NonFiniteCheckpoint as error:
+            run = {"algo": name, "env_id": self.cfg.env_id, "seed": self.cfg.seed}
+            runlog.record_diverged(self.run_dir, error, run)
+            raise
         load_weights(self.lane.model, ckpt["model"], str(self.run_dir / rundir.CHECKPOINT))
         self.lane.optimizer.load_state_dict(ckpt["optimizer"])
         self.trainer.load(self.k, ckpt)
@@ -223,8 +231,14 @@ def run_stack(
     trainer = build(list(cfgs))
     runs = [LaneRun(cfg, run_dir, k, trainer) for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True))]
     try:
-        for lane_run, resumed in zip(runs, resumes, strict=True):
-            wall_offset, csv_bytes, eval_step = lane_run.resume(name) if resumed else (0.0, None, None)
+        # Every lane's checkpoint and progress.csv are checked before any lane's logs are opened (and cut back to
+        # its checkpoint): a resume refused for one seed of a stack changes no file of the others.
+        starts = [run.resume(name) if resumed else (0.0, None, None)
+                  for run, resumed in zip(runs, resumes, strict=True)]  # fmt: skip
+        for lane_run, resumed, (_, csv_bytes, _) in zip(runs, resumes, starts, strict=True):
+            if resumed:
+                runlog.check_progress(lane_run.run_dir, csv_bytes)
+        for lane_run, resumed, (wall_offset, csv_bytes, eval_step) in zip(runs, resumes, starts, strict=True):
             lane_run.tracker = RunTracker(lane_run.run_dir, name, lane_run.cfg, trainer.tags, lane_run.evaluate,
                                           lane_run.global_step, wall_offset, resumed, csv_bytes, eval_step)  # fmt: skip
     except BaseException:

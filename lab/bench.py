@@ -4,9 +4,9 @@ A grid (:class:`Grid`) is planned and checked here, every cell's config resolved
 starts; ``lab.executor`` runs its cells, on this machine or on a Ray cluster, each writing
 ``runs/bench/NAME/<env_id>/<algo>/seed<k>/`` with its console output beside it (``seed<k>.log``).
 
-A bench is idempotent: a finished cell is skipped, an interrupted one resumes from its checkpoint, and a
-failed one is recorded with its error, set aside and retried once from scratch, without stopping the
-others; a finished run is reused only if it was trained with the settings the grid asks for. Ctrl-C stops
+A bench is idempotent: a finished cell is skipped, an interrupted one resumes from its checkpoint (as does one
+whose trainer alone was killed, in the retry and on a rerun), and a failed one is recorded with its error, set
+aside and retried once from scratch, without stopping the others; a finished run is reused only if it was trained with the settings the grid asks for. Ctrl-C stops
 every cell at its next iteration, with a checkpoint, so rerunning the same command continues. One writer
 at a time: the driver locks the bench directory for the whole grid, and each trainer its run directory.
 The report (``lab.report``) is rebuilt from disk at the end.

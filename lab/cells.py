@@ -6,8 +6,9 @@ one per process. :func:`run_cells` trains one such stack; ``lab.executor`` runs 
 or as Ray tasks.
 
 Cells are idempotent: a finished one is recognised from its summary.json without starting a process, an
-interrupted one resumes from its checkpoint, and a failed one is recorded with its error, set aside and
-retried once from scratch, without stopping the others. A :class:`Stop` carries a driver's stop request
+interrupted one resumes from its checkpoint, as does one whose trainer was killed on its own (by the
+out-of-memory killer, say), and a failed one is recorded with its error, set aside and retried once from
+scratch, without stopping the others. A :class:`Stop` carries a driver's stop request
 (Ctrl-C, SIGTERM, a pruned trial) to the trainers it started: each stops at its next iteration, with a
 checkpoint, so rerunning the same command continues. Trainers run in their own process sessions (so that
 a Ctrl-C reaches them once, through the driver) and stop with a checkpoint when the driver that started
@@ -25,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agents import registry, rundir
 from agents.config import RunConfig
@@ -229,12 +230,22 @@ class Stop:
         return self.requested or run_dir in self.stopped
 
 
-def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list[tuple[str, str | None, bool]]:
-    """One ``testbed train`` process for the cells (seeds side by side when there are several); returns each
-    cell's status, error and whether it diverged. The process's output goes to every cell's log."""
+class Attempt(NamedTuple):
+    """How one cell's attempt (one ``testbed train`` process) ended."""
+
+    status: str  # completed, failed, interrupted
+    error: str | None
+    diverged: bool  # failed on non-finite values: not retried
+    resumable: bool  # failed without a summary of its own, and its checkpoint can be continued: not set aside
+
+
+def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list[Attempt]:
+    """One ``testbed train`` process for the cells (seeds side by side when there are several); returns how
+    each cell's attempt ended. The process's output goes to every cell's log."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            rundir.PARENT_PID: str(os.getpid())}  # fmt: skip
     run_dirs = [cell.run_dir(bench_dir) for cell in cells]
+    before = [summary_stamp(run_dir) for run_dir in run_dirs]  # a summary still there afterwards is an older one
     command = stack_command(cells, bench_dir, resume)
     # One stack log per driver and first seed: two stacks of one cell may run at once, in one folder.
     first = run_dirs[0]
@@ -260,7 +271,22 @@ def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list
             stop.logs.pop(process, None)
     if len(cells) > 1:
         share_stack_log(shared_log)
-    return [_result(run_dir, returncode) for run_dir in run_dirs]
+    fresh = [summary_stamp(run_dir) not in (None, stamp) for run_dir, stamp in zip(run_dirs, before, strict=True)]
+    # Its checkpoint continues a run whose process was killed (SIGKILL from the out-of-memory killer, say), or
+    # whose stack was refused for another seed's checkpoint (that seed wrote its summary, as diverged). A process
+    # that exited on its own without a summary refused this run's input, or crashed before training: start again.
+    ran = returncode < 0 or any(fresh)
+    return [_result(run_dir, returncode, written, ran) for run_dir, written in zip(run_dirs, fresh, strict=True)]
+
+
+def summary_stamp(run_dir: Path) -> tuple[int, int] | None:
+    """Which summary.json ``run_dir`` holds (its inode and modification time), or None: summaries are written
+    by a rename, so a new one has another stamp."""
+    try:
+        stat = (run_dir / "summary.json").stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
 
 
 PROGRESS_LINE = re.compile(r"^\[.* seed (?P<seed>\d+)\] step (?P<step>\d+)/\d+ +(?P<sps>\d+) steps/s", re.MULTILINE)
@@ -308,29 +334,33 @@ def share_orphaned_stack_logs(folder: Path) -> None:
             share_stack_log(path)
 
 
-def _result(run_dir: Path, returncode: int) -> tuple[str, str | None, bool]:
-    """A trained cell's status, error and whether it diverged, from its summary.json (or its log's last lines,
-    without one)."""
+def _result(run_dir: Path, returncode: int, written: bool, ran: bool) -> Attempt:
+    """How a trained cell's attempt ended, from the summary.json it wrote (``written``), or else its log's
+    last lines. ``ran``: its process got past its input (:func:`_train`), so that a run it left without a
+    summary continues from its checkpoint."""
     try:
-        summary = rundir.read_summary(run_dir)
+        summary = rundir.read_summary(run_dir) if written else None
     except BadInput as error:  # a summary cut short: the attempt failed, and is set aside like any other
-        return "failed", str(error), False
+        return Attempt("failed", str(error), False, False)
     if summary is None:  # the process died before writing a summary, or its input was refused
         tail = log_path(run_dir).read_text().strip().splitlines()[-3:]
-        return "failed", f"exit code {returncode}: {' | '.join(tail)}", False
-    return str(summary.get("status")), summary.get("error"), bool(summary.get("diverged"))
+        ended = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit code {returncode}"
+        resumable = ran and (run_dir / rundir.CHECKPOINT).exists()
+        return Attempt("failed", f"{ended}: {' | '.join(tail)}", False, resumable)
+    return Attempt(str(summary.get("status")), summary.get("error"), bool(summary.get("diverged")), False)
 
 
 def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop | None = None) -> list[Outcome]:
     """Train cells that differ in the seed only, side by side in one process (``train --seeds``): skip those
     done; in one process, resume those with a checkpoint and start the others (a stack resumes any mix);
-    retry the failed ones once, from scratch and together.
+    retry the failed ones once, together.
 
     A run that diverged (non-finite values) is neither retried nor trained again on a rerun: on the CPU its
-    seed diverges at the same step every time. Any other run that failed, or stopped before its first
-    checkpoint, is set aside and starts again. A run directory that another process still writes is waited
-    for (:func:`wait_for_writer`), then left alone: the cell fails without a retry, and nothing is set
-    aside. ``stop``: the driver's (a new one by default).
+    seed diverges at the same step every time. A run whose trainer was killed (:class:`Attempt`
+    ``resumable``) is retried from its last checkpoint, as a rerun resumes it. Any other run that failed, or
+    stopped before its first checkpoint, is set aside and starts again. A run directory that another process
+    still writes is waited for (:func:`wait_for_writer`), then left alone: the cell fails without a retry,
+    and nothing is set aside. ``stop``: the driver's (a new one by default).
     """
     stop = stop or Stop()
     outcomes: dict[int, Outcome] = {}
@@ -355,10 +385,13 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop |
             set_aside(run_dir)
         todo.append(i)
     resumed = {i: (run_dirs[i] / rundir.CHECKPOINT).exists() for i in todo}
+    resumable: dict[int, bool] = {}
     if todo:
         results = _train([cells[i] for i in todo], bench_dir, any(resumed.values()), stop)
-        outcomes.update({i: Outcome(cells[i], status, error, resumed=resumed[i], diverged=diverged)
-                         for i, (status, error, diverged) in zip(todo, results)})  # fmt: skip
+        for i, attempt in zip(todo, results, strict=True):
+            outcomes[i] = Outcome(cells[i], attempt.status, attempt.error, resumed=resumed[i],
+                                  diverged=attempt.diverged)  # fmt: skip
+            resumable[i] = attempt.resumable
 
     def to_retry() -> list[int]:
         return [i for i in todo if outcomes[i].status == "failed" and not outcomes[i].diverged
@@ -366,8 +399,13 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop |
 
     while retry := to_retry():
         for i in retry:
-            set_aside(run_dirs[i])
-        results = _train([cells[i] for i in retry], bench_dir, False, stop)
-        outcomes.update({i: Outcome(cells[i], status, error, attempts=outcomes[i].attempts + 1, diverged=diverged)
-                         for i, (status, error, diverged) in zip(retry, results)})  # fmt: skip
+            if not resumable[i]:
+                set_aside(run_dirs[i])
+        # ``resumed``: the run directory still continues the one this call found (a Ray task's: the one it was sent).
+        kept = {i: resumable[i] and outcomes[i].resumed for i in retry}
+        results = _train([cells[i] for i in retry], bench_dir, any(resumable[i] for i in retry), stop)
+        for i, attempt in zip(retry, results, strict=True):
+            outcomes[i] = Outcome(cells[i], attempt.status, attempt.error, attempts=outcomes[i].attempts + 1,
+                                  resumed=kept[i], diverged=attempt.diverged)  # fmt: skip
+            resumable[i] = attempt.resumable
     return [outcomes[i] for i in range(len(cells))]

@@ -226,6 +226,53 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypat
     assert torch.equal(loaded["weights"], torch.arange(1000.0))
 
 
+@pytest.mark.parametrize(
+    "entry,where",
+    [
+        ({"model": {"head.weight": torch.tensor([0.5, float("nan")])}}, "model.head.weight"),
+        ({"optimizer": {"state": {0: {"exp_avg_sq": torch.tensor([float("inf")])}}}}, "optimizer.state.0.exp_avg_sq"),
+        ({"normalizers": {"obs_rms": {"var": np.array([1.0, -np.inf])}}}, "normalizers.obs_rms.var"),
+    ],
+    ids=["nan-weight", "inf-optimizer-state", "inf-normalizer-array"],
+)
+def test_load_refuses_a_checkpoint_holding_nan_or_inf(tmp_path: Path, entry: dict[str, Any], where: str) -> None:
+    save_checkpoint(tmp_path, {**EXPECTED, "global_step": 768, **entry})
+    with pytest.raises(runlog.NonFiniteCheckpoint, match=rf"holds NaN or inf values \(in {where}\)") as error:
+        load_checkpoint(tmp_path, EXPECTED)
+    assert error.value.global_step == 768 and isinstance(error.value, BadInput)
+    assert str(tmp_path / CHECKPOINT) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_load_leaves_the_envs_and_generators_state_to_their_owners(tmp_path: Path) -> None:
+    # An env's own state may hold an inf (a bound, a timer); only what was learned must be finite.
+    save_checkpoint(tmp_path, {**EXPECTED, "model": {"w": torch.ones(2)}, "env_state": {"bound": np.array([np.inf])},
+                               "rollout": {"next_obs": np.array([np.nan])}})  # fmt: skip
+    assert np.isinf(load_checkpoint(tmp_path, EXPECTED)["env_state"]["bound"]).all()
+
+
+def test_record_diverged_writes_a_summary_a_bench_keeps(tmp_path: Path) -> None:
+    error = runlog.NonFiniteCheckpoint("checkpoint.pt holds NaN", 512)
+    runlog.record_diverged(tmp_path, error, {"algo": "ppo", "env_id": "CartPole-v1", "seed": 3})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"algo": "ppo", "env_id": "CartPole-v1", "seed": 3, "status": "failed", "total_steps": 512,
+                       "error": "checkpoint.pt holds NaN", "diverged": True}  # fmt: skip
+
+
+def test_check_progress_refuses_a_missing_or_shortened_progress_csv(tmp_path: Path) -> None:
+    (tmp_path / "progress.csv").write_bytes(b"global_step\n256\n512\n")
+    runlog.check_progress(tmp_path, 20)  # as long as the checkpoint recorded: fine
+    runlog.check_progress(tmp_path, 16)  # longer (rows after the checkpoint, cut back by the resume): fine
+    runlog.check_progress(tmp_path, None)  # an older checkpoint, which recorded no size
+    with pytest.raises(BadInput, match=r"holds 20 bytes, fewer than the 24 .* Restore progress.csv from a backup"):
+        runlog.check_progress(tmp_path, 24)
+    (tmp_path / "progress.csv").unlink()
+    with pytest.raises(BadInput, match=r"progress.csv is missing, but the run has a checkpoint .* start the run again"):
+        runlog.check_progress(tmp_path, None)
+    with pytest.raises(BadInput, match="is missing"):  # MetricLog checks before it makes anything
+        MetricLog(tmp_path, COLUMNS, resume_step=512, csv_bytes=20)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_save_overwrites_the_previous_checkpoint(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, {**EXPECTED, "global_step": 1})
     save_checkpoint(tmp_path, {**EXPECTED, "global_step": 2})
