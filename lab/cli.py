@@ -326,22 +326,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_results(args: argparse.Namespace) -> int:
     if args.action in ("list", "pages") and (args.names or args.all or args.cheap):
-        raise BadInput(f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run`, "
+        raise BadInput(f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run` and "
                        "`save` and `restore`")  # fmt: skip
     root = Path.cwd()
     found = manifest.load(root)
     if args.action in ("save", "restore"):
         kept = False
         for entry in manifest.select(found, args.names, args.all, args.cheap):
-            if args.action == "save":
-                for folder in manifest.carry_out(root, entry):
-                    print(f"{entry.name}: {folder} → {entry.folder}/{manifest.CARRIED}")
-                if (saved := manifest.keep_progress(root, found, entry)) is not None:
-                    found, kept = saved, True
-                    print(f"{entry.name}: its files so far → {entry.folder} (its page says it is in progress)")
-            else:
-                for folder in manifest.carry_in(root, entry):
-                    print(f"{entry.name}: {entry.folder}/{manifest.CARRIED} → {folder}")
+            if args.action == "restore":
+                if runs := manifest.restore(root, entry):
+                    print(f"{entry.name}: {len(runs)} kept runs → {entry.output}")
+                continue
+            if runs := manifest.keep(root, entry):
+                print(f"{entry.name}: {len(runs)} runs that ended → {entry.folder}")
+            if (saved := manifest.keep_progress(root, found, entry)) is not None:
+                found, kept = saved, True
+                print(f"{entry.name}: its files so far → {entry.folder} (its page says it is in progress)")
         if not kept:
             return 0
     if args.action == "list":

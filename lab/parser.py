@@ -231,9 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=DefaultsFormatter)  # fmt: skip
     results.add_argument("action", choices=["list", "run", "save", "restore", "pages"], help="list: every result "
                          "with its command and provenance; run: rerun results (resumable), keep their files, rebuild "
-                         "the pages; save: copy the runs a result carries into its folder, to commit them while they "
-                         "still run; restore: copy them back under runs/ (run does it first), to go on with part of a "
-                         "result by hand; pages: rebuild docs/results/ and the README's tables from the committed "
+                         "the pages; save: keep the runs of a result that have ended so far in its folder, to commit "
+                         "them while the rest still run; restore: copy the kept runs back under runs/ (run does it "
+                         "first), to go on with part of a result by hand; pages: rebuild docs/results/ and the "
+                         "README's tables from the committed "
                          "files")  # fmt: skip
     results.add_argument("names", nargs="*", help="results to rerun, save or restore (see `testbed results list`)")
     results.add_argument("--all", action="store_true", help="rerun every result (long: hours to days on 2 cores)")
