@@ -304,11 +304,14 @@ def reuse_sources(root: Path, entry: Entry) -> list[Path]:
 
 
 def restore(root: Path, entry: Entry) -> list[Path]:
-    """Copy the entry's kept runs back into its output, where this checkout has none of their files; the runs
-    restored, relative to the output. Its command then reuses them as finished."""
+    """Copy the entry's kept runs back into its output, where this checkout has none of their files, with the
+    kept files the output lacks (a bench's ``bench.yaml`` records its invocations, which its report counts);
+    the runs restored, relative to the output. Its command then reuses them as finished."""
     if not entry.keep_runs or entry.output is None:
         return []
-    return restore_runs(root / entry.folder, root / entry.output)
+    folder, output = root / entry.folder, root / entry.output
+    _copy_kept(folder, output, [k for k in entry.keep if (folder / k).exists() and not (output / k).exists()])
+    return restore_runs(folder, output)
 
 
 def keep(root: Path, entry: Entry) -> list[Path]:

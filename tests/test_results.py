@@ -186,6 +186,8 @@ def test_kept_runs_travel_with_the_checkout_and_never_replace_local_files(tmp_pa
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert restore.returncode == 0 and "toy: 1 kept runs → runs/bench/toy" in restore.stdout, restore.stderr
     assert (tmp_path / "runs/bench/toy/seed0/summary.json").is_file()
+    # With the kept files the output lacks: a bench's bench.yaml records the invocations its report counts.
+    assert (tmp_path / "runs/bench/toy/report.md").read_text() == (kept / "report.md").read_text()
     shutil.rmtree(tmp_path / "runs")  # …and a rerun before its command starts
     manifest.rerun(tmp_path, found, found.entry("toy"))
     assert (kept / "report.md").read_text() == "['config.yaml', 'progress.csv.gz', 'summary.json']"
