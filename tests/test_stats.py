@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -136,7 +137,13 @@ def test_sample_efficiency_spans_every_algos_steps_and_each_line_only_its_own() 
 
 def test_the_interval_plot_leaves_room_around_every_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     limits: list[tuple[float, float]] = []
-    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: limits.append(self.axes[0].get_xlim()))
+    savefig = Figure.savefig
+
+    def record(self: Figure, *args: Any, **kwargs: Any) -> None:
+        limits.append(self.axes[0].get_xlim())
+        savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
     intervals = {"a": {"IQM": stats.Interval(1.4, 1.2, 2.6)}, "b": {"IQM": stats.Interval(0.1, -0.3, 0.2)}}
     plot_aggregates(intervals, ["IQM"], tmp_path / "i.png")
     low, high = limits[0]
