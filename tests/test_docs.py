@@ -1,5 +1,6 @@
-"""The documentation site (mkdocs.yml, docs/): it builds in strict mode, loads nothing from the network, and its API
-reference renders every module with its equations."""
+"""The documentation site (mkdocs.yml, docs/): it builds in strict mode, loads nothing from the network, the guide's
+equations are typeset by MathJax served from the site itself, no block of the guide is wider than the page, and the
+API reference renders every module with its equations."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "reference"
+GUIDE = ROOT / "docs" / "ppo_and_grpo.md"
 PACKAGES = ("agents", "envs", "lab")
 
 
@@ -43,6 +45,77 @@ def test_a_built_page_loads_nothing_from_the_network(site: tuple[Path, str]) -> 
     offenders = [f"{page.relative_to(site[0])}: {match.group(0)[:120]}" for page in site[0].rglob("*.html")
                  for match in remote.finditer(page.read_text(encoding="utf-8"))]  # fmt: skip
     assert not offenders, "\n".join(offenders[:10])
+
+
+def test_the_guide_typesets_its_equations_with_mathjax_served_from_the_site(site: tuple[Path, str]) -> None:
+    out = site[0]
+    page = (out / "ppo_and_grpo" / "index.html").read_text(encoding="utf-8")
+    # arithmatex keeps the TeX in its own elements, which MathJax typesets: display blocks and inline spans.
+    blocks = re.findall(r'<div class="arithmatex">(.*?)</div>', page, re.DOTALL)
+    spans = re.findall(r'<span class="arithmatex">(.*?)</span>', page, re.DOTALL)
+    assert len(blocks) >= 8 and len(spans) >= 100, (len(blocks), len(spans))
+    math = "\n".join(blocks + spans)
+    for objective in [r"\mathcal{L}_{\text{PPO}}", r"\mathcal{L}_{\text{GRPO}}", r"\delta_t &amp;= r_t", r"k_1 = -\log",
+                      r"k_2 = \frac{1}{2}", r"k_3 = \frac{q(x)}{p(x)}", r"\hat A_i^{\text{outcome}}",
+                      r"\text{step (DAPO)}", r"\nabla_\theta J(\theta)"]:  # fmt: skip
+        assert objective in math, f"the guide's page does not typeset {objective}"
+    # The renderer: one script, by a relative URL, that resolves to a file of the site; its fonts beside it.
+    scripts = re.findall(r'<script[^>]*\bsrc="([^"]*mathjax[^"]*)"', page)
+    assert scripts == ["../assets/mathjax/tex-chtml-full.js"], scripts
+    assert (out / "ppo_and_grpo" / scripts[0]).resolve().is_file()
+    assert "window.MathJax" in page and 'processHtmlClass: "arithmatex"' in page
+    fonts = out / "assets" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2"
+    assert (fonts / "MathJax_Main-Regular.woff").is_file() and (fonts / "MathJax_Math-Italic.woff").is_file()
+    assert (out / "assets" / "mathjax" / "LICENSE").is_file()
+    # A page without an equation does not load it.
+    assert "mathjax" not in (out / "index.html").read_text(encoding="utf-8").lower()
+
+
+CODE_WIDTH = 100  # characters of a code line; about what the content column holds at the theme's default width
+MATH_WIDTH = 72  # glyphs of one row of a display equation, estimated by glyph_width below
+
+
+def glyph_width(row: str) -> int:
+    """About how many glyphs one row of TeX renders as: a fraction as wide as its wider part, a subscript or a
+    font command as its content, every other command one glyph, a relation or a binary operator two (its spacing),
+    \\quad two and \\qquad four; TeX's own spaces count for nothing."""
+    row = re.sub(r"\\(?:begin|end)\{[^{}]*\}|\\(?:left|right|[bB]igg?)\b|&", "", row)
+    row = re.sub(r"\\(?:text|operatorname\*?|mathrm|mathcal|mathbb|hat|bar|tilde)\s*(?=\{|\w)", "", row)
+    frac = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+    group = re.compile(r"(?<![}a-z])\{([^{}]*)\}")
+    while True:
+        simpler = group.sub(r"\1", frac.sub(lambda m: max(m[1], m[2], key=glyph_width), row))
+        if simpler == row:
+            break
+        row = simpler
+    row = re.sub(r"\\qquad\b", "~~~~", row)
+    row = re.sub(r"\\quad\b", "~~", row)
+    row = re.sub(r"\\[,;:! ]", "", row)
+    row = re.sub(r"\\(?:le|ge|ne|mid|cdot|times|in|approx)\b|[=<>+-]", "~~", row)
+    row = re.sub(r"\\[A-Za-z]+", "~", row)
+    return len(re.sub(r"\s|[_^{}]", "", row))
+
+
+def test_no_code_or_math_block_of_the_guide_is_wider_than_the_page() -> None:
+    text = GUIDE.read_text()
+    code = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+    # An indented code block: lines of four spaces after a blank line that does not continue a list item.
+    indented = re.findall(r"(?:^|\n)[^-\d\s][^\n]*\n\n((?: {4}[^\n]*\n)+)", text)
+    long_code = [line for block in code + indented for line in block.splitlines() if len(line) > CODE_WIDTH]
+    assert not long_code, f"code lines over {CODE_WIDTH} characters: break them, or typeset them as math: {long_code}"
+    displays = re.findall(r"^\$\$\n(.*?)\n\$\$$", text, re.DOTALL | re.MULTILINE)
+    assert len(displays) >= 8
+    long_source = [line for block in displays for line in block.splitlines() if len(line) > CODE_WIDTH]
+    assert not long_source, f"display math lines over {CODE_WIDTH} characters: {long_source}"
+    wide = [(glyph_width(row), row.strip()[:80]) for block in displays for row in block.split("\\\\")
+            if glyph_width(row) > MATH_WIDTH]  # fmt: skip
+    assert not wide, f"display rows wider than {MATH_WIDTH} glyphs: break them at a \\\\ (aligned): {wide}"
+
+
+def test_glyph_width_counts_what_renders() -> None:
+    assert glyph_width(r"\frac{\pi_\theta(a)}{\pi_{\text{old}}(a)}") == len("πold(a)")  # the wider part
+    assert glyph_width(r"x = y") == 4
+    assert glyph_width(r"\hat A_{i,t} \qquad k") == len("Ai,t") + 4 + 1
 
 
 def test_the_api_reference_renders_the_math_with_anchors_and_source(site: tuple[Path, str]) -> None:
