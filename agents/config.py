@@ -7,6 +7,7 @@ the valid keys or the valid range in its message.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import math
 import re
@@ -226,6 +227,12 @@ def load_preset(algo: str, env_id: str, continuous: bool, preset_file: Path | No
     return values, f"default ({default_name})"
 
 
+def preset_envs(algo: str) -> list[str]:
+    """The env ids that ``presets/<algo>.yaml`` tunes: what a run on another version of a task is pointed to."""
+    presets = load_yaml((PRESET_DIR / f"{algo}.yaml").read_bytes(), f"agents/presets/{algo}.yaml")
+    return list(presets.get("envs") or {})
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, str]:
     """``["lr=1e-3", "gamma=0.9"]`` → ``{"lr": "1e-3", "gamma": "0.9"}``."""
     overrides: dict[str, str] = {}
@@ -248,6 +255,25 @@ def parse_key_values(pairs: list[str]) -> dict[str, Any]:
         return {key.strip(): load_yaml(value.strip(), f"the value of {brief(key.strip(), 60)}") for key, _, value in split}
     except BadInput as error:
         raise ValueError(str(error)) from None
+
+
+def whole_number(text: str) -> int:
+    """``text`` as an int, also in the exponent notation step counts are written in (``1e5``, ``2.5e6``,
+    ``2048.0``) where it is exactly a whole number; ValueError saying why otherwise.
+
+    Read as a decimal, not a float, so that a large count stays exact and ``1.5e-3`` is refused, not rounded."""
+    text = text.strip()
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    try:
+        number = decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        raise ValueError(f"{brief(text, 40)} is not a number; give a whole number such as 100000 or 1e5") from None
+    if not number.is_finite() or number != number.to_integral_value():
+        raise ValueError(f"{brief(text, 40)} is not a whole number; give one such as 100000 or 1e5")
+    if abs(number) >= INT_LIMIT:
+        raise ValueError(f"{brief(text, 40)} does not fit a 64-bit integer; give a smaller number")
+    return int(number)
 
 
 def _coerce(key: str, value: Any, kind: Any) -> Any:
@@ -285,14 +311,15 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
                 return False
             raise ValueError
         if kind is int:
-            # Whole numbers exactly (2**62 + 1 stays itself); 1e5 and 2048.0 through a float.
-            whole = isinstance(value, int) or re.fullmatch(r"\s*[+-]?\d+\s*", str(value))
-            number = int(value) if whole else float(value)
-            if isinstance(number, float) and not number.is_integer():
-                raise ValueError
-            if not -INT_LIMIT <= number < INT_LIMIT:
-                raise BadInput(f"{key}={brief(value, 40)} does not fit a 64-bit integer; give a smaller number")
-            return int(number)
+            # Whole numbers exactly (2**62 + 1 stays itself), also written 1e5 or 2048.0 (YAML reads 1e5 as a string).
+            if isinstance(value, int):
+                if not -INT_LIMIT <= value < INT_LIMIT:
+                    raise BadInput(f"{key}={brief(value, 40)} does not fit a 64-bit integer; give a smaller number")
+                return value
+            try:
+                return whole_number(repr(value) if isinstance(value, float) else str(value))
+            except ValueError as error:
+                raise BadInput(f"{key}={error}") from None
         if kind is float:
             number = float(value)
             if not math.isfinite(number):

@@ -17,10 +17,14 @@ Every env it makes:
 
 from __future__ import annotations
 
+import ctypes.util
 import difflib
 import functools
 import importlib
+import os
 import sys
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -124,6 +128,91 @@ def check_saved_env_id(env_id: Any, source: str, trust_module: bool = False) -> 
     return env_id
 
 
+_GL_LIBRARIES = {"egl": ("EGL", "apt install libegl1"), "osmesa": ("OSMesa", "apt install libosmesa6")}
+"""The off-screen GL back-ends MuJoCo offers on Linux: the library each loads, and how to install it."""
+_GL_OFF = ("disable", "disabled", "off", "false", "0")
+_GL_VALUES = ("", "glfw", "glx", "enable", "enabled", "on", "true", "1", *_GL_LIBRARIES, *_GL_OFF)
+"""The values of MUJOCO_GL that MuJoCo takes on Linux; another one makes ``import mujoco`` raise."""
+
+
+def video_fix(find_library: Callable[[str], str | None] | None = None) -> str:
+    """How to let MuJoCo draw without a display here: the off-screen back-end whose library is installed."""
+    find_library = find_library or ctypes.util.find_library
+    installed = [name for name, (library, _) in _GL_LIBRARIES.items() if find_library(library)]
+    if installed:
+        return f"set MUJOCO_GL={installed[0]} ({_GL_LIBRARIES[installed[0]][0]} is installed here)"
+    return "install EGL (apt install libegl1) or OSMesa (apt install libosmesa6) and set MUJOCO_GL to egl or osmesa"
+
+
+def mujoco_gl_problem(
+    render: bool,
+    environ: Mapping[str, str] | None = None,
+    find_library: Callable[[str], str | None] | None = None,
+) -> str | None:
+    """What keeps MuJoCo from loading (or, with ``render``, from drawing) under ``MUJOCO_GL``, with the fix; None
+    where nothing is known to.
+
+    ``import mujoco`` imports the GL back-end that MUJOCO_GL names, so a back-end whose library is missing
+    (``MUJOCO_GL=osmesa`` without OSMesa) stops training too, which renders nothing, with a 40-line traceback
+    from PyOpenGL. Unset, MuJoCo uses GLFW, which imports without a display but cannot draw without one."""
+    environ = os.environ if environ is None else environ
+    find_library = find_library or ctypes.util.find_library
+    value = environ.get("MUJOCO_GL", "").strip().lower()
+    fix = video_fix(find_library)
+    if value not in _GL_VALUES:
+        return f"MUJOCO_GL={brief(value, 40)} is not a MuJoCo GL back-end (egl, osmesa, glfw). Fix: unset MUJOCO_GL " \
+               f"to train; to record videos {fix}"  # fmt: skip
+    if value in _GL_LIBRARIES and not find_library(_GL_LIBRARIES[value][0]):
+        library, install = _GL_LIBRARIES[value]
+        if render:
+            return f"MUJOCO_GL={value}, but the {library} library is not installed, so MuJoCo cannot draw. Fix: " \
+                   f"install {library} ({install}), or {fix}"  # fmt: skip
+        return f"MUJOCO_GL={value}, but the {library} library is not installed, and MuJoCo loads it as it is " \
+               f"imported, even to train. Fix: unset MUJOCO_GL to train (training renders nothing); to record " \
+               f"videos {fix}"  # fmt: skip
+    if not render:
+        return None
+    if value in _GL_OFF:
+        return f"MUJOCO_GL={value} turns MuJoCo's drawing off. Fix: {fix}"
+    no_display = not environ.get("DISPLAY") and not environ.get("WAYLAND_DISPLAY")
+    if value not in _GL_LIBRARIES and no_display and sys.platform.startswith("linux"):
+        how = f"MUJOCO_GL={value} draws" if value else "With MUJOCO_GL unset, MuJoCo draws"
+        return f"{how} in a window (GLFW), and this machine has no display (DISPLAY is unset). Fix: {fix}"
+    return None
+
+
+def check_mujoco_gl(env_id: str, render: bool) -> None:
+    """For a MuJoCo env, BadInput with the fix where MUJOCO_GL keeps MuJoCo from loading, or with ``render``
+    from drawing; checked before ``import mujoco``, which would fail with a traceback."""
+    if "mujoco" in str(check_env_id(env_id).entry_point):
+        problem = mujoco_gl_problem(render)
+        if problem is not None:
+            raise BadInput(problem)
+
+
+def check_can_render(env_id: str) -> None:
+    """Draw one frame of ``env_id``, before any work, or raise BadInput with the fix (``eval --video``).
+
+    The known MUJOCO_GL cases first; then a real frame, since a back-end that loads may still fail to draw.
+    GLFW warns twice about a missing display before the error that says the same: those warnings are
+    silenced, so that the error's one line is all the user reads."""
+    check_mujoco_gl(env_id, render=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            env = gym.make(env_id, render_mode="rgb_array")
+            try:
+                env.reset(seed=0)
+                env.render()
+            finally:
+                env.close()
+        except BadInput:
+            raise
+        except Exception as error:  # noqa: BLE001  rendering back-ends fail in many ways; all need the same fix
+            raise BadInput(f"{env_id} cannot render here ({type(error).__name__}: {brief(str(error), 160)}). Fix: for "
+                           f"MuJoCo on a machine without a display, {video_fix()}") from None  # fmt: skip
+
+
 @functools.cache
 def quiet_mujoco_warnings() -> None:
     """Show each MuJoCo warning once, and none about ``settotalmass``.
@@ -136,6 +225,11 @@ def quiet_mujoco_warnings() -> None:
         import mujoco
     except ImportError:
         return
+    except Exception as error:  # noqa: BLE001  a GL back-end that fails to load raises anything (AttributeError)
+        # mujoco imports the GL back-end MUJOCO_GL names as it is imported; mujoco_gl_problem catches the known cases.
+        raise BadInput(f"MuJoCo cannot be imported with MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r} "
+                       f"({type(error).__name__}: {brief(str(error), 120)}). Fix: unset MUJOCO_GL to train (training "
+                       "renders nothing); to record videos set it to egl or osmesa, with that library installed") from None  # fmt: skip
     seen: set[str] = set()
 
     def warn(message: str) -> None:
@@ -150,6 +244,7 @@ def check_env_installed(env_id: str) -> None:
     """Build one env to prove its dependencies are installed; raise BadInput saying what to install."""
     spec = check_env_id(env_id)
     if "mujoco" in str(spec.entry_point):
+        check_mujoco_gl(env_id, render=False)
         quiet_mujoco_warnings()
     try:
         gym.make(env_id).close()

@@ -15,6 +15,7 @@ import contextlib
 import os
 import statistics
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,11 @@ from agents import registry, rundir
 from agents.config import build_config, parse_key_values
 from envs import check_env_id
 from envs.errors import BadInput, brief
-from envs.factory import check_saved_env_id
+from envs.factory import check_can_render, check_saved_env_id
 from lab import bench, manifest
 from lab.document import counted
 from lab.parser import build_parser, check_sizes
-from lab.plan import check_folder, checkpoint_policy, plan_train
+from lab.plan import check_folder, check_run_folder, checkpoint_policy, plan_train, preset_note
 from lab.study import TUNE_FILE
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
@@ -35,8 +36,17 @@ EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
 def cmd_train(args: argparse.Namespace) -> int:
     check_sizes(args)
-    runs, seeds = plan_train(args)
+    # gymnasium warns that an old env version is out of date each time one is made, twice while planning and
+    # again in training (its "once" filter is reset whenever a filter is added): shown once, before the note.
+    with warnings.catch_warnings(record=True) as caught:
+        runs, seeds = plan_train(args)
+    for shown in {str(w.message): w for w in caught}.values():
+        warnings.showwarning(shown.message, shown.category, shown.filename, shown.lineno)
+    warnings.filterwarnings("ignore", message=r".*is out of date", category=DeprecationWarning)
     algo = registry.get(args.algo)
+    note = preset_note(args.algo, args.env, runs[0].preset) if args.preset is None and not args.resume else None
+    if note:
+        print(note, file=sys.stderr)
     with contextlib.ExitStack() as locks:
         for r in runs:
             locks.enter_context(rundir.prepare_run_dir(r.run_dir, r.mode != "new"))
@@ -109,6 +119,7 @@ def seeds_line(summaries: list[dict[str, Any]]) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     check_sizes(args)  # --episodes: one env each
     run_dir = Path(args.run_dir)
+    check_run_folder(run_dir)
     values = rundir.read_config(run_dir)
     algo_name = values.pop("algo")
     if algo_name not in registry.NAMES:
@@ -131,6 +142,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = build_config(registry.get(algo_name).config, values)
     if args.env_kwargs:
         check_env(cfg)
+    if video_dir is not None:  # before the evaluation: a machine that cannot draw says so at once
+        check_can_render(cfg.env_id)
     ckpt, env, model = checkpoint_policy(algo_name, cfg, run_dir, args.episodes)
     try:
         seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]

@@ -216,14 +216,51 @@ def connect_ray(address: str | None, workers: int) -> None:
         except (OSError, ValueError) as error:
             raise BadInput(f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "
                            "or leave --ray-address out for a local instance.") from None  # fmt: skip
+        # A driver without a token is refused by a cluster with token authentication, and ray.init then says only
+        # "Failed to connect", after 20 s of retries that each log a line: asked first, in one request.
+        token_mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
+        if not token_mode and not address.startswith("ray://") and wants_token(host, int(port)):
+            raise BadInput(f"the Ray cluster at {brief(address, 100)} is up but uses token authentication, and this "
+                           f"driver sends no token. Fix: set RAY_AUTH_MODE=token and give it {TOKEN_WHERE}")  # fmt: skip
+    refused = getattr(getattr(ray, "exceptions", None), "AuthenticationError", ConnectionError)
     try:
         if address:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         else:
             init_local(ray, num_cpus=workers, log_to_driver=False, logging_level="ERROR", include_dashboard=False)
-    except (ConnectionError, RuntimeError, ValueError) as error:
+    except (ConnectionError, RuntimeError, ValueError, refused) as error:
+        if isinstance(error, refused) or (address and address != "auto" and not address.startswith("ray://")
+                                          and wants_token(*address.rsplit(":", 1))):  # fmt: skip
+            raise BadInput(f"the Ray cluster at {brief(address, 100)} is up but refused this driver's token "
+                           f"({brief(str(error), 100)}). Fix: give this driver {TOKEN_WHERE}") from None  # fmt: skip
         raise BadInput(f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "
                        "or leave --ray-address out for a local instance.") from None  # fmt: skip
+
+
+TOKEN_WHERE = (
+    "the cluster's token in RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token "
+    "(`ray get-auth-token` on the cluster's head prints it)"
+)
+
+
+def wants_token(host: str, port: int | str) -> bool:
+    """Whether the Ray cluster whose GCS listens at ``host:port`` refuses a request that carries no token (Ray's
+    token authentication): one unauthenticated gRPC call answers UNAUTHENTICATED at once, where ``ray.init``
+    would retry for 20 s and then report only that it failed to connect."""
+    try:
+        import grpc  # installed with Ray
+    except ImportError:
+        return False
+    try:
+        with grpc.insecure_channel(f"{host}:{int(port)}") as channel:
+            call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId", request_serializer=bytes,
+                                       response_deserializer=bytes)  # fmt: skip
+            call(b"", timeout=5)
+    except grpc.RpcError as error:
+        return error.code() == grpc.StatusCode.UNAUTHENTICATED
+    except ValueError:  # not a port
+        return False
+    return False
 
 
 def execute(

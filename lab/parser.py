@@ -8,9 +8,10 @@ Options that several commands share are declared once, in parent parsers: where 
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from agents import registry
-from agents.config import MAX_EVAL_EPISODES
+from agents.config import MAX_EVAL_EPISODES, whole_number
 from envs.errors import BadInput, brief
 from envs.factory import TRUST_FLAG
 from lab.suites import SUITES
@@ -24,6 +25,22 @@ MAX_NAME = 100
 DEFAULT_STACK = 16
 """Seeds per process in bench, credit and tune: the fastest stack size measured for PPO on CartPole
 (benchmarks/stacking.py; the README's table)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line that says where the options are listed: argparse prints
+    the whole usage above the error (seven lines for ``train``), which buries the one that matters."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}. Every option: {self.prog} --help\n")
+
+
+def count(text: str) -> int:
+    """An integer option (steps, seeds, trials, episodes), also written ``1e5`` where that is a whole number."""
+    try:
+        return whole_number(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -58,8 +75,8 @@ def execution_options(what: str, workers_default: int | None, workers_help: str)
     """Where ``what`` (runs, trials) execute: the shared ``--workers``, ``--stack``, ``--backend`` and
     ``--ray-address``."""
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--workers", type=int, default=workers_default, help=workers_help)
-    options.add_argument("--stack", type=int, default=DEFAULT_STACK, metavar="N",
+    options.add_argument("--workers", type=count, default=workers_default, help=workers_help)
+    options.add_argument("--stack", type=count, default=DEFAULT_STACK, metavar="N",
                          help="the most seeds of one (algo, env) trained side by side in one process (default: "
                               "%(default)s, the fastest measured; 1: one process per seed)")  # fmt: skip
     options.add_argument("--backend", choices=["local", "ray"], default="local", help=f"where the {what} execute")
@@ -71,10 +88,10 @@ def execution_options(what: str, workers_default: int | None, workers_help: str)
 def grid_options(seeds_default: int | None, seeds_help: str) -> argparse.ArgumentParser:
     """What a grid of runs trains: the shared ``--seeds``, ``--first-seed``, ``--total-steps`` and ``--set``."""
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--seeds", type=int, default=seeds_default, help=f"{seeds_help}; at most {MAX_SEEDS}")
-    options.add_argument("--first-seed", type=int, default=0, help="seeds run FIRST … FIRST+N−1; sweeps use seeds "
+    options.add_argument("--seeds", type=count, default=seeds_default, help=f"{seeds_help}; at most {MAX_SEEDS}")
+    options.add_argument("--first-seed", type=count, default=0, help="seeds run FIRST … FIRST+N−1; sweeps use seeds "
                          "that final results never do")  # fmt: skip
-    options.add_argument("--total-steps", type=int, default=None, help="env steps per run (default: each preset's)")
+    options.add_argument("--total-steps", type=count, default=None, help="env steps per run (default: each preset's)")
     options.add_argument("--budget-seconds", type=float, default=None, help="also end each run once its wall time "
                          "reaches this (config key budget_seconds); compare algos at equal time")  # fmt: skip
     options.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
@@ -83,7 +100,7 @@ def grid_options(seeds_default: int | None, seeds_help: str) -> argparse.Argumen
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="testbed", description="Compare PPO and GRPO-style agents on control tasks.")
+    parser = Parser(prog="testbed", description="Compare PPO and GRPO-style agents on control tasks.")
     sub = parser.add_subparsers(dest="command", required=True)
     algos = ", ".join(registry.NAMES)
     cores = "runs at a time (default: the number of cores)"
@@ -91,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train one agent on one env", formatter_class=DefaultsFormatter)
     train.add_argument("--algo", required=True, help=f"one of: {algos}")
     train.add_argument("--env", required=True, help="any registered gymnasium id, e.g. CartPole-v1")
-    train.add_argument("--seed", type=int, default=None, help="run seed (default: the preset's, 0)")
-    train.add_argument("--total-steps", type=int, default=None, help="env steps (default: the preset's)")
+    train.add_argument("--seed", type=count, default=None, help="run seed (default: the preset's, 0)")
+    train.add_argument("--total-steps", type=count, default=None, help="env steps (default: the preset's)")
     train.add_argument("--budget-seconds", type=float, default=None,
                        help="also end the run once its wall time reaches this (config key budget_seconds)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -114,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint", formatter_class=DefaultsFormatter)
     evaluate.add_argument("run_dir", help="a run directory holding config.yaml and checkpoint.pt")
-    evaluate.add_argument("--episodes", type=int, default=10, help=f"episodes, one per fixed seed (at most "
+    evaluate.add_argument("--episodes", type=count, default=10, help=f"episodes, one per fixed seed (at most "
                           f"{MAX_EVAL_EPISODES:,})")  # fmt: skip
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of the policy's mode")
     evaluate.add_argument("--video", default=None, metavar="DIR", help="also record the first episode as a GIF in DIR")
@@ -154,19 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
     auditor.add_argument("paths", nargs="+", help="run directories or folders holding them (a bench, a credit study)")
     auditor.add_argument("--checkpoints", choices=["final", "kept", "all"], default="all",
                          help="final: checkpoint.pt; kept: those keep_checkpoints kept; all: both")  # fmt: skip
-    auditor.add_argument("--samples", type=int, default=64, help="N: steps sampled from the policy's trajectories")
-    auditor.add_argument("--branches", type=int, default=32, help="K: rollouts each for Q(s, a) and V(s) per sample")
-    auditor.add_argument("--max-branches", type=int, default=0, metavar="K_MAX",
+    auditor.add_argument("--samples", type=count, default=64, help="N: steps sampled from the policy's trajectories")
+    auditor.add_argument("--branches", type=count, default=32, help="K: rollouts each for Q(s, a) and V(s) per sample")
+    auditor.add_argument("--max-branches", type=count, default=0, metavar="K_MAX",
                          help="add K rollouts of each kind at a time while the truth's noise share (mean SE² / Var[A]) "
                               "exceeds a quarter, up to K_MAX per sample; 0: K only")  # fmt: skip
-    auditor.add_argument("--groups", type=int, default=4, help="B: start states of the trajectories sampled from")
-    auditor.add_argument("--group-size", type=int, default=8, help="G: trajectories per start state (the group "
+    auditor.add_argument("--groups", type=count, default=4, help="B: start states of the trajectories sampled from")
+    auditor.add_argument("--group-size", type=count, default=8, help="G: trajectories per start state (the group "
                          "estimators' groups)")  # fmt: skip
-    auditor.add_argument("--vine-branches", type=int, default=8, help="rollouts per value of the vine estimator")
-    auditor.add_argument("--steps", type=int, nargs="+", default=[], metavar="T",
+    auditor.add_argument("--vine-branches", type=count, default=8, help="rollouts per value of the vine estimator")
+    auditor.add_argument("--steps", type=count, nargs="+", default=[], metavar="T",
                          help="sample only at these time steps (e.g. 0: the chain's only decision); default every step")  # fmt: skip
-    auditor.add_argument("--seed", type=int, default=0, help="the audit's seed: trajectories, samples, rollout noise")
-    auditor.add_argument("--workers", type=int, default=None, help="checkpoints audited at a time (default: the "
+    auditor.add_argument("--seed", type=count, default=0, help="the audit's seed: trajectories, samples, rollout noise")
+    auditor.add_argument("--workers", type=count, default=None, help="checkpoints audited at a time (default: the "
                          "number of cores)")  # fmt: skip
     auditor.add_argument("--backend", choices=["local", "ray"], default="local", help="where the audits execute: "
                          "a pool of processes here, or Ray tasks of one CPU each")  # fmt: skip
@@ -180,13 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
                                "trials", 1, "trials at a time, each running its seeds side by side")])  # fmt: skip
     tuner.add_argument("--algo", required=True, help=f"one of: {algos}")
     tuner.add_argument("--env", required=True, help="any registered gymnasium id")
-    tuner.add_argument("--trials", type=int, default=50, help="trials in the study, all runs of it together")
-    tuner.add_argument("--total-steps", type=int, default=None,
+    tuner.add_argument("--trials", type=count, default=50, help="trials in the study, all runs of it together")
+    tuner.add_argument("--total-steps", type=count, default=None,
                        help="env steps per seed of a trial (default: the preset's); PPO rounds it up to a multiple of "
                             "every n_steps·n_envs the space allows, so that every trial trains the same")  # fmt: skip
-    tuner.add_argument("--seeds", type=int, default=1, help=f"seeds per trial, at most {MAX_SEEDS}; its score is "
+    tuner.add_argument("--seeds", type=count, default=1, help=f"seeds per trial, at most {MAX_SEEDS}; its score is "
                        "their mean final return")  # fmt: skip
-    tuner.add_argument("--first-seed", type=int, default=100, help="seeds FIRST … FIRST+K−1; bench's 0 … stay unseen")
+    tuner.add_argument("--first-seed", type=count, default=100, help="seeds FIRST … FIRST+K−1; bench's 0 … stay unseen")
     tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: lab/spaces/ALGO.yaml)")
     tuner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a config key in every trial")
     tuner.add_argument("--vary", action="append", default=[], metavar="KEY=RANGE",
@@ -198,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--pruner", choices=["median", "none"], default="median",
                        help="stop trials below the median of earlier ones; none where merely surviving scores well "
                        "early (Hopper)")  # fmt: skip
-    tuner.add_argument("--startup-trials", type=int, default=5, help="trials before the pruner and TPE start")
-    tuner.add_argument("--sampler-seed", type=int, default=0, help="the TPE sampler's seed")
+    tuner.add_argument("--startup-trials", type=count, default=5, help="trials before the pruner and TPE start")
+    tuner.add_argument("--sampler-seed", type=count, default=0, help="the TPE sampler's seed")
 
     docs = sub.add_parser("docs", help="make every figure and table of docs/ppo_and_grpo.md from the testbed's own runs",
                           formatter_class=DefaultsFormatter)  # fmt: skip
@@ -208,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "runs/docs-quick/figures)")  # fmt: skip
     docs.add_argument("--runs", default=None, help="folder for the training runs, resumable (default: runs/docs; quick: "
                       "runs/docs-quick)")  # fmt: skip
-    docs.add_argument("--workers", type=int, default=2, help="training runs at a time")
+    docs.add_argument("--workers", type=count, default=2, help="training runs at a time")
 
     plot = sub.add_parser("plot", help="learning curves of runs or benches", formatter_class=DefaultsFormatter)
     plot.add_argument("paths", nargs="+", help="run directories or folders holding them (benches)")

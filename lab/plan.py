@@ -13,6 +13,7 @@ import argparse
 import errno
 import functools
 import os
+import re
 import stat
 import time
 from collections.abc import Sequence
@@ -23,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from agents import registry, rundir
-from agents.config import RunConfig, build_config, parse_overrides, resolve_config
+from agents.config import RunConfig, build_config, parse_overrides, preset_envs, resolve_config
 from envs import action_space_of, check_env_id, load_normalizer_state
 from envs.errors import BadInput, brief
+from envs.factory import check_mujoco_gl
 from lab.parser import MAX_SEEDS
 
 if TYPE_CHECKING:
@@ -97,6 +99,7 @@ def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | 
     with ``--seeds`` one per seed (and the seeds)."""
     registry.check_name(args.algo)  # a misspelled algo or env is refused before torch is imported
     check_env_id(args.env)
+    check_mujoco_gl(args.env, render=False)  # a MUJOCO_GL whose library is missing stops `import mujoco`
     overrides: dict[str, Any] = parse_overrides(args.set)
     if args.env_kwargs:
         overrides["env_kwargs"] = ",".join(args.env_kwargs)
@@ -117,6 +120,9 @@ def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | 
     if args.run_dir is not None:
         check_path(args.run_dir, "--run-dir")
         check_folder(Path(args.run_dir), "--run-dir")
+    if args.resume and not Path(args.run_dir).exists():
+        raise BadInput(f"--run-dir {plain(args.run_dir)} does not exist, so there is no run to resume; check the "
+                       "path (ls runs/), or drop --resume to start a new run there")  # fmt: skip
     seeds = parse_seeds(args.seeds, args.seed) if args.seeds is not None else None
     if seeds is not None and algo.train_stack is None:
         stackable = ", ".join(name for name, a in registry.algos().items() if a.train_stack is not None)
@@ -134,6 +140,19 @@ def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | 
         runs = [plan_run(args, algo, {**overrides, "seed": seed}, parent / f"seed{seed}", template) for seed in seeds]
         algo.check_stack([r.cfg for r in runs])
     return runs, seeds
+
+
+def preset_note(algo: str, env_id: str, preset: str) -> str | None:
+    """A note for a run that takes untuned defaults (``preset``) on an env whose other version has a tuned
+    preset: ``Hopper-v4`` trains a million steps with defaults where ``Hopper-v5`` has its own."""
+    if not preset.startswith("default"):
+        return None
+    task = re.sub(r"-v\d+$", "", env_id)
+    others = [other for other in preset_envs(registry.preset_of(algo)) if re.sub(r"-v\d+$", "", other) == task]
+    if not others or env_id in others:
+        return None
+    newest = max(others, key=lambda other: int(m.group(1)) if (m := re.search(r"-v(\d+)$", other)) else -1)
+    return f"note: {env_id}: no {algo} preset, so untuned defaults; {newest} has a tuned one (--env {newest})"
 
 
 def check_path(value: str, option: str) -> None:
@@ -162,6 +181,29 @@ def check_folder(path: Path, option: str) -> None:
             continue  # absent (or below a link or file found higher up): look above it
         raise BadInput(f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a file where a folder is wanted; "
                        "choose another path, or move the file away")  # fmt: skip
+
+
+def plain(value: Any, limit: int = 100) -> str:
+    """``value`` as typed where it is a plain name or path (so that a message's fix can be pasted), else quoted
+    and cut (:func:`envs.errors.brief`): a value read from a file may hold anything."""
+    text = str(value)
+    return text if len(text) <= limit and re.fullmatch(r"[\w./:@+-]+", text) else brief(value, limit)
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """BadInput, saying what ``run_dir`` is instead, unless it is one run's folder (one with a config.yaml):
+    a path that does not exist, or a bench's or a study's folder, named with a few of the runs inside it."""
+    if (run_dir / "config.yaml").exists():
+        return
+    if not run_dir.exists():
+        raise BadInput(f"{plain(str(run_dir))} does not exist; give a run folder, such as one listed by "
+                       "ls runs/*/*/ (runs/ALGO/ENV/seedN-TIME)")  # fmt: skip
+    runs = sorted({str(path.parent) for depth in range(1, 5)
+                   for path in run_dir.glob("/".join(["*"] * depth + ["config.yaml"]))})  # fmt: skip
+    if runs:
+        few = ", ".join(plain(r, 240) for r in runs[:3])
+        raise BadInput(f"{plain(str(run_dir))} holds {len(runs)} runs (a bench's or a study's folder), not one "
+                       f"run; pick one, e.g. {few}")  # fmt: skip
 
 
 def stack_template(parent: Path, seeds: list[int]) -> dict[str, Any]:
@@ -219,7 +261,9 @@ def plan_run(
     started = (run_dir / "config.yaml").exists() or template is None
     saved = rundir.read_config(run_dir) if started else {**template, "seed": overrides["seed"]}
     if saved.get("algo") != args.algo or saved.get("env_id") != args.env:
-        raise BadInput(f"{run_dir} is a {saved.get('env_id')} run of another algo or env; check --algo and --env")
+        had_algo, had_env = plain(saved.get("algo")), plain(saved.get("env_id"))
+        raise BadInput(f"{run_dir} holds a run of another algo or env: {had_algo} on {had_env}, not {args.algo} on "
+                       f"{args.env}; resume it with --algo {had_algo} --env {had_env}, or give another --run-dir")  # fmt: skip
     saved = {k: v for k, v in saved.items() if k != "algo"}
     cfg = build_config(algo.config, {**saved, **overrides})
     # Compared as typed values: a bench's rerun repeats `--set learning_rate=3e-4 --set env_kwargs=horizon:10`,

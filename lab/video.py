@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from envs.errors import BadInput
+from envs.factory import video_fix
 
 
 def record_episode(
@@ -24,8 +25,8 @@ def record_episode(
         frames = [env.render()]
     except Exception as error:  # noqa: BLE001  rendering back-ends fail in many ways; all need the same fix
         raise BadInput(
-            f"{env_id} cannot render here ({type(error).__name__}: {error}). For MuJoCo on a machine without a "
-            "display, set MUJOCO_GL=egl or MUJOCO_GL=osmesa."
+            f"{env_id} cannot render here ({type(error).__name__}: {error}). Fix: for MuJoCo on a machine without a "
+            f"display, {video_fix()}"
         ) from None
     rms = normalizers.get("obs_rms")
     done = False
