@@ -139,6 +139,26 @@ def with_ranges(text: str, varies: list[str] | tuple[str, ...], source: str) -> 
     return yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
 
 
+CONTINUOUS_ONLY = frozenset({"log_std_init"})
+"""Config keys that only a Gaussian policy reads (the initial log σ of continuous actions): a categorical
+policy over discrete actions has no σ."""
+
+
+def for_action_space(text: str, space: dict[str, Param], continuous: bool) -> tuple[str, dict[str, Param]]:
+    """A space's text and params less the keys that the env's policy never reads: on discrete actions, the σ
+    parameters (:data:`CONTINUOUS_ONLY`).
+
+    Searched there, such a key changes nothing, yet TPE spends samples on it, the importance ranking credits it
+    with the noise between trials, and the exported preset writes it as tuned."""
+    unread = set(space) & CONTINUOUS_ONLY if not continuous else set()
+    if not unread:
+        return text, space
+    raw = yaml.safe_load(text)
+    kept = yaml.safe_dump({k: v for k, v in raw.items() if k not in unread}, sort_keys=False, default_flow_style=None,
+                          width=120, allow_unicode=True)  # fmt: skip
+    return kept, {k: p for k, p in space.items() if k not in unread}
+
+
 def default_space_file(algo: str) -> Path:
     """``lab/spaces/<algo>.yaml``, else the space of the algo's presets file (``grpo-step`` → grpo)."""
     own = SPACES / f"{algo}.yaml"

@@ -45,7 +45,16 @@ from lab.bench import BENCH_NAME
 from lab.cells import Cell, Outcome, Stop, pack_stacks
 from lab.document import fmt_return
 from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
-from lab.space import Param, admitting, as_list, default_space_file, iteration_sizes, parse_space, with_ranges
+from lab.space import (
+    Param,
+    admitting,
+    as_list,
+    default_space_file,
+    for_action_space,
+    iteration_sizes,
+    parse_space,
+    with_ranges,
+)
 from lab.study import (STUDY_FILE, STUDY_ID, TUNE_FILE, TUNE_ROOT, check_journal, left_running, read_tune_yaml,
                        set_aside_stale, storage_for, study_id_of, trial_dir)
 from lab.trials import (REFUSED, Reporter, known_costs, reporter_for, run_trial, run_trial_remote, settle,
@@ -163,6 +172,7 @@ def plan_tune(
     elif fixed:
         raise BadInput(f"{path.name}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} "
                        "from the space, or tune the algo it varies")  # fmt: skip
+    text, space = for_action_space(text, space, continuous)  # no σ to tune on discrete actions
     set_keys = {pair.partition("=")[0].strip() for pair in sets}
     for key, option in RESERVED.items():
         if key in space or key in set_keys:

@@ -198,6 +198,8 @@ def plot_parallel(study: Any, importances: dict[str, float], out: Path) -> tuple
     (all of them would be a dozen overlapping axes); without importances, the first in name order.
     (the file, the axes' labels from left to right: the score, then the parameters in name order)."""
     import matplotlib
+    import matplotlib.collections
+    import matplotlib.colors
     from optuna.visualization import matplotlib as optuna_plots
 
     names = sorted({name for t in study.get_trials(deepcopy=False) for name in t.params})
@@ -205,7 +207,17 @@ def plot_parallel(study: Any, importances: dict[str, float], out: Path) -> tuple
     with warnings.catch_warnings(), matplotlib.rc_context():  # as in build_tune_report
         warnings.simplefilter("ignore")
         ax = optuna_plots.plot_parallel_coordinate(study, params=shown, target_name="score")
-        ax.set_title(f"Parallel coordinates: the score and the {len(shown)} most important parameters", y=1.03)
+        # Optuna's "Blues" fades the lowest scores to white, on its style's grey: they vanished. A white ground and
+        # viridis cut short of its pale end keep both ends in sight (best dark, as Optuna has it).
+        ax.set_facecolor("white")
+        cmap = matplotlib.colors.ListedColormap(matplotlib.colormaps["viridis_r"](np.linspace(0.25, 1.0, 256)))
+        for lines in ax.collections:  # the trials' lines; the colour bar follows them
+            if isinstance(lines, matplotlib.collections.LineCollection) and lines.get_array() is not None:
+                lines.set_cmap(cmap)
+        # From the axes' left edge, not centred on them: centred, it ran past the figure's left edge ("arallel").
+        ax.set_title("")  # Optuna's own, centred
+        ax.set_title(f"Parallel coordinates: the score and the {len(shown)} most important parameters", y=1.03,
+                     loc="left", fontsize=11)  # fmt: skip
         ax.tick_params(axis="x", labelrotation=20, labelsize=9)
         for label in ax.get_xticklabels():
             label.set_horizontalalignment("right")

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -204,7 +205,8 @@ def test_vary_sets_one_keys_range_and_keeps_the_rest_of_the_space(in_tmp: Path) 
     assert {k: v for k, v in varied.space.items() if k not in ("reward_offset", "learning_rate")} == {
         k: v for k, v in shared.space.items() if k not in ("reward_offset", "learning_rate")}
     added = tune.plan_tune("ppo", "CartPole-v1", 4, 5000, 1, None, [], "added", varies=("target_kl=[0.01, 0.02]",))
-    assert added.space["target_kl"].choices == (0.01, 0.02) and len(added.space) == 18
+    # ppo.yaml's 17 keys, less log_std_init (CartPole's actions are discrete), plus target_kl.
+    assert added.space["target_kl"].choices == (0.01, 0.02) and len(added.space) == 17
     tune.write_tune_yaml(in_tmp / "offset", varied)
     with pytest.raises(BadInput, match="with other space; use another --name"):  # a rerun must vary the same
         tune.check_tune_dir(in_tmp / "offset", shared)
@@ -290,6 +292,20 @@ def test_a_resumed_study_does_not_draw_its_random_trials_again(in_tmp: Path) -> 
     other = tune.open_study(tune.plan_tune("ppo", "CartPole-v1", 9, 2048, 1, str(in_tmp / "space.yaml"), [], "b"),
                             in_tmp / "b")  # fmt: skip
     assert tune.new_trial(other, plan, "driver").params["learning_rate"] == drawn[0]
+
+
+def test_a_discrete_env_does_not_search_the_sigma_its_policy_never_reads() -> None:
+    # Was: CartPole studies sampled log_std_init, ranked it among the important parameters by the noise between
+    # trials, and exported it into preset.yaml as tuned.
+    for algo in ("ppo", "grpo"):
+        discrete = tune.plan_tune(algo, "CartPole-v1", 4, 5000, 1, None, [], "discrete")
+        assert "log_std_init" not in discrete.space and "log_std_init" not in discrete.space_text
+        assert "learning_rate" in discrete.space and "log_std_init" not in tune.starting_points(discrete)["env"]
+        continuous = tune.plan_tune(algo, "Pendulum-v1", 4, 5000, 1, None, [], "continuous")
+        assert "log_std_init" in continuous.space and "log_std_init" in continuous.space_text
+    # A space file of one's own is read the same way.
+    Path("space.yaml").write_text("learning_rate: {low: 1.0e-4, high: 1.0e-3}\nlog_std_init: {low: -2.0, high: 0.0}\n")
+    assert set(tune.plan_tune("ppo", "CartPole-v1", 4, 5000, 1, "space.yaml", [], "own").space) == {"learning_rate"}
 
 
 def test_a_study_starts_from_the_env_preset_then_the_action_space_default() -> None:
@@ -472,12 +488,32 @@ def test_the_pruner_compares_trials_at_the_eval_interval_marks_their_runs_passed
     assert trials.eval_marks([4096, 8192], 0) == [4096, 8192]  # only final evaluations: their own steps
 
 
-def test_the_parallel_coordinate_plot_shows_the_score_and_the_most_important_parameters(tmp_path: Path) -> None:
+def contrast(colour: Any, ground: Any) -> float:
+    """WCAG's contrast ratio of two colours, (L₁ + 0.05) / (L₂ + 0.05) with L the relative luminance."""
+    from matplotlib.colors import to_rgb
+
+    def luminance(rgb: Any) -> float:
+        linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(rgb)]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    high, low = sorted((luminance(colour), luminance(ground)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_the_parallel_coordinate_plot_shows_the_score_and_the_most_important_parameters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import matplotlib
+    import matplotlib.collections
     import numpy as np
     import optuna
 
+    from lab import tune_report
     from lab.tune_report import PARALLEL_PARAMS, param_importances, plot_parallel
+
+    drawn: list[Any] = []
+    save = tune_report._save
+    monkeypatch.setattr(tune_report, "_save", lambda ax, out: drawn.append(ax) or save(ax, out))
 
     matplotlib.use("Agg")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -495,6 +531,19 @@ def test_the_parallel_coordinate_plot_shows_the_score_and_the_most_important_par
     assert PARALLEL_PARAMS == 6 and labels == ["score", *sorted(list(importances)[:6])]
     assert "param_03" in labels and path.stat().st_size > 0
     assert plot_parallel(study, {}, tmp_path / "p.png")[1] == ["score", *names[:6]]  # no importances: name order
+    # The title within the figure (it lost its "P"), and no trial's line faded into the ground: both ends of the
+    # colour map stand out from it (Optuna's Blues ends near white: a contrast of 1.0 on white).
+    ax = drawn[0]
+    figure = ax.figure
+    figure.canvas.draw()
+    title = ax.title if ax.get_title() else ax._left_title
+    box = title.get_window_extent()
+    assert ax.get_title() == "" and ax.get_title(loc="left").startswith("Parallel coordinates")
+    assert 0 <= box.x0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height
+    lines = [c for c in ax.collections if isinstance(c, matplotlib.collections.LineCollection) and c.get_array() is not None]
+    assert lines
+    for end in (0.0, 1.0):
+        assert contrast(lines[0].get_cmap()(end), ax.get_facecolor()) >= 2.0
 
 
 def test_a_study_heartbeat_says_trials_done_running_rate_and_eta() -> None:
