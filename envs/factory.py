@@ -229,7 +229,7 @@ def quiet_mujoco_warnings() -> None:
         # mujoco imports the GL back-end MUJOCO_GL names as it is imported; mujoco_gl_problem catches the known cases.
         raise BadInput(f"MuJoCo cannot be imported with MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r} "
                        f"({type(error).__name__}: {brief(str(error), 120)}). Fix: unset MUJOCO_GL to train (training "
-                       "renders nothing); to record videos set it to egl or osmesa, with that library installed") from None  # fmt: skip
+                       f"renders nothing); to record videos {video_fix()}") from None  # fmt: skip
     seen: set[str] = set()
 
     def warn(message: str) -> None:

@@ -220,8 +220,9 @@ def connect_ray(address: str | None, workers: int) -> None:
         # "Failed to connect", after 20 s of retries that each log a line: asked first, in one request.
         token_mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
         if not token_mode and not address.startswith("ray://") and wants_token(host, int(port)):
-            raise BadInput(f"the Ray cluster at {brief(address, 100)} is up but uses token authentication, and this "
-                           f"driver sends no token. Fix: set RAY_AUTH_MODE=token and give it {TOKEN_WHERE}")  # fmt: skip
+            raise BadInput(f"the Ray cluster at {brief(address, 100)} is up but uses token authentication, and "
+                           "this driver sends no token. Fix: set RAY_AUTH_MODE=token and give it "
+                           f"{TOKEN_WHERE}")  # fmt: skip
     refused = getattr(getattr(ray, "exceptions", None), "AuthenticationError", ConnectionError)
     try:
         if address:

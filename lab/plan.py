@@ -262,8 +262,9 @@ def plan_run(
     saved = rundir.read_config(run_dir) if started else {**template, "seed": overrides["seed"]}
     if saved.get("algo") != args.algo or saved.get("env_id") != args.env:
         had_algo, had_env = plain(saved.get("algo")), plain(saved.get("env_id"))
-        raise BadInput(f"{run_dir} holds a run of another algo or env: {had_algo} on {had_env}, not {args.algo} on "
-                       f"{args.env}; resume it with --algo {had_algo} --env {had_env}, or give another --run-dir")  # fmt: skip
+        raise BadInput(f"{run_dir} holds a run of another algo or env: {had_algo} on {had_env}, not {args.algo} "
+                       f"on {args.env}; resume it with --algo {had_algo} --env {had_env}, or give another "
+                       "--run-dir")  # fmt: skip
     saved = {k: v for k, v in saved.items() if k != "algo"}
     cfg = build_config(algo.config, {**saved, **overrides})
     # Compared as typed values: a bench's rerun repeats `--set learning_rate=3e-4 --set env_kwargs=horizon:10`,

@@ -77,7 +77,9 @@ def test_drawing_without_a_display_or_with_a_bad_value_names_the_fix() -> None:
     assert message is not None and "off" in message
 
 
-def test_train_with_osmesa_missing_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_with_osmesa_missing_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Was: a 41-line traceback from PyOpenGL, as `import mujoco` loads the back-end MUJOCO_GL names.
     monkeypatch.setenv("MUJOCO_GL", "osmesa")
     monkeypatch.setattr(ctypes.util, "find_library", no_osmesa)
@@ -131,7 +133,9 @@ def test_counts_take_exponent_notation_when_whole(capsys: pytest.CaptureFixture[
     parser = build_parser()
     args = parser.parse_args(["train", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "1e5"])
     assert args.total_steps == 100_000 and isinstance(args.total_steps, int)
-    assert parser.parse_args(["train", "--algo", "ppo", "--env", "X", "--total-steps", "2.5e6"]).total_steps == 2_500_000
+    assert (
+        parser.parse_args(["train", "--algo", "ppo", "--env", "X", "--total-steps", "2.5e6"]).total_steps == 2_500_000
+    )
     assert parser.parse_args(["tune", "--algo", "ppo", "--env", "X", "--total-steps", "5e4"]).total_steps == 50_000
     assert parser.parse_args(["bench", "--total-steps", "1E4"]).total_steps == 10_000
     # Was: seven lines of usage, then "invalid int value: '1.5e-3'".
@@ -207,7 +211,9 @@ class GcsStandIn:
 
         class Handler(grpc.GenericRpcHandler):
             def service(self, details: Any) -> Any:
-                return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=bytes, response_serializer=bytes)
+                return grpc.unary_unary_rpc_method_handler(
+                    refuse, request_deserializer=bytes, response_serializer=bytes
+                )
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
         self.server.add_generic_rpc_handlers((Handler(),))

@@ -540,7 +540,8 @@ def test_the_parallel_coordinate_plot_shows_the_score_and_the_most_important_par
     box = title.get_window_extent()
     assert ax.get_title() == "" and ax.get_title(loc="left").startswith("Parallel coordinates")
     assert 0 <= box.x0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height
-    lines = [c for c in ax.collections if isinstance(c, matplotlib.collections.LineCollection) and c.get_array() is not None]
+    line_type = matplotlib.collections.LineCollection
+    lines = [c for c in ax.collections if isinstance(c, line_type) and c.get_array() is not None]
     assert lines
     for end in (0.0, 1.0):
         assert contrast(lines[0].get_cmap()(end), ax.get_facecolor()) >= 2.0
