@@ -177,6 +177,15 @@ def end_invocation(bench_dir: Path, start: str) -> None:
     rundir.atomic_write_text(path, yaml.safe_dump(saved, sort_keys=False))
 
 
+def forget_invocation(bench_dir: Path, start: str) -> None:
+    """Drop the invocation that started at ``start`` from ``bench.yaml``: one that trained nothing and left the
+    report as it was, which therefore does not count it."""
+    path = bench_dir / "bench.yaml"
+    saved = read_yaml(path) or {}
+    saved["invocations"] = [i for i in saved.get("invocations", []) if i.get("start") != start]
+    rundir.atomic_write_text(path, yaml.safe_dump(saved, sort_keys=False))
+
+
 def time_stamp() -> str:
     """Now, in UTC, as ``bench.yaml`` and the runs' meta.json write times (``rundir.TIME_FORMAT``)."""
     return datetime.now(timezone.utc).strftime(rundir.TIME_FORMAT)
@@ -212,13 +221,26 @@ def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:
     return adopted
 
 
-def build_reports(bench_dir: Path, heartbeat_s: float = HEARTBEAT_S) -> dict[str, Path]:
+def build_reports(bench_dir: Path, heartbeat_s: float = HEARTBEAT_S, started: str | None = None) -> dict[str, Path]:
     """Write the bench report (``lab.report``) and, for a credit study (``credit.yaml``), the study's report,
     saying so first and every ``heartbeat_s`` seconds until done (bootstraps and plots take a while).
 
     Returns every written path, the study's under keys ``credit …``. BadInput if the bench holds no run.
     Both reports are built here, above them, so that ``lab.report`` need not know about credit studies.
+
+    A report whose inputs have not changed since it was built (``lab.fingerprint``: the runs, the bench's
+    settings, the code) is not built again: a rerun of a finished bench answers in seconds. The invocation that
+    ``started`` then trained nothing, and is dropped from ``bench.yaml``, whose invocations are those the report
+    counts.
     """
+    from lab.fingerprint import fingerprint, record, up_to_date
+
+    inputs = fingerprint(bench_dir)
+    if (kept := up_to_date(bench_dir, inputs)) is not None:
+        if started is not None:
+            forget_invocation(bench_dir, started)
+        print("the report is up to date: its runs, settings and code are unchanged since it was built", flush=True)
+        return kept
     print("building the report …", flush=True)
     with Heartbeat(lambda elapsed: print(f"building the report … {fmt_duration(elapsed)}", flush=True), heartbeat_s):
         # Imported here: reports load matplotlib, which planning and running a grid never need.
@@ -228,6 +250,7 @@ def build_reports(bench_dir: Path, heartbeat_s: float = HEARTBEAT_S) -> dict[str
         written = build_report(bench_dir)
         if (bench_dir / STUDY_FILE).exists():
             written.update({f"credit {k}": v for k, v in build_credit_report(bench_dir).items()})
+    record(bench_dir, inputs, written)
     return written
 
 
@@ -281,7 +304,7 @@ def run_grid(
             end_invocation(bench_dir, started)
         try:
             if report:
-                build_reports(bench_dir, heartbeat_s)
+                build_reports(bench_dir, heartbeat_s, started)
         except BadInput:
             pass  # nothing finished yet: nothing to report
     if interrupted:

@@ -7,8 +7,8 @@ and of the guides. ``testbed results pages`` writes
 them; a test checks that the committed ones are what ``render_all`` gives, so a page never disagrees
 with the files it shows.
 
-The site reaches the kept files through ``docs/results/files``, a link to ``benchmarks/results``, so a
-page shows a report's figures where they are committed instead of a copy of them.
+One result's page is made by ``lab.result_page``; this module gathers them with the index, the README's
+blocks and the guides' tables.
 """
 
 from __future__ import annotations
@@ -16,20 +16,17 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
-from urllib.parse import quote, unquote
 
 import numpy as np
 
 from envs.errors import BadInput
-from lab.document import DASH, Table, fmt_ci, fmt_return, render_markdown
+from lab.document import DASH, fmt_return
 from lab.ledger import LEDGER, ledger_page
-from lab.manifest import Entry, Manifest, load, pytest_line
+from lab.manifest import Manifest, load, pytest_line
+from lab.result_page import completed_runs, final_returns, result_page, score_table, table_text
 from lab.results import natural_key
-from lab.stats import bootstrap_ci
 
 PAGES = Path("docs/results")
-FILES = "files"  # docs/results/files -> ../../benchmarks/results
-RESULTS = Path("benchmarks/results")
 README = Path("README.md")
 GUIDE = Path("docs/ppo_and_grpo.md")
 TRAINING = Path("docs/training.md")  # its sb3-ppo section holds the CHECKS' table
@@ -44,84 +41,6 @@ CHECKS = (("mujoco-v5-ppo-sb3", "Both PPOs on seeds {seeds}"),
           ("ppo-sb3-reward-scale-v5", "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one "
                                       "hyperparameter in which the pair's runs differ), seeds {seeds}"))  # fmt: skip
 TRAILS = (("grpo", "ppo"), REFERENCE)  # the summary says on which tasks the first of each pair trails the second
-# A label may hold one level of brackets: an env variant's alt text, "Ant-v5[include_…=False]: …".
-LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\])\(([^)\s]+)\)")
-
-
-def _demote(markdown: str) -> str:
-    """Headings one level down (the page's own title is the only ``#``), code blocks left alone."""
-    lines, fenced = [], False
-    for line in markdown.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        lines.append("#" + line if not fenced and re.match(r"#{1,5} ", line) else line)
-    return "\n".join(lines)
-
-
-def _relink(markdown: str, root: Path, source: Path) -> str:
-    """Point relative links of a kept file at the files under ``docs/results/files``.
-
-    A link that leaves ``benchmarks/results`` or names a Markdown file (kept files are not pages) keeps
-    only its text, so the site never has a broken link.
-    """
-
-    def one(match: re.Match[str]) -> str:
-        label, target = match.group(1), match.group(2)
-        if re.match(r"[a-z]+:|#|/", target):
-            return match.group(0)
-        path, _, anchor = target.partition("#")
-        resolved = (root / source.parent / unquote(path)).resolve()  # reports percent-encode [ ] = in names
-        results = (root / RESULTS).resolve()
-        if not resolved.is_relative_to(results) or resolved.suffix == ".md" or not resolved.exists():
-            return label.lstrip("!").strip("[]")
-        return f"{label}({FILES}/{quote(resolved.relative_to(results).as_posix())}{'#' + anchor if anchor else ''})"
-
-    return LINK.sub(one, markdown)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    return render_markdown([Table(header, rows)]).rstrip("\n")
-
-
-def _provenance(root: Path, manifest: Manifest, entry: Entry) -> list[str]:
-    p = entry.produced or entry.progress
-    rows = [("command", f"`{entry.command}`"), ("seeds", entry.seeds), ("budget", entry.budget),
-            ("machine", p.get("machine", "not recorded")), ("code", f"commit {p.get('commit', 'not recorded')}"),
-            ("date", str(p.get("date", "not recorded")))]  # fmt: skip
-    if "wall_s" in p:
-        reused = "; it reused runs an earlier invocation had finished" if p.get("reused_runs") else ""
-        rows.append(("wall time", f"{p['wall_s']:,.0f} s (the whole command, as last run{reused})"))
-    lines = [_table(["", ""], [list(r) for r in rows])]
-    if manifest.older(entry):
-        lines += ["", f"!!! warning \"From older code\"\n    Produced at commit {p.get('commit', 'not recorded')}, "
-                  "before a change to what the algorithms compute: the numbers may differ from today's code "
-                  "by more than seed noise. It is left out of the headline tables until it is rerun with "
-                  f"`testbed results run {entry.name}`."]  # fmt: skip
-    if manifest.in_progress(entry):
-        runs = (f"the {len(completed_runs(root, entry))} runs finished so far" if "summary.csv" in entry.keep
-                else "what its command had finished")  # fmt: skip
-        lines += ["", f"!!! note \"In progress\"\n    Saved part way on {p.get('date')} at commit {p.get('commit')}: "
-                  f"{runs}, as the command's last invocation reported them. `testbed results run {entry.name}` "
-                  "goes on with the rest; the numbers below are final for the runs they show."]  # fmt: skip
-    return lines
-
-
-def result_page(root: Path, manifest: Manifest, entry: Entry) -> str:
-    """One result's page: what it is, how it was produced, and the kept report itself."""
-    source = Path(entry.folder) / (entry.page or entry.last_line or "")
-    body = ""
-    if (entry.page or entry.last_line) and not (root / source).exists():
-        if entry.produced or entry.progress:
-            raise BadInput(f"{entry.name}: {source} does not exist; make it again with `testbed results run {entry.name}`")
-        body = f"Not produced yet: `testbed results run {entry.name}` makes it."
-    elif entry.page or entry.last_line:
-        body = (root / source).read_text()
-    if body.startswith("# "):  # the page has its own title
-        body = body.split("\n", 1)[1] if "\n" in body else ""
-    lines = [f"# {entry.title}", "", entry.about, "", *_provenance(root, manifest, entry), "",
-             f"Kept files: {', '.join(f'`{entry.folder}/{k}`' for k in entry.keep)}.", "",
-             _demote(_relink(body.strip(), root, source)), ""]  # fmt: skip
-    return "\n".join(lines)
 
 
 def index_page(manifest: Manifest) -> str:
@@ -143,38 +62,14 @@ def index_page(manifest: Manifest) -> str:
         made = [e.produced or e.progress for e in chosen]
         rows = [[f"[{e.title}]({e.name}.md)", f"`{e.command}`", e.seeds, str(p.get("machine", DASH)).split(";")[0],
                  f"{p.get('commit', DASH)}, {p.get('date', DASH)}"] for e, p in zip(chosen, made)]  # fmt: skip
-        lines += [f"## {heading}", "", _table(["result", "command", "seeds", "machine", "commit, date"], rows), ""]
+        lines += [f"## {heading}", "", table_text(["result", "command", "seeds", "machine", "commit, date"], rows), ""]
     return "\n".join(lines)
-
-
-def completed_runs(root: Path, entry: Entry) -> list[dict[str, str]]:
-    """The rows of an entry's kept summary.csv (one per run) whose run completed."""
-    with open(root / entry.folder / "summary.csv", newline="") as f:
-        return [r for r in csv.DictReader(f) if r["status"] == "completed"]
-
-
-def final_returns(rows: list[dict[str, str]]) -> dict[tuple[str, str], list[float]]:
-    """The final evaluation returns of summary rows, one per run, by (env label, algo)."""
-    returns: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        returns.setdefault((r["env_id"], r["algo"]), []).append(float(r["final_eval_return_mean"]))
-    return returns
 
 
 def headline_table(root: Path, manifest: Manifest) -> str:
     """The README's table: final return per env and algo, mean over seeds and its 95% bootstrap CI."""
     entry = manifest.entry(HEADLINE)
-    rows = completed_runs(root, entry)
-    algos = sorted({r["algo"] for r in rows})
-    returns = final_returns(rows)
-    table = []
-    for env in sorted({r["env_id"] for r in rows}):
-        cells = [env]
-        for algo in algos:
-            scores = np.array(returns.get((env, algo), []))
-            cells.append(f"{fmt_return(float(scores.mean()))} {fmt_ci(*bootstrap_ci(scores))}" if scores.size else DASH)
-        table.append(cells)
-    lines = [_table(["env", *algos], table)]
+    lines = [score_table(completed_runs(root, entry))]
     p = entry.produced
     caveat = "" if manifest.current(entry) else f" **From older code (commit {p.get('commit')}).**"
     lines += ["", f"Final evaluation return, mean over seeds {entry.seeds} [95% bootstrap CI], each algo at its "
@@ -234,7 +129,7 @@ def scale_table(root: Path, manifest: Manifest) -> str:
     made, done = entries[1].produced or entries[1].progress, bool(entries[1].produced)
     if done:  # until then the two IQMs span different tasks
         table.append(["IQM normalized score", iqm[0][x], iqm[1][x], iqm[1][y]])
-    return (_table(["task", "ours", "ours at SB3's scale", "SB3's"], table) + "\n\n"
+    return (table_text(["task", "ours", "ours at SB3's scale", "SB3's"], table) + "\n\n"
             f"Mean final return over seeds {entries[1].seeds} and P({x} > {y}) on each task [95% CI]"
             + ("; IQM across the tasks [95% CI]." if done else f". In progress: {len(envs)} tasks so far.")
             + f" [Ours and SB3's](results/{entries[0].name}.md), [ours at SB3's scale]"
@@ -362,7 +257,7 @@ def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
         caveat = ", **older code**" if manifest.older(entry) else ""
         sources.append(f"[{entry.name}](results/{entry.name}.md): `{entry.command}`, seeds {entry.seeds}, "
                        f"commit {p.get('commit', 'not recorded')}{caveat}")  # fmt: skip
-    return (f"{_table(['algo', *variants], table)}\n\nFinal evaluation return, the mean over seeds (their number in "
+    return (f"{table_text(['algo', *variants], table)}\n\nFinal evaluation return, the mean over seeds (their number in "
             f"brackets). From {'; '.join(sources)}.")  # fmt: skip
 
 
@@ -396,7 +291,7 @@ def audit_table(root: Path, manifest: Manifest, name: str, score: str, checkpoin
         table.append(cells)
     p = entry.produced
     caveat = ", **older code**" if manifest.older(entry) else ""
-    return (f"{_table(['algo', 'estimator', *variants], table)}\n\n{AUDIT_SCORES[score][0].upper()}"
+    return (f"{table_text(['algo', 'estimator', *variants], table)}\n\n{AUDIT_SCORES[score][0].upper()}"
             f"{AUDIT_SCORES[score][1:]}, at the checkpoints `{checkpoint}.pt`, the mean over seeds; {DASH}: no sample "
             f"had a clear sign, or the truth did not vary. From [{name}](results/{name}.md): `{entry.command}`, "
             f"seeds {entry.seeds}, commit {p.get('commit', 'not recorded')}{caveat}.")  # fmt: skip

@@ -119,12 +119,41 @@ def algo_colors(algos: Sequence[str]) -> dict[str, tuple[float, ...]]:
     return {algo: palette(i % 10) for i, algo in enumerate(sorted(set(algos)))}
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def line_styles(lines: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+    """Keyword arguments for ``ax.plot`` of each line: its own dash pattern and marker, the markers of the
+    k-th line shifted by k/len of their spacing, so that lines drawn on top of each other (three algos all at
+    the top of a performance profile) still show as three."""
+    styles = {}
+    for k, (algo, y) in enumerate(lines.items()):
+        every = max(len(lines), y.size // 8)  # about 8 markers a line, each line's at its own points
+        styles[algo] = {"linestyle": LINE_STYLES[k % len(LINE_STYLES)], "marker": MARKERS[k % len(MARKERS)],
+                        "markevery": (k * every // len(lines), every), "markersize": 5}  # fmt: skip
+    return styles
+
+
+def coinciding(lines: dict[str, np.ndarray]) -> dict[str, list[str]]:
+    """For each line, the earlier lines it coincides with (the same finite values, NaN at the same points):
+    the legend names them, since one line on top of another hides it."""
+    same: dict[str, list[str]] = {}
+    for k, (algo, y) in enumerate(lines.items()):
+        for other, z in list(lines.items())[:k]:
+            if y.shape == z.shape and np.array_equal(np.isnan(y), np.isnan(z)) and np.allclose(y, z, equal_nan=True):
+                same.setdefault(algo, []).append(other)
+    return same
+
+
 def draw_env(
-    ax: Axes, runs: Sequence[Run], x: XAxis, colors: dict[str, tuple[float, ...]], metric: Metric = "eval"
-) -> None:
-    """One env's runs on ``ax``: a mean line of ``metric`` and its CI band per algo."""
+    ax: Axes, runs: Sequence[Run], x: XAxis, colors: dict[str, tuple[float, ...]], metric: Metric = "eval",
+    x_label: str | None = None,
+) -> None:  # fmt: skip
+    """One env's runs on ``ax``: a mean line of ``metric`` and its CI band per algo; ``x_label`` instead of
+    the axis's usual name (a report's time in core time)."""
     drawn = False
-    for algo in sorted({r.algo for r in runs}):
+    for k, algo in enumerate(sorted({r.algo for r in runs})):
         curve = mean_curve([r for r in runs if r.algo == algo], x, metric=metric)
         if curve is None:
             continue
@@ -133,7 +162,8 @@ def draw_env(
         label = f"{algo} ({curve.n_runs} run{'s' if curve.n_runs != 1 else ''})"
         # A curve of one point would be invisible as a line.
         marker = "o" if np.isfinite(curve.mean).sum() < 2 else None
-        ax.plot(curve.x, curve.mean, color=color, label=label, marker=marker, linewidth=1.6)
+        ax.plot(curve.x, curve.mean, color=color, label=label, marker=marker, linewidth=1.6,
+                linestyle=LINE_STYLES[k % len(LINE_STYLES)])  # fmt: skip
         band = np.isfinite(curve.low)
         if band.any():
             ax.fill_between(curve.x, curve.low, curve.high, where=band, color=color, alpha=0.2, linewidth=0)
@@ -142,7 +172,7 @@ def draw_env(
     else:
         empty = "no evaluations yet" if metric == "eval" else "no episode has ended yet"
         ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel(X_LABELS[x])
+    ax.set_xlabel(x_label or X_LABELS[x])
     ax.set_ylabel(Y_LABELS[metric])
     ax.grid(alpha=0.3)
 
@@ -184,10 +214,10 @@ PANEL_TITLES: dict[str, str] = {"eval": "evaluation", "train": "training"}
 
 def plot_env_runs(
     runs: Sequence[Run], x: XAxis, out: Path, colors: dict[str, tuple[float, ...]] | None = None,
-    metrics: Sequence[Metric] = ("eval",),
+    metrics: Sequence[Metric] = ("eval",), x_label: str | None = None,
 ) -> list[Path]:  # fmt: skip
     """Plot runs (of one env or many) one subplot per env and metric, an env's metrics side by side on the
-    same axes' scales; write ``out`` as PNG and SVG."""
+    same axes' scales; write ``out`` as PNG and SVG. ``x_label``: see :func:`draw_env`."""
     envs = sorted({r.env_id for r in runs}, key=natural_key)
     colors = colors or algo_colors([r.algo for r in runs])
     fig, axes = new_figure(len(envs) * len(metrics), ncols=3 if len(metrics) == 1 else len(metrics))
@@ -198,7 +228,7 @@ def plot_env_runs(
             ax.sharex(row[0])
             ax.sharey(row[0])
         for ax, metric in zip(row, metrics, strict=True):
-            draw_env(ax, [r for r in runs if r.env_id == env_id], x, colors, metric)
+            draw_env(ax, [r for r in runs if r.env_id == env_id], x, colors, metric, x_label)
             ax.set_title(env_id if len(metrics) == 1 else f"{env_id}: {PANEL_TITLES[metric]}")
     return save_figure(fig, out)
 
@@ -272,12 +302,15 @@ def plot_bands(
     """One line per algo with its CI band ``(2, len(x))``: performance profiles, sample-efficiency curves.
 
     A line may end early (NaN past its last point, e.g. an algo trained for fewer steps); the x-axis still
-    spans all of ``x``, so every algo's range shows."""
+    spans all of ``x``, so every algo's range shows. Each line has its own dash and markers
+    (:func:`line_styles`), and the legend names the lines it coincides with (:func:`coinciding`)."""
     colors = colors or algo_colors(list(lines))
     fig, (ax,) = new_figure(1, panel_size=(6.0, 3.8))
+    styles, same = line_styles(lines), coinciding(lines)
     for algo, y in lines.items():
-        marker = "o" if np.isfinite(y).sum() < 2 else None  # a line of one point would be invisible
-        ax.plot(x, y, color=colors.get(algo), label=algo, marker=marker)
+        label = f"{algo} (same line as {', '.join(same[algo])})" if algo in same else algo
+        style = styles[algo] if np.isfinite(y).sum() >= 2 else {**styles[algo], "markevery": None}  # one point shows
+        ax.plot(x, y, color=colors.get(algo), label=label, **style)
         ax.fill_between(x, bands[algo][0], bands[algo][1], color=colors.get(algo), alpha=0.2, linewidth=0)
     if len(x) > 1:
         ax.set_xlim(float(x[0]), float(x[-1]))

@@ -8,9 +8,12 @@ blocks, so they always say the same thing; the HTML carries its PNGs inline and 
 Conventions, stated in every report:
 - a run's score is its final evaluation (deterministic policy, one episode per fixed seed, raw env
   return), as ``summary.json`` records it; only completed runs have one;
-- CIs are 95% percentile bootstraps over seeds; the IQM is the mean of the middle 50% of seeds;
+- CIs are 95% percentile bootstraps over seeds, marked † from fewer than 3; the IQM is the mean of the middle
+  50% of seeds;
 - normalized score = (score − random) / (target − random), with ``lab/reference_scores.yaml``;
 - time to threshold: the first evaluation whose mean return reaches gymnasium's ``reward_threshold``;
+- time and steps/s in core time: a run's share of its one-thread process, so stacked seeds (``train --seeds``)
+  and a lone run compare at equal compute;
 - published PPO figures (``lab/published.yaml``): each algo scored as the figure's source scored its runs.
 """
 
@@ -18,25 +21,43 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agents.config import read_yaml
-from agents.rundir import TIME_FORMAT
-from envs.errors import BadInput
-from lab.document import DASH, Block, Bullets, Heading, Image, Para, Table, counted, fmt_ci, fmt_return, fmt_seconds
-from lab.document import fmt_steps, render_html, render_markdown, safe_name
+from lab.cost import (
+    compute_text,
+    core_sps,
+    core_time,
+    machine_text,
+    run_meta,  # noqa: F401  (lab.committed reads a run's meta through here)
+    stacking_text,
+    wall_clock_text,
+)
+from lab.document import (
+    DASH,
+    Block,
+    Bullets,
+    Heading,
+    Image,
+    Para,
+    Table,
+    fmt_ci,
+    fmt_return,
+    fmt_seconds,
+    fmt_steps,
+    render_html,
+    render_markdown,
+    safe_name,
+)
 from lab.normalized import across_envs, load_reference_scores, reward_threshold
-from lab.plan import parse_seeds
 from lab.plot import X_LABELS, algo_colors, plot_env_runs
 from lab.published import load_published, published_section
 from lab.results import Run, find_runs, natural_key
-from lab.stats import bootstrap_ci, iqm
+from lab.stats import FEW_SEEDS, bootstrap_ci, few_seeds_note, iqm, mark_few
 
 SUMMARY_COLUMNS = (
     "algo", "env_id", "seed", "status", "final_eval_return_mean", "final_eval_return_std",
@@ -44,14 +65,15 @@ SUMMARY_COLUMNS = (
 )  # fmt: skip
 # What RunTracker.finish records; used only for runs whose summary.json predates the eval_convention key.
 DEFAULT_EVAL_CONVENTION = "deterministic policy, one episode per fixed seed 1000000+i, raw env return"
+CORE_TIME = "core time (s)"
 
 
 def first_reach(run: Run, threshold: float) -> tuple[int, float] | None:
-    """(env steps, wall-clock s) at the run's first evaluation with mean return ≥ ``threshold``."""
+    """(env steps, core time s) at the run's first evaluation with mean return ≥ ``threshold``."""
     hits = np.flatnonzero(run.eval_return >= threshold)
     if hits.size == 0:
         return None
-    return int(run.steps[hits[0]]), float(run.wall_time_s[hits[0]])
+    return int(run.steps[hits[0]]), float(core_time(run)[hits[0]])
 
 
 def _relative(run: Run, bench_dir: Path) -> str:
@@ -102,35 +124,39 @@ def write_summary_csv(
 
 
 def equal_time(runs: Sequence[Run]) -> tuple[float, str] | None:
-    """The wall-clock time at which one env's algos are compared on equal time, and the algo it comes from:
-    the median run time (its last evaluation) of the algo whose completed runs ended soonest."""
+    """The core time (:func:`core_time`) at which one env's algos are compared on equal time, and the algo it
+    comes from: the median run time (its last evaluation) of the algo whose completed runs ended soonest."""
     ends: dict[str, list[float]] = {}
     for run in runs:
         if run.status == "completed" and run.wall_time_s.size:
-            ends.setdefault(run.algo, []).append(float(run.wall_time_s[-1]))
+            ends.setdefault(run.algo, []).append(float(core_time(run)[-1]))
     return min((float(np.median(times)), algo) for algo, times in ends.items()) if ends else None
 
 
 def return_at(run: Run, seconds: float) -> float | None:
-    """The run's last evaluation return at or before ``seconds`` of wall-clock time; None if none was by then."""
-    by_then = np.flatnonzero(run.wall_time_s <= seconds)
+    """The run's last evaluation return at or before ``seconds`` of core time; None if none was by then."""
+    by_then = np.flatnonzero(core_time(run) <= seconds)
     return float(run.eval_return[by_then[-1]]) if by_then.size else None
 
 
-def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[float, str] | None) -> Table:
-    """One env's table: a row per algo, statistics over its seeds; ``same_time``: :func:`equal_time`."""
+def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[float, str] | None) -> list[Block]:
+    """One env's table, a row per algo with statistics over its seeds (``same_time``: :func:`equal_time`), and
+    the footnote of a CI from too few seeds when one is marked. Time and steps/s are in core time
+    (:func:`core_time`), so a stacked run and a lone one read side by side."""
     header = [
         "algo", "seeds completed", "final return (mean)", "95% CI", "IQM",
-        "steps to threshold (median)", "wall-clock to threshold (median)", "seeds reaching threshold", "steps/s",
-        "return at equal wall-clock (mean)",
+        "steps to threshold (median)", "core time to threshold (median)", "seeds reaching threshold",
+        "steps per core-second", "return at equal core time (mean)",
     ]  # fmt: skip
-    rows = []
+    rows, few = [], []
     for algo in sorted({r.algo for r in runs}):
         mine = [r for r in runs if r.algo == algo]
         completed = [r for r in mine if r.status == "completed"]
         finals = np.array([r.final_return for r in completed if r.final_return is not None])
         if finals.size:
-            mean, ci, middle = fmt_return(float(finals.mean())), fmt_ci(*bootstrap_ci(finals)), fmt_return(iqm(finals))
+            mean, middle = fmt_return(float(finals.mean())), fmt_return(iqm(finals))
+            ci = mark_few(fmt_ci(*bootstrap_ci(finals)), finals.size)
+            few += [finals.size] if finals.size < FEW_SEEDS else []
         else:
             mean = ci = middle = DASH
         if threshold is None:
@@ -140,132 +166,13 @@ def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[flo
             reached = f"{len(hits)}/{len(mine)}"
             to_steps = fmt_steps(float(np.median([h[0] for h in hits]))) if hits else DASH
             to_time = fmt_seconds(float(np.median([h[1] for h in hits]))) if hits else DASH
-        sps = [float(r.summary["sps"]) for r in mine if r.summary.get("sps") is not None]
+        sps = [v for v in map(core_sps, mine) if v is not None]
         at_time = [v for v in (return_at(r, same_time[0]) for r in completed) if v is not None] if same_time else []
         rows.append([
             algo, f"{len(completed)}/{len(mine)}", mean, ci, middle, to_steps, to_time, reached,
             f"{np.mean(sps):,.0f}" if sps else DASH, fmt_return(float(np.mean(at_time))) if at_time else DASH,
         ])  # fmt: skip
-    return Table(header, rows)
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    """A meta file a start of a run wrote (``meta.json``, ``meta.resume*.json``); {} if it is missing or
-    unreadable."""
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def run_meta(run: Run) -> dict[str, Any]:
-    """The run's meta.json: its first start's (a resume writes its own file beside it)."""
-    return read_meta(run.run_dir / "meta.json")
-
-
-def machine_text(runs: Sequence[Run]) -> str | None:
-    """The CPU model, python and package versions the runs trained under, from each start's meta file
-    (``meta.json``, and ``meta.resume*.json`` for each resume); one that not every run used says how many did.
-    Meta files older than the CPU's record say "cpu not recorded". None when no run has a readable meta file."""
-    versions: dict[str, dict[str, set[Path]]] = {}  # package → version → the runs that trained under it
-    for run in runs:
-        for meta in filter(None, map(read_meta, sorted(run.run_dir.glob("meta*.json")))):  # unreadable: {}
-            packages = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
-            cpu = meta.get("cpu") or "not recorded"
-            for name, version in {"cpu": cpu, "python": meta.get("python"), **packages}.items():
-                if version:
-                    versions.setdefault(str(name), {}).setdefault(str(version), set()).add(run.run_dir)
-    if not versions:
-        return None
-    with_meta = len(set().union(*(dirs for by_version in versions.values() for dirs in by_version.values())))
-    if versions.get("cpu", {}).keys() == {"not recorded"}:
-        del versions["cpu"]  # a bench from before the CPU was recorded: nothing to say
-    parts = []
-    for name, by_version in versions.items():
-        if len(by_version) == 1 and len(next(iter(by_version.values()))) == with_meta:
-            parts.append(f"{name} {next(iter(by_version))}")
-        else:
-            parts.append(f"{name} " + ", ".join(f"{version} ({counted(len(dirs), 'run')})"
-                                                for version, dirs in sorted(by_version.items())))  # fmt: skip
-    text = "Machine and software: " + "; ".join(parts)
-    if any(len(by_version) > 1 for by_version in versions.values()):
-        text += (" (a run resumed under another counts under both; where the CPU model or the physics engine's "
-                 "version differs, runs of the same seed and settings differ too)")
-    return text
-
-
-def stacked_with(run: Run) -> tuple[int, ...]:
-    """The seeds that trained in one process with ``run`` when it started: the ``--seeds`` of the command in
-    its meta.json (a resume writes its own meta file beside it), read as ``testbed train`` reads it; its own
-    seed alone when it trained by itself, or the file is missing or unreadable."""
-    try:
-        command = [str(arg) for arg in run_meta(run).get("command", [])]
-        if "--seeds" not in command[:-1]:
-            return (run.seed,)
-        first = int(command[command.index("--seed") + 1]) if "--seed" in command[:-1] else None
-        return tuple(parse_seeds(command[command.index("--seeds") + 1], first))
-    except (OSError, ValueError, BadInput):
-        return (run.seed,)
-
-
-def compute_text(runs: Sequence[Run]) -> str:
-    """What the runs cost: env steps, and the core-hours of the processes that trained them.
-
-    core-hours = Σ over trainer processes of the process's wall time, where a process that trained seeds
-    side by side lasted as long as its longest run, and each process computes on one thread. Wall times
-    add up over resumes; a run still going counts up to its last progress row."""
-    processes: dict[tuple[str, str, tuple[int, ...]], float] = {}
-    for run in runs:
-        seconds = float(run.summary.get("wall_time_s") or run.last_wall_time_s)
-        key = (run.env_id, run.algo, stacked_with(run))
-        processes[key] = max(processes.get(key, 0.0), seconds)
-    steps = sum(int(run.summary.get("total_steps") or run.last_step) for run in runs)
-    widest = max((len(seeds) for _, _, seeds in processes), default=1)
-    return (f"Compute: {fmt_steps(steps)} env steps in {sum(processes.values()) / 3600:.3g} core-hours: the wall "
-            f"time of {counted(len(processes), 'trainer process', 'trainer processes')} of one thread each, up to "
-            f"{counted(widest, 'seed')} side by side in one (a process lasts as long as its longest run)")  # fmt: skip
-
-
-def _started(text: str) -> datetime:
-    return datetime.strptime(text, TIME_FORMAT)
-
-
-def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
-    """How long the bench's invocations lasted, start to end (``bench.yaml``'s ``invocations``): its wall-clock
-    time, whatever ran in parallel in it; None for a bench that recorded none."""
-    path = bench_dir / "bench.yaml"
-    recorded = (read_yaml(path) or {}).get("invocations", []) if path.exists() else []
-    invocations = [i for i in recorded if isinstance(i, dict) and i.get("start")]
-    if not invocations:
-        return None
-    spans = [(_started(i["start"]), _started(i["end"])) for i in invocations if i.get("end")]
-    killed = [_started(i["start"]) for i in invocations if not i.get("end")]
-    hours = sum((end - start).total_seconds() for start, end in spans) / 3600
-    text = f"Wall-clock: {hours:.3g} h in {counted(len(spans), 'invocation')} of `testbed bench`"
-    if killed:
-        text += f", and {counted(len(killed), 'invocation')} killed outright (no end), not counted"
-    opened = sorted([start for start, _ in spans] + killed)
-    first = opened[0]
-    starts = []
-    for run in runs:
-        try:
-            starts.append(_started(run_meta(run)["start_time"]))
-        except (KeyError, TypeError, ValueError):
-            continue  # a run without a readable start time cannot be placed
-    earlier = sum(start < first for start in starts)
-    if earlier:
-        text += (f"; {counted(earlier, 'run')} started before the first invocation recorded here "
-                 f"({first:%Y-%m-%d %H:%M} UTC): adopted from another bench, or trained before invocations were "
-                 "recorded, not counted")  # fmt: skip
-    # A killed invocation has no end: a run it started is placed in it up to the next invocation's start.
-    windows = spans + [(s, next((t for t in opened if t > s), datetime.max.replace(tzinfo=s.tzinfo)))
-                       for s in killed]  # fmt: skip
-    outside = sum(start >= first and not any(s <= start <= e for s, e in windows) for start in starts)
-    if outside:
-        text += (f"; {counted(outside, 'run')} trained outside every invocation, by a cell's own `testbed train` "
-                 "command: in the core-hours, not in this wall-clock")
-    return text
+    return [Table(header, rows), *([Para(few_seeds_note(min(few)))] if few else [])]
 
 
 def _what_was_run(runs: Sequence[Run], bench_dir: Path | None) -> list[Block]:
@@ -294,6 +201,7 @@ def _what_was_run(runs: Sequence[Run], bench_dir: Path | None) -> list[Block]:
         f"Seeds: {', '.join(map(str, seeds))}",
         f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})",
         compute_text(runs),
+        stacking_text(runs),
         *([wall] if bench_dir is not None and (wall := wall_clock_text(bench_dir, runs)) else []),
         *([machine] if (machine := machine_text(runs)) else []),
         (
@@ -306,7 +214,7 @@ def _what_was_run(runs: Sequence[Run], bench_dir: Path | None) -> list[Block]:
         ),
         (
             "Threshold: gymnasium's spec `reward_threshold`; a seed reaches it at its first evaluation whose "
-            "mean return is at least the threshold. Steps and wall-clock to it are medians over the seeds "
+            "mean return is at least the threshold. Steps and core time to it are medians over the seeds "
             "that reached it."
         ),
     ]
@@ -369,15 +277,18 @@ def build_report(
             else "Threshold: none (gymnasium's spec has no `reward_threshold` for this env)."
         ))  # fmt: skip
         same_time = equal_time(env_runs)
-        blocks.append(env_table(env_runs, threshold, same_time))
+        blocks.extend(env_table(env_runs, threshold, same_time))
         if same_time is not None:
-            blocks.append(Para(f"Equal wall-clock: {fmt_seconds(same_time[0])}, the median run time of {same_time[1]}, "
+            blocks.append(Para(f"Equal core time: {fmt_seconds(same_time[0])}, the median run time of {same_time[1]}, "
                                "whose runs ended soonest; each completed run's last evaluation by then."))  # fmt: skip
         counts = ", ".join(f"{a} {sum(r.algo == a for r in env_runs)}" for a in sorted({r.algo for r in env_runs}))
-        for x in ("steps", "time"):
-            png = add_plots(plot_env_runs(env_runs, x, plots_dir / f"{safe_name(env_id)}-{x}.png", colors))
-            images.append(Image(png, f"{env_id}: eval return vs {X_LABELS[x]}", (
-                f"{env_id}: evaluation return (deterministic policy, raw env return) against {X_LABELS[x]}; line: "
+        # The time plot in core time, as the table: each run's wall-clock as its share of its process.
+        in_core_time = [replace(r, wall_time_s=core_time(r)) for r in env_runs]
+        for x, plotted, label in (("steps", env_runs, X_LABELS["steps"]), ("time", in_core_time, CORE_TIME)):
+            path = plots_dir / f"{safe_name(env_id)}-{x}.png"
+            png = add_plots(plot_env_runs(plotted, x, path, colors, x_label=label))
+            images.append(Image(png, f"{env_id}: eval return vs {label}", (
+                f"{env_id}: evaluation return (deterministic policy, raw env return) against {label}; line: "
                 "mean over runs, band: 95% percentile bootstrap CI over runs, where at least two cover the point; "
                 f"runs: {counts}.")))  # fmt: skip
 

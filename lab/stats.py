@@ -318,3 +318,21 @@ def bootstrap_ci(
         rng=np.random.default_rng(seed),
     )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+FEW_SEEDS = 3
+"""A bootstrap CI from fewer seeds resamples only those few values: it spans at most them, and is marked."""
+FEW_MARK = "†"
+
+
+def mark_few(ci: str, n: int) -> str:
+    """A CI's text, marked with :data:`FEW_MARK` when it comes from fewer than :data:`FEW_SEEDS` seeds."""
+    return f"{ci} {FEW_MARK}" if n < FEW_SEEDS else ci
+
+
+def few_seeds_note(n: int) -> str:
+    """The footnote of :data:`FEW_MARK`; ``n``: the fewest seeds behind a marked CI."""
+    seeds = "1 seed" if n == 1 else f"{n} seeds"
+    return (f"{FEW_MARK} CI from {seeds}, fewer than {FEW_SEEDS}: a bootstrap resamples only those values, so the "
+            "interval spans at most them; read it as their range, not as a 95% interval.")  # fmt: skip
+

@@ -66,6 +66,8 @@ def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(
     checkpoint = bench_dir / "CartPole-v1" / "ppo" / "seed0" / "checkpoint.pt"
     before = checkpoint.stat().st_mtime_ns
 
+    built = (bench_dir / "report.md").stat().st_mtime_ns
+
     started = time.monotonic()
     capsys.readouterr()
     _, again = bench.run_grid(grid, workers=2, backend="local", ray_address=None, root=tmp_path)
@@ -73,12 +75,46 @@ def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(
     out = capsys.readouterr().out
     assert out.count("skipped (done)") == 4 and "started " not in out  # no process starts for a done stack
     assert checkpoint.stat().st_mtime_ns == before
-    assert time.monotonic() - started < 30  # only the report is rebuilt
-    # Each invocation is recorded with its start and end, and the report sums them.
+    # Nothing trained and the report's inputs are unchanged: it is kept as it was, and the rerun takes seconds.
+    assert "the report is up to date" in out and "building the report" not in out
+    assert (bench_dir / "report.md").stat().st_mtime_ns == built
+    assert time.monotonic() - started < 10
+    # The invocation that trained nothing is not recorded: bench.yaml keeps the invocations the report counts.
+    invocations = yaml.safe_load((bench_dir / "bench.yaml").read_text())["invocations"]
+    assert len(invocations) == 1 and "in 1 invocation of `testbed bench`" in (bench_dir / "report.md").read_text()
+
+    # A third seed trains a run per algo: the report is built again and sums both invocations.
+    bench.run_grid(tiny_grid("tiny", seeds=3), workers=2, backend="local", ray_address=None, root=tmp_path)
+    assert "building the report" in capsys.readouterr().out
     invocations = yaml.safe_load((bench_dir / "bench.yaml").read_text())["invocations"]
     assert len(invocations) == 2 and all(i["end"] >= i["start"] and i["workers"] == 2 for i in invocations)
     assert "Wall-clock: " in (report_text := (bench_dir / "report.md").read_text())
-    assert "in 2 invocations of `testbed bench`" in report_text
+    assert "in 2 invocations of `testbed bench`" in report_text and "Runs: 6 (6 completed)" in report_text
+
+
+def test_a_report_is_built_again_only_when_its_runs_outputs_or_code_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lab import fingerprint
+    from tests.test_report import linear_evals, make_run
+
+    bench_dir = tmp_path / "b"
+    for seed in (0, 1):
+        make_run(bench_dir / "CartPole-v1" / "ppo" / f"seed{seed}", "CartPole-v1", "ppo", seed, linear_evals(3))
+    first = bench.build_reports(bench_dir)
+    assert "building the report" in capsys.readouterr().out and (bench_dir / fingerprint.FINGERPRINT).exists()
+    assert bench.build_reports(bench_dir) == first and "up to date" in capsys.readouterr().out
+    summary = bench_dir / "CartPole-v1" / "ppo" / "seed1" / "summary.json"
+    summary.write_text(summary.read_text().replace('"sps": 1000.0', '"sps": 900.0'))  # a run's record changed
+    bench.build_reports(bench_dir)
+    assert "building the report" in capsys.readouterr().out and "| 950 |" in (bench_dir / "report.md").read_text()
+    (bench_dir / "plots" / "CartPole-v1-time.png").unlink()  # an output went missing
+    bench.build_reports(bench_dir)
+    assert "building the report" in capsys.readouterr().out and (bench_dir / "plots" / "CartPole-v1-time.png").exists()
+    # The report's code: the modules of lab that report.py and credit.py import, not the command line's.
+    code = {path.name for path in fingerprint.report_code()}
+    assert {"report.py", "cost.py", "plot.py", "stats.py", "credit.py", "reference_scores.yaml"} <= code
+    assert "cli.py" not in code and "tune.py" not in code
 
 
 def test_a_crashing_run_is_recorded_retried_once_and_the_others_finish(tmp_path: Path) -> None:

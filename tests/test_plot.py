@@ -145,3 +145,21 @@ def test_a_short_real_run_gives_a_training_curve(tmp_path: Path, figures: list[F
         [float(r["global_step"]) for r in rows],
         [float(r["charts/episodic_return"]) for r in rows],
     )
+
+
+def test_coinciding_profile_lines_stay_distinguishable(tmp_path: Path, figures: list[Figure]) -> None:
+    # Three algos at the top of a performance profile draw one line: each gets its own dash and markers, shifted,
+    # and the legend says which lines lie on which.
+    x = np.linspace(0.0, 1.0, 17)
+    top = np.ones_like(x)
+    lines = {"grpo": top.copy(), "ppo": top.copy(), "sb3-ppo": top.copy(), "a2c": 1.0 - x}
+    assert plot.coinciding(lines) == {"ppo": ["grpo"], "sb3-ppo": ["grpo", "ppo"]}
+    assert plot.coinciding({"a": np.array([1.0, np.nan]), "b": np.array([1.0, 1.0])}) == {}  # one ends early
+    bands = {algo: np.vstack([y, y]) for algo, y in lines.items()}
+    plot.plot_bands(x, lines, bands, "τ", "fraction", tmp_path / "p.png", title="profiles")
+    [ax] = figures[-1].axes
+    drawn = ax.get_lines()
+    assert len({line.get_linestyle() for line in drawn}) == 4 and len({line.get_marker() for line in drawn}) == 4
+    assert len({str(line.get_markevery()) for line in drawn[:3]}) == 3  # markers of coinciding lines do not overlap
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert labels == ["grpo", "ppo (same line as grpo)", "sb3-ppo (same line as grpo, ppo)", "a2c"]

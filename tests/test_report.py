@@ -25,7 +25,8 @@ from lab import plot
 from lab.plot import mean_curve, plot_runs
 from lab.normalized import left_out_pairs, load_reference_scores, reference_for
 from lab.published import best_point, load_published, published_section
-from lab.report import build_report, machine_text, wall_clock_text
+from lab.cost import machine_text, wall_clock_text
+from lab.report import build_report
 from lab.results import find_runs
 from lab.stats import bootstrap_ci, iqm, score_matrices
 
@@ -241,13 +242,16 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     markdown = written["markdown"].read_text()
     # ppo: mean and IQM of 500 and 480 are 490; the bootstrap CI is [480, 500] (see the two-value case).
     # Threshold 475 first reached at 2048 (2.0 s) and 3072 (3.5 s): medians 2560 steps and 2.75 s.
-    # steps/s: mean of 2000 and 1000.
-    # Equal wall-clock: grpo's completed runs end at 4.0 s, ppo's at 4.0 and 4.5 s (median 4.25): 4.0 s. By then
+    # steps/s: mean of 2000 and 1000. Each run had its own process: core time is wall-clock.
+    # Equal time: grpo's completed runs end at 4.0 s, ppo's at 4.0 and 4.5 s (median 4.25): 4.0 s. By then
     # ppo seed 0 logged 500 (at 4.0 s) and seed 1 475 (at 3.5 s): 487.5; grpo 50 and 50 (20 + 3 · 10).
+    # Two seeds' CI is marked: a bootstrap of two values spans them.
     assert _table_row(markdown, "CartPole-v1", "ppo") == [
-        "ppo", "2/2", "490.00", "[480.00, 500.00]", "490.00", "2,560", "2.8 s", "2/2", "1,500", "487.50",
+        "ppo", "2/2", "490.00", "[480.00, 500.00] †", "490.00", "2,560", "2.8 s", "2/2", "1,500", "487.50",
     ]  # fmt: skip
-    assert "Equal wall-clock: 4.0 s, the median run time of grpo, whose runs ended soonest" in markdown
+    assert "† CI from 2 seeds, fewer than 3" in markdown
+    assert "Equal core time: 4.0 s, the median run time of grpo, whose runs ended soonest" in markdown
+    assert "Every run had its own process." in markdown
     # grpo: 2 of 3 seeds completed, mean 250; its curves top out at 50, far below the threshold.
     grpo = _table_row(markdown, "CartPole-v1", "grpo")
     assert grpo[:3] == ["grpo", "2/3", "250.00"] and grpo[4] == "250.00"
@@ -256,10 +260,9 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     assert "non-finite values in losses/policy_loss; training stopped" in markdown
     assert "10 episodes per evaluation" in markdown and "1000000+i" in markdown
 
-    # Normalized with CartPole's reference (random 22.15, target 475): IQM over 2 runs is their mean.
-    ref = load_reference_scores()["CartPole-v1"]
-    ppo_norm = (ref.normalize(500.0) + ref.normalize(480.0)) / 2
-    assert _table_row(markdown, "Normalized scores across envs", "ppo")[1].startswith(f"{ppo_norm:.3f} [")
+    # Normalized with CartPole's reference (random 22.15, target 475), by hand: (500 − 22.15) / 452.85 = 1.0552 and
+    # (480 − 22.15) / 452.85 = 1.0110; the IQM over 2 runs is their mean, 1.0331.
+    assert _table_row(markdown, "Normalized scores across envs", "ppo")[1].startswith("1.033 [")
     assert "Runs per env: grpo 2, ppo 2." in markdown
     assert "| ppo | grpo | " in markdown and "| grpo | ppo | " in markdown  # P(X > Y), both ways
 
@@ -348,6 +351,29 @@ def test_the_report_counts_a_stack_of_seeds_as_one_process_in_its_core_hours(ben
             "of one thread each, up to 2 seeds side by side in one") in markdown  # fmt: skip
 
 
+def test_a_stacked_run_s_speed_and_times_are_its_share_of_the_process(bench: Path) -> None:
+    # PPO's seeds 0 and 1 trained side by side: each had half of its process. Steps per core-second: 2 × the
+    # mean of 2000 and 1000 = 3000. Threshold at 2.0 s and 3.5 s of wall-clock: 1.0 s and 1.75 s of core time,
+    # median 1.375 s. Equal time: ppo's runs end at 2.0 and 2.25 s of core time (median 2.125), before grpo's
+    # 4.0 s; by then ppo logged 500 (2.0 s) and 475 (1.75 s), grpo 20 + 10 = 30 (at 2.0 s).
+    for seed in (0, 1):
+        meta = {"command": ["lab", "train", "--algo", "ppo", "--seeds", "0,1", "--run-dir", "x"]}
+        (bench / "CartPole-v1" / "ppo" / f"seed{seed}" / "meta.json").write_text(json.dumps(meta))
+    markdown = build_report(bench)["markdown"].read_text()
+    assert _table_row(markdown, "CartPole-v1", "ppo")[5:] == ["2,560", "1.4 s", "2/2", "3,000", "487.50"]
+    assert _table_row(markdown, "CartPole-v1", "grpo")[8:] == ["1,000", "30.00"]
+    assert "Equal core time: 2.1 s, the median run time of ppo" in markdown
+    assert "Seeds per process: ppo 2 seeds; the others one." in markdown
+    assert "| algo | seeds completed | final return (mean) | 95% CI | IQM | steps to threshold (median) | core time to" in markdown
+
+
+def test_a_ci_from_three_seeds_or_more_is_not_marked(tmp_path: Path) -> None:
+    for seed in range(3):
+        make_run(tmp_path / "b" / "CartPole-v1" / "ppo" / f"seed{seed}", "CartPole-v1", "ppo", seed, linear_evals(2))
+    markdown = build_report(tmp_path / "b")["markdown"].read_text()
+    assert "†" not in _table_row(markdown, "CartPole-v1", "ppo")[3] and "CI from" not in markdown
+
+
 def test_a_stack_started_with_a_seed_count_is_one_process(bench: Path) -> None:
     # `testbed train --seeds 2 --seed 0` trains seeds 0 and 1 in one process, as --seeds 0,1 does.
     for seed in (0, 1):
@@ -377,8 +403,8 @@ def test_build_report_leaves_out_envs_without_references(tmp_path: Path) -> None
     assert "Left out (no reference scores in `lab/reference_scores.yaml`): MyNS/Toy-v0." in markdown
     assert "nothing to aggregate" in markdown
     assert "Threshold: none" in markdown
-    # One algo: equal wall-clock is its own run time (3.0 s), where its one completed run logged 120.
-    assert _table_row(markdown, "MyNS/Toy-v0", "ppo") == ["ppo", "1/2", "120.00", "[120.00, 120.00]", "120.00",
+    # One algo: equal core time is its own run time (3.0 s), where its one completed run logged 120.
+    assert _table_row(markdown, "MyNS/Toy-v0", "ppo") == ["ppo", "1/2", "120.00", "[120.00, 120.00] †", "120.00",
                                                "—", "—", "—", "1,000", "120.00"]  # fmt: skip
     assert "no summary.json yet" in markdown
     assert (bench / "plots" / "MyNS_Toy-v0-steps.png").stat().st_size > 0

@@ -110,7 +110,7 @@ def test_a_rerun_keeps_the_files_records_provenance_and_the_page_shows_them(tmp_
     page = pages.result_page(tmp_path, updated, updated.entry("toy"))
     assert page.startswith("# Toy\n")
     assert "![curve](files/toy/plots/curve.png)" in page  # through docs/results/files -> benchmarks/results
-    body = page.split("Kept files")[1]
+    body = page.split("## How it was made")[0]  # the kept report comes first
     assert "[the code]" not in body and "and the code" in body  # a link out of the results keeps only its text
     assert "From older code" not in page
     # A variant's plot: brackets in the alt text, the file name percent-encoded as reports write it.
