@@ -146,6 +146,7 @@ def test_different_seeds_differ(tmp_path: Path) -> None:
 # ── learning ────────────────────────────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_cartpole_learns(tmp_path: Path) -> None:
     # The RL Zoo preset on half its budget; a random policy scores about 22.
     summary = run_training(ppo, ppo_config("CartPole-v1", total_steps=50_000, eval_interval=0), tmp_path / "run")
@@ -153,6 +154,7 @@ def test_cartpole_learns(tmp_path: Path) -> None:
     assert summary["final_eval_return_mean"] >= 300
 
 
+@pytest.mark.slow
 def test_continuous_control_improves(tmp_path: Path) -> None:
     # InvertedPendulum-v5: an untrained policy balances for a few steps; the continuous default learns
     # to balance for the full 1000 steps within 15k steps (seeds 0-2 all reach 1000).
