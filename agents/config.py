@@ -259,7 +259,7 @@ def parse_key_values(pairs: list[str]) -> dict[str, Any]:
 
 def whole_number(text: str) -> int:
     """``text`` as an int, also in the exponent notation step counts are written in (``1e5``, ``2.5e6``,
-    ``2048.0``) where it is exactly a whole number; ValueError saying why otherwise.
+    ``2048.0``) where it is exactly a whole number; otherwise ValueError saying why (its fix is the caller's).
 
     Read as a decimal, not a float, so that a large count stays exact and ``1.5e-3`` is refused, not rounded."""
     text = text.strip()
@@ -268,11 +268,11 @@ def whole_number(text: str) -> int:
     try:
         number = decimal.Decimal(text)
     except decimal.InvalidOperation:
-        raise ValueError(f"{brief(text, 40)} is not a number; give a whole number such as 100000 or 1e5") from None
+        raise ValueError("not a number") from None
     if not number.is_finite() or number != number.to_integral_value():
-        raise ValueError(f"{brief(text, 40)} is not a whole number; give one such as 100000 or 1e5")
+        raise ValueError("not a whole number")
     if abs(number) >= INT_LIMIT:
-        raise ValueError(f"{brief(text, 40)} does not fit a 64-bit integer; give a smaller number")
+        raise ValueError("too large for a 64-bit integer")
     return int(number)
 
 
@@ -319,7 +319,8 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
             try:
                 return whole_number(repr(value) if isinstance(value, float) else str(value))
             except ValueError as error:
-                raise BadInput(f"{key}={error}") from None
+                raise BadInput(f"{key}={brief(value, 40)} is not a valid int ({error}); give a whole number such as "
+                               "100000 or 1e5") from None  # fmt: skip
         if kind is float:
             number = float(value)
             if not math.isfinite(number):

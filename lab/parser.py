@@ -40,7 +40,8 @@ def count(text: str) -> int:
     try:
         return whole_number(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        fix = "give a whole number such as 100000 or 1e5"
+        raise argparse.ArgumentTypeError(f"{brief(text, 40)} is {error}; {fix}") from None
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -153,7 +153,7 @@ def test_set_takes_the_same_counts(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert build_config(PPOConfig, {"env_id": "CartPole-v1", "total_steps": "1e5"}).total_steps == 100_000
     assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--set", "total_steps=1.5e-3"]) == 2
-    assert "total_steps='1.5e-3' is not a whole number" in one_error_line(capsys)
+    assert "total_steps='1.5e-3' is not a valid int (not a whole number)" in one_error_line(capsys)
 
 
 # ── run folders ──────────────────────────────────────────────────────────────────────────────────────
