@@ -196,6 +196,29 @@ def test_an_old_version_without_a_preset_points_to_the_tuned_one() -> None:
     assert preset_note("ppo", "Pendulum-v1", "default (continuous)") is None  # no version of it is tuned
 
 
+def test_train_on_an_old_version_notes_the_tuned_one_once_before_training(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Was: a million steps with untuned defaults, no word of Hopper-v5's preset, and gymnasium's deprecation
+    # warning twice. The training itself is stood in for: what matters is what is said before it.
+    import dataclasses
+
+    from agents import registry
+
+    said_before: list[str] = []
+
+    def train(cfg: Any, run_dir: Path, resume: bool, name: str) -> dict[str, Any]:
+        said_before.append(capsys.readouterr().err)
+        return {"status": "completed", "seed": cfg.seed, "final_eval_return_mean": 1.0, "total_steps": 1}
+
+    ppo = registry.get("ppo")
+    monkeypatch.setattr(registry, "get", lambda name: dataclasses.replace(ppo, train=train))
+    assert main(["train", "--algo", "ppo", "--env", "Hopper-v4", "--total-steps", "2048", "--run-dir", "run"]) == 0
+    err = said_before[0]
+    assert err.count("Hopper-v4: no ppo preset") == 1 and "Hopper-v5 has a tuned one (--env Hopper-v5)" in err
+    assert err.count("is out of date") <= 1
+
+
 # ── Ray's token authentication ───────────────────────────────────────────────────────────────────────
 
 
