@@ -148,7 +148,7 @@ def test_resume_continues_to_a_longer_budget(cartpole_run: Path, tmp_path: Path)
         (["--algo", "pp0", "--env", "CartPole-v1"], "choose one of ppo"),
         (["--algo", "ppo", "--env", "CartPole-v1", "--set", "learning_rat=1"], "did you mean 'learning_rate'"),
         (["--algo", "ppo", "--env", "CartPole-v1", "--set", "gamma=1.5"], "gamma must be in [0, 1]"),
-        (["--algo", "ppo", "--env", "CartPole-v1", "--set", "n_steps=abc"], "n_steps='abc' is not a valid int (not a number)"),
+        (["--algo", "ppo", "--env", "CartPole-v1", "--set", "n_steps=abc"], "n_steps='abc' is not a valid int"),
         (["--algo", "ppo", "--env", "CartPole-v1", "--set", "activation=gelu"], "one of tanh, relu"),
         (["--algo", "ppo", "--env", "CartPole-v1", "--set", "novalue"], "key=value"),
         (["--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "0"], "total_steps must be positive"),
