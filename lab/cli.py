@@ -184,6 +184,14 @@ def _stack(args: argparse.Namespace) -> int:
     return args.stack
 
 
+def _stopped_cells(backend: str, what: str) -> str:
+    """What a Ctrl-C left of the running ``what``: checkpoints on the local backend; on Ray, a cancelled task's
+    checkpoints stay on its worker, so those runs start again (docs/faults.md, known limits)."""
+    if backend == "ray":
+        return f"finished {what} are kept; running ones were cancelled and start again"
+    return f"running {what} saved checkpoints"
+
+
 def _run_grid(
     grid: Any, workers: int, args: argparse.Namespace, reports: str, prepare: Callable[[Path], None] | None = None,
     reuse_from: Sequence[Path] = (),
@@ -193,7 +201,8 @@ def _run_grid(
         bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address, prepare=prepare,
                                              stack=_stack(args), reuse_from=reuse_from)  # fmt: skip
     except KeyboardInterrupt:
-        print("interrupted: running cells saved checkpoints; rerun the same command to continue", file=sys.stderr)
+        stopped = _stopped_cells(args.backend, "cells")
+        print(f"interrupted: {stopped}; rerun the same command to continue", file=sys.stderr)
         return 130
     failed = [o for o in outcomes if o.status != "completed"]
     print(f"{len(outcomes) - len(failed)} of {len(grid.cells())} runs completed; {reports.format(bench_dir)}; "
@@ -289,7 +298,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         tune_dir, counts = tune.run_study(plan, args.workers, args.backend, args.ray_address, stack=stack)
     except KeyboardInterrupt:
-        print("interrupted: running trials saved checkpoints; rerun the same command to continue", file=sys.stderr)
+        stopped = _stopped_cells(args.backend, "trials")
+        print(f"interrupted: {stopped}; rerun the same command to continue", file=sys.stderr)
         return 130
     done = ", ".join(f"{n} {state}" for state, n in counts.items()) or "nothing new: the study is full"
     reports = (f"report: {tune_dir}/tune.md; preset: {tune_dir}/preset.yaml" if (tune_dir / "tune.md").exists()
