@@ -261,7 +261,7 @@ def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
             f"brackets). From {'; '.join(sources)}.")  # fmt: skip
 
 
-AUDIT_SCORES = {"rank_correlation": "Spearman's ρ between estimate and truth",
+AUDIT_SCORES = {"rank_correlation": "Spearman's \\(r_s\\) between estimate and truth",
                 "sign_agreement": "the share of clearly signed samples whose estimate has the truth's sign",
                 "relative_mse": "MSE / Var[A]"}  # fmt: skip
 
