@@ -14,6 +14,7 @@ blocks and the guides' tables.
 from __future__ import annotations
 
 import csv
+import json
 import re
 from pathlib import Path
 
@@ -33,6 +34,7 @@ TRAINING = Path("docs/training.md")  # its sb3-ppo section holds the CHECKS' tab
 FIGURES = Path("docs/figures")
 BUSY = "a busy machine is slower"
 HEADLINE = "classic"  # the README's table and figure
+CLONE = "clone-size"  # the README's clone line
 FIGURE = "plots/LunarLander-v3-steps.png"
 SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summary, and the pair it compares
 # The same pair on more seeds, then with its one differing setting made equal: each adds a sentence to the summary
@@ -64,6 +66,20 @@ def index_page(manifest: Manifest) -> str:
                  f"{p.get('commit', DASH)}, {p.get('date', DASH)}"] for e, p in zip(chosen, made)]  # fmt: skip
         lines += [f"## {heading}", "", table_text(["result", "command", "seeds", "machine", "commit, date"], rows), ""]
     return "\n".join(lines)
+
+
+def clone_line(root: Path, manifest: Manifest) -> str:
+    """The README's clone line, from ``benchmarks/clone_size.py``'s measure: a full clone and a shallow one on
+    disk, ``.git`` and tree together."""
+    entry = manifest.entry(CLONE)
+    path = root / entry.folder / "clone.json"
+    if not path.exists():
+        return f"Not measured yet: `testbed results run {CLONE}` measures what a clone weighs."
+    sizes = json.loads(path.read_text())
+    mb = {k: (sizes[k]["git_bytes"] + sizes[k]["tree_bytes"]) / 1e6 for k in ("full", "shallow")}
+    return (f"A clone takes {mb['full']:,.0f} MB on disk with its history; `git clone --depth 1` takes the last "
+            f"commit alone, {mb['shallow']:,.0f} MB (commit {sizes['commit']}, {entry.produced.get('date', 'not dated')}; "
+            f"[what a clone weighs](docs/results/{CLONE}.md)).")
 
 
 def headline_table(root: Path, manifest: Manifest) -> str:
@@ -200,6 +216,7 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
                                if "wall_s" in qp else f"Not timed yet: `testbed results run quick` times it ({BUSY})."),
         "first-screen-tests": (f"With `.ci/run` (a fresh virtual environment), {tests_text} on {tp['machine']} "
                                f"({tp['date']}); {BUSY}." if counted else f"Not timed yet: `testbed results run tests` times it ({BUSY})."),
+        "clone": clone_line(root, manifest),
         "results-table": headline_table(root, manifest),
         "mujoco-summary": suite_summary(root, manifest),
         "results-figure": f"![LunarLander-v3: evaluation return against env steps]({headline.folder}/{FIGURE})\n\n"
