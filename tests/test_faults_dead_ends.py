@@ -155,7 +155,7 @@ def test_a_stack_resumes_any_mix_of_finished_partial_and_unstarted_seeds(tmp_pat
 
 
 def test_a_resumed_stack_whose_seeds_never_started_says_to_start_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    fails_cleanly(stack_argv(tmp_path / "none", "ppo", 1000, "--resume"), capsys, "without --resume")
+    fails_cleanly(stack_argv(tmp_path / "none", "ppo", 1000, "--resume"), capsys, "drop --resume to start a new run there")
     assert not (tmp_path / "none").exists()
 
 
