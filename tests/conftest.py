@@ -156,3 +156,12 @@ def assert_close_progress(a: Path, b: Path, tags: list[str], rows: int, rtol: fl
     assert len(first) == rows
     assert torch.allclose(torch.tensor([[float(v) for v in r] for r in first]),
                           torch.tensor([[float(v) for v in r] for r in second]), rtol=rtol, atol=atol)  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` is still running (an exited process that nobody reaped yet is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")

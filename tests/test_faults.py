@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from agents import rundir, runlog, tracking
 from lab.cli import main
-from tests.conftest import REPO, hold_lock, progress_values, read_progress, wait_for
+from tests.conftest import REPO, alive, hold_lock, progress_values, read_progress, wait_for
 
 # CartPole's preset: 8 envs × 32 steps = 256 env steps an iteration.
 SMALL = ["--algo", "ppo", "--env", "CartPole-v1", "--set", "eval_episodes=2"]
@@ -193,15 +193,6 @@ def test_a_trainer_checkpoints_within_half_a_second_of_its_drivers_sigkill(tmp_p
             os.kill(trainer, signal.SIGKILL)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     assert reaction_s < 0.5, f"the trainer checkpointed {reaction_s:.3f} s after its driver's SIGKILL"
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 # ── directories that could be neither rerun nor resumed ─────────────────────────────────────────────

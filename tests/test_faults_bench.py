@@ -25,7 +25,7 @@ from agents import rundir
 from envs.errors import BadInput
 from lab import bench, cells, credit, executor
 from lab.results import find_runs
-from tests.conftest import REPO, hold_lock, read_csv, read_progress, wait_for
+from tests.conftest import REPO, alive, hold_lock, read_csv, read_progress, wait_for
 
 SETS = ["eval_interval=0", "eval_episodes=2"]
 
@@ -44,15 +44,6 @@ def ppo_grid(name: str, seeds: int = 1, total_steps: int = 2048) -> bench.Grid:
 def status_of(run_dir: Path) -> str:
     """The status in ``run_dir``'s summary.json."""
     return json.loads((run_dir / "summary.json").read_text())["status"]
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` is still running (an exited process that nobody reaped yet is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def steps_of(run_dir: Path) -> list[int]:
