@@ -5,7 +5,10 @@
 
 The acceptance test of the README's fault guarantees. Each kill point starts one command in a fresh folder,
 stops it after a random delay with SIGKILL (mostly), SIGINT or SIGTERM, sent to the command alone or, for
-``bench`` and ``tune``, to its whole process group, then reruns the same command (``train`` with
+``bench`` and ``tune``, to its whole process group, or kills one of its trainers alone with SIGKILL, as the
+out-of-memory killer would, while the command goes on (its driver retries the cell, from the checkpoint) and
+ends. At about one kill point in three the command's folder is then moved elsewhere, once its processes have
+ended (as a rerun waits for them), and the rerun runs there. The probe reruns the same command (``train`` with
 ``--resume`` where a checkpoint exists) and checks that
 1. the rerun exits 0;
 2. every run, cell and trial completed (``tune``: the study holds its trials, none running, and each
@@ -13,7 +16,8 @@ stops it after a random delay with SIGKILL (mostly), SIGINT or SIGTERM, sent to 
 3. every run is bit-identical to the same command run once without a kill (``progress.csv`` but for its
    timing columns, and the checkpoint's model), where the README promises it: not in ``tune``, whose
    resumed sampler draws other trials, nor for a stack's seed that was resumed alone in between;
-4. no process of the command is left, a local Ray instance's included;
+4. no process of the command is left, a local Ray instance's included, and nothing wrote to a moved folder's
+   old place;
 5. no lock is held and no stray ``.stack-<pid>.log`` is left.
 
 Scenarios, on CartPole-v1 with tiny budgets and a checkpoint every 512 steps: ``train`` (PPO, GRPO, and a PPO
@@ -58,6 +62,11 @@ TIMING = ("time_s", "/SPS")  # progress.csv's clock columns: wall_time_s, grpo/s
 RAY_NAMES = ("raylet", "gcs_server", "dashboard", "runtime_env", "ray::", "log_monitor", "default_worker")
 RERUN_TIMEOUT_S, STOP_TIMEOUT_S = 300.0, 120.0  # a whole run; a signalled command's stop
 TUNE_TRIALS, TUNE_SEEDS, SOLO_SEED = 3, 2, 1
+DRIVEN = ("bench", "bench-ray", "tune")  # the scenarios whose command drives trainers of its own
+TARGETS = ("command", "group", "trainer")  # whom a driven command's kill point signals, and how often (below)
+TARGET_WEIGHTS, MOVED_SHARE = (3, 3, 4), 1 / 3
+WRITER_WAIT_S = 30.0  # a rerun's wait for a killed driver's trainers (lab.cells.WRITER_WAIT_S), before a move
+TRAINER = " -m lab train "  # a trainer's command line, as a driver starts it (lab.cells.Cell.command)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +103,8 @@ def bench_variant(label: str, *extra: str) -> Variant:
                                              for s in (0, 1)))  # fmt: skip
 
 
+TUNE = Variant("tune", "tune", ("tune", "--algo", "ppo", "--env", ENV, "--trials", str(TUNE_TRIALS), "--total-steps",
+                               "4096", "--seeds", str(TUNE_SEEDS), *FLAGS, "--name", NAME, "--workers", "1"))  # fmt: skip
 VARIANTS = (
     train_variant("train-ppo", "ppo", 4096),
     train_variant("train-grpo", "grpo", 4096),
@@ -103,8 +114,7 @@ VARIANTS = (
     train_variant("stack-grpo", "grpo", 4096, seeds=(0, 1, 2)),
     bench_variant("bench"),
     bench_variant("bench-ray", "--backend", "ray"),
-    Variant("tune", "tune", ("tune", "--algo", "ppo", "--env", ENV, "--trials", str(TUNE_TRIALS), "--total-steps", "4096",
-                             "--seeds", str(TUNE_SEEDS), *FLAGS, "--name", NAME, "--workers", "1")),  # fmt: skip
+    TUNE,
 )
 SCENARIOS = tuple(dict.fromkeys(v.scenario for v in VARIANTS))
 
@@ -114,9 +124,10 @@ class KillPoint:
     index: int
     variant: Variant
     signal: signal.Signals
-    group: bool  # to the command's whole process group, not the command alone
+    target: str  # command | group (the command's whole process group) | trainer (one trainer alone, SIGKILL)
     fraction: float  # of the command's uninterrupted duration
     solo: bool  # a stack's seed 1 resumes alone before the stack does
+    moved: bool  # the command's folder moves elsewhere between the kill and the rerun
 
 
 @dataclasses.dataclass
@@ -125,9 +136,11 @@ class Row:
     scenario: str
     variant: str
     signal: str
-    target: str  # command | group
+    target: str  # command | group | trainer
+    moved: bool  # the folder was moved before the rerun
     delay_s: float
-    killed: bool  # the command was still running at the delay
+    killed: bool  # the command was still running at the delay (trainer: a trainer of it was killed)
+    command_rc: int | None  # how the signalled command ended (None: it had to be killed)
     rerun_rc: int | None  # None: it timed out
     completed: bool
     identical: bool | None  # None: not compared (tune)
@@ -137,15 +150,19 @@ class Row:
 
 
 def plan(kills: int, scenarios: list[str], seed: int) -> list[KillPoint]:
-    """The kill points, drawn from ``seed`` alone: the same arguments make the same probe."""
+    """The kill points, drawn from ``seed`` alone: the same arguments make the same probe. A trainer is killed
+    alone only in the commands that start trainers (a stack trains its seeds in the command's own process), and
+    always with SIGKILL: the out-of-memory killer's, the one fault a trainer cannot save a checkpoint on."""
     rng, points = random.Random(seed), []
     for i in range(kills):
         scenario = scenarios[i % len(scenarios)]
         variants = [v for v in VARIANTS if v.scenario == scenario]
         sig = rng.choices((signal.SIGKILL, signal.SIGINT, signal.SIGTERM), (3, 1, 1))[0]
-        group = scenario in ("bench", "bench-ray", "tune") and rng.random() < 0.5
-        points.append(KillPoint(i, variants[(i // len(scenarios)) % len(variants)], sig, group, rng.random(),
-                                scenario == "stack" and rng.random() < 1 / 3))  # fmt: skip
+        target = rng.choices(TARGETS, TARGET_WEIGHTS)[0] if scenario in DRIVEN else "command"
+        fraction, solo = rng.random(), scenario == "stack" and rng.random() < 1 / 3
+        points.append(KillPoint(i, variants[(i // len(scenarios)) % len(variants)],
+                                signal.SIGKILL if target == "trainer" else sig, target, fraction, solo,
+                                rng.random() < MOVED_SHARE))  # fmt: skip
     return points
 
 
@@ -159,7 +176,7 @@ def start(argv: tuple[str, ...], folder: Path, log_name: str) -> subprocess.Pope
     with open(folder / log_name, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "lab", *argv], cwd=folder, env=env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip  # noqa: PLW1509 (one thread)
 
 
 def send(process: subprocess.Popen[bytes], sig: signal.Signals, group: bool) -> None:
@@ -213,6 +230,34 @@ def started_in(folder: Path) -> list[tuple[int, str, str]]:
     """Live processes that a command run in ``folder``, or in a folder below it, started: every process of
     the command (trainers and Ray's included) inherits its marker, whatever its command line or folder."""
     return [p for p in processes() if f"{p[2]}/".startswith(f"{folder}/")]  # p[2]: the marker's folder
+
+
+def trainers(folder: Path, command_pid: int) -> list[int]:
+    """The live trainers that the command run in ``folder`` started (not the command itself)."""
+    return sorted(pid for pid, command, _ in started_in(folder) if pid != command_pid and TRAINER in f"{command} ")
+
+
+def kill_a_trainer(process: subprocess.Popen[bytes], folder: Path, rng: random.Random) -> int | None:
+    """SIGKILL one trainer of the running command, the first moment one is alive; its pid, or None if the
+    command ended before one was found (or every one found had ended by the kill)."""
+    while process.poll() is None:
+        for pid in rng.sample(found := trainers(folder, process.pid), len(found)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                return pid
+            except ProcessLookupError:
+                continue
+        time.sleep(0.05)
+    return None
+
+
+def wait_for_exit(folder: Path, timeout_s: float) -> list[str]:
+    """Wait until no process of the command run in ``folder`` is alive, as a rerun waits for a killed driver's
+    trainers to checkpoint and exit; the command lines of those still alive after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (alive := started_in(folder)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [command[:80] for _, command, _ in alive]
 
 
 def kill(procs: list[tuple[int, str, str]]) -> None:
@@ -310,14 +355,19 @@ def leftovers(folder: Path, grace_s: float) -> list[str]:
     clean), held locks and stray stack logs."""
     from agents.rundir import LOCK, lock_holder
 
+    found = leftovers_of(folder, grace_s)
+    found += [f"lock of {path.parent.relative_to(folder)} held by {holder[:60]}" for path in sorted(folder.rglob(LOCK))
+              if (holder := lock_holder(path.parent)) is not None]  # fmt: skip
+    return found + [f"stray {path.relative_to(folder)}" for path in sorted(folder.rglob(".stack-*.log"))]
+
+
+def leftovers_of(folder: Path, grace_s: float = 0.0) -> list[str]:
+    """Check 4: the processes of commands run in ``folder`` still alive after ``grace_s``, then killed."""
     deadline = time.monotonic() + grace_s
     while (alive := started_in(folder)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    found = [f"{'Ray ' * any(n in command for n in RAY_NAMES)}process {command[:80]}" for _, command, _ in alive]
-    found += [f"lock of {path.parent.relative_to(folder)} held by {holder[:60]}" for path in sorted(folder.rglob(LOCK))
-              if (holder := lock_holder(path.parent)) is not None]  # fmt: skip
     kill(alive)
-    return found + [f"stray {path.relative_to(folder)}" for path in sorted(folder.rglob(".stack-*.log"))]
+    return [f"{'Ray ' * any(n in command for n in RAY_NAMES)}process {command[:80]}" for _, command, _ in alive]
 
 
 # ── a kill point ───────────────────────────────────────────────────────────────────────────────────
@@ -348,35 +398,52 @@ def make_reference(variant: Variant, folder: Path) -> tuple[float, str]:
     return duration, "; ".join([why] * bool(why) + incomplete(variant, folder) + leftovers(folder, variant.grace_s))
 
 
-def probe(point: KillPoint, folder: Path, reference: Path, duration: float) -> Row:
-    """Start the command, signal it at the kill point's delay, rerun it, and check the outcome."""
+def probe(point: KillPoint, folder: Path, reference: Path, duration: float) -> tuple[Row, Path]:
+    """Start the command, signal it (or kill a trainer of it) at the kill point's delay, move its folder if the
+    kill point says so, rerun it, and check the outcome; the row, and the folder the command ended in."""
     variant, began, delay = point.variant, time.monotonic(), point.fraction * duration
     folder.mkdir(parents=True)
     process = start(variant.argv, folder, "killed.log")
     problems: list[str] = []
     try:
-        process.wait(delay)
+        code = process.wait(delay)
         killed = False
     except subprocess.TimeoutExpired:
-        killed = True
-        send(process, point.signal, point.group)
-        if finish(process, STOP_TIMEOUT_S) is None:
-            problems.append(f"still running {STOP_TIMEOUT_S:.0f} s after {point.signal.name}")
+        if point.target == "trainer":  # the command goes on: its driver retries the cell, from the checkpoint
+            killed = kill_a_trainer(process, folder, random.Random(point.index)) is not None
+            code = finish(process, RERUN_TIMEOUT_S)
+            if code is None:
+                problems.append(f"still running {RERUN_TIMEOUT_S:.0f} s after a trainer of it was killed")
+        else:
+            killed = True
+            send(process, point.signal, point.target == "group")
+            if (code := finish(process, STOP_TIMEOUT_S)) is None:
+                problems.append(f"still running {STOP_TIMEOUT_S:.0f} s after {point.signal.name}")
+    old = folder
+    if point.moved:  # moved, as a user moves a folder, once the killed command's trainers have checkpointed
+        if alive := wait_for_exit(folder, WRITER_WAIT_S):
+            problems.append(f"still alive {WRITER_WAIT_S:.0f} s after the kill, at the move: {'; '.join(alive)}")
+        folder = folder.parent / "moved" / f"{folder.name}-moved"
+        folder.parent.mkdir(exist_ok=True)
+        shutil.move(old, folder)
     solo = f"{variant.runs[0].rpartition('/')[0]}/seed{SOLO_SEED}" if point.solo else ""  # a stack's seed
     alone = bool(solo) and (folder / solo / "checkpoint.pt").exists() and status(folder / solo) != "completed"
     if alone:
         problems.append(run(solo_argv(variant, SOLO_SEED), folder, f"seed{SOLO_SEED}-alone.log")[1])
-    code, why = run(rerun_argv(variant, folder), folder, "rerun.log")
+    rerun_code, why = run(rerun_argv(variant, folder), folder, "rerun.log")
     missing = incomplete(variant, folder)
     # A seed resumed alone ran as a single run, whose numbers round otherwise than a stack's: no promise there.
     compared = [r for r in variant.runs if not (alone and r == solo)]
     diffs = [f"{r}: {d}" for r in compared for d in differences(reference / r, folder / r)]
     left = leftovers(folder, variant.grace_s)
+    if point.moved:  # the killed command's processes carry the old folder in their marker
+        left += [f"(old folder) {what}" for what in leftovers_of(old)]
+        left += [f"the old folder {old.name} was written again after the move"] * old.exists()
     reason = "; ".join(p for p in [*problems, why, *missing, *diffs, *left] if p)
     return Row(point.index, variant.scenario, variant.label + (f" (seed {SOLO_SEED} alone)" if alone else ""),
-               point.signal.name, "group" if point.group else "command", round(delay, 2), killed, code, not missing,
+               point.signal.name, point.target, point.moved, round(delay, 2), killed, code, rerun_code, not missing,
                None if variant.scenario == "tune" else not diffs, "; ".join(left), reason,
-               round(time.monotonic() - began, 1))  # fmt: skip
+               round(time.monotonic() - began, 1)), folder  # fmt: skip
 
 
 # ── output ─────────────────────────────────────────────────────────────────────────────────────────
@@ -392,16 +459,27 @@ def markdown(rows: list[Row], durations: dict[str, float], notes: list[str], com
              *[f"| {v.label} | `testbed {' '.join(v.argv)}` | {durations[v.label]:.1f} |" for v in VARIANTS
                if v.label in durations],
              "", "## Kill points by scenario", "",
-             "| scenario | kill points | killed while running | passed | failed |", "|---|---|---|---|---|"]  # fmt: skip
+             ("| scenario | kill points | killed while running | to the group | a trainer alone | folder moved "
+              "| passed | failed |"), "|" + "---|" * 8]  # fmt: skip
     for scenario in dict.fromkeys(r.scenario for r in rows):
         mine = [r for r in rows if r.scenario == scenario]
         failed = sum(bool(r.reason) for r in mine)
-        lines.append(f"| {scenario} | {len(mine)} | {sum(r.killed for r in mine)} | {len(mine) - failed} | {failed} |")
+        alone = [r for r in mine if r.target == "trainer"]
+        lines.append(f"| {scenario} | {len(mine)} | {sum(r.killed for r in mine)} | "
+                     f"{sum(r.target == 'group' for r in mine)} | {len(alone)} | {sum(r.moved for r in mine)} | "
+                     f"{len(mine) - failed} | {failed} |")  # fmt: skip
+    alone = [r for r in rows if r.target == "trainer" and r.killed]
+    if alone:
+        ended = sum(r.command_rc == 0 for r in alone)
+        lines += ["", (f"A trainer was killed alone at {len(alone)} kill points; its command then went on and ended "
+                       f"with exit 0 at {ended} of them (its driver retried the cell from the checkpoint), before the "
+                       "rerun.")]  # fmt: skip
     failing = [r for r in rows if r.reason]
     lines += ["", f"## Failures: {len(failing)} of {len(rows)}", ""]
-    lines += ["| # | command | signal | to | delay (s) | killed | rerun exit | reason |", "|" + "---|" * 8,
-              *[f"| {r.index} | {r.variant} | {r.signal} | {r.target} | {r.delay_s} | {r.killed} | {r.rerun_rc} | "
-                f"{r.reason.replace('|', '/')} |" for r in failing]] if failing else ["None."]  # fmt: skip
+    lines += ["| # | command | signal | to | moved | delay (s) | killed | its exit | rerun exit | reason |",
+              "|" + "---|" * 10,
+              *[f"| {r.index} | {r.variant} | {r.signal} | {r.target} | {r.moved} | {r.delay_s} | {r.killed} | "
+                f"{r.command_rc} | {r.rerun_rc} | {r.reason.replace('|', '/')} |" for r in failing]] if failing else ["None."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -451,14 +529,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"reference {variant.label}: {seconds:.1f} s" + (f", FAILED: {why}" if why else ""), flush=True)
             duration, why = references[variant.label]
             if why:
-                row = Row(point.index, variant.scenario, variant.label, point.signal.name, "", 0.0, False, None, False,
-                          None, "", f"the uninterrupted run failed: {why}", 0.0)  # fmt: skip
+                row = Row(point.index, variant.scenario, variant.label, point.signal.name, point.target, point.moved,
+                          0.0, False, None, None, False, None, "", f"the uninterrupted run failed: {why}", 0.0)  # fmt: skip
             else:
-                row = probe(point, folder, work / f"reference-{variant.label}", duration)
+                row, ended_in = probe(point, folder, work / f"reference-{variant.label}", duration)
                 if not row.reason:
-                    shutil.rmtree(folder)
+                    shutil.rmtree(ended_in)
             rows.append(row)
-            what = f"{row.signal}{' to its group' if row.target == 'group' else ''} at {row.delay_s:.1f} s"
+            to = {"command": "", "group": " to its group", "trainer": " to a trainer alone"}[row.target]
+            what = f"{row.signal}{to} at {row.delay_s:.1f} s{', folder moved' if row.moved else ''}"
             print(f"[{len(rows)}/{len(points)}] {row.variant}, {what}{'' if row.killed else ' (it had ended)'}: "
                   f"{'FAIL: ' + row.reason if row.reason else 'pass'} ({row.seconds:.0f} s)", flush=True)  # fmt: skip
             write_outputs(args.out, rows, {k: s for k, (s, _) in references.items()}, notes, command, machine)

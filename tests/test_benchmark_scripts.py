@@ -167,3 +167,33 @@ def test_an_ablation_with_a_bad_row_fails_before_any_bench_runs(tmp_path: Path) 
                               timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@functools.cache
+def _fault_probe_module() -> ModuleType:
+    """benchmarks/fault_probe.py, imported by its path (its dataclasses look their module up in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("benchmarks_fault_probe", REPO / "benchmarks" / "fault_probe.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fault_probe_in_ci_kills_trainers_alone_and_moves_folders_in_every_scenario_it_names() -> None:
+    """CI runs a dozen kill points of the probe (.ci/run); its plan, drawn from its seed alone, must still reach
+    every fault the probe exists for, or a change of the draws would quietly drop one from CI."""
+    probe = _fault_probe_module()
+    ci = (REPO / ".ci" / "run").read_text()
+    found = re.search(r"fault_probe\.py --kills (\d+) --seed (\d+) --scenarios (\S+)", ci)
+    assert found, ".ci/run no longer runs the fault probe"
+    kills, seed, scenarios = int(found[1]), int(found[2]), found[3].split(",")
+    points = probe.plan(kills, scenarios, seed)
+    assert points == probe.plan(kills, scenarios, seed)  # the same arguments make the same probe
+    assert {p.variant.scenario for p in points} == {"train", "stack", "bench", "tune"}
+    alone = [p for p in points if p.target == "trainer"]
+    assert {p.variant.scenario for p in alone} == {"bench", "tune"}
+    assert all(p.signal == signal.SIGKILL for p in alone)
+    assert {p.variant.scenario for p in points if p.moved} == {"train", "stack", "bench", "tune"}
+    assert any(p.target == "group" for p in points) and any(p.target == "command" for p in points)
+    assert all(p.target == "command" for p in probe.plan(100, ["train", "stack"], 0))  # no trainers of their own
