@@ -210,11 +210,12 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
     qp, tp = quick.produced, tests.produced
     closing = root / tests.folder / (tests.last_line or "")
     counted = pytest_line(closing.read_text()) if tests.last_line and closing.exists() and "wall_s" in tp else None
-    tests_text = f"the {counted[0]} tests took {counted[1]:.0f} s, {tp['wall_s']:.0f} s with the install" if counted else ""
+    tests_text = f"the {counted[0]} tests took {counted[1]:.0f} s, {tp['wall_s']:.0f} s in all" if counted else ""
     return {
         "first-screen-bench": (f"The {runs} runs took {qp['wall_s']:.0f} s on {qp['machine']} ({qp['date']}); {BUSY}."
                                if "wall_s" in qp else f"Not timed yet: `testbed results run quick` times it ({BUSY})."),
-        "first-screen-tests": (f"With `.ci/run` (a fresh virtual environment), {tests_text} on {tp['machine']} "
+        "first-screen-tests": (f"With `.ci/run` (a fresh virtual environment, the install, a dozen kill points of the "
+                               f"fault probe, then the tests), {tests_text} on {tp['machine']} "
                                f"({tp['date']}); {BUSY}." if counted else f"Not timed yet: `testbed results run tests` times it ({BUSY})."),
         "clone": clone_line(root, manifest),
         "results-table": headline_table(root, manifest),
