@@ -297,7 +297,7 @@ def kl_estimators(samples: int, seed: int, out_png: Path, out_md: Path) -> list[
         legend(ax)
     header = ["μ", "KL(p ‖ q)", "estimator", "mean", "bias", "std of one sample", "share of samples < 0"]
     note = f"{samples:,} samples x ~ N(0, 1), seed {seed}."
-    # GRPO's case: π_ref = N(0, 1), π_old = N(0.5, 1), π_θ = N(0.5 + δ, 1); x ~ π_old; r = π_ref / π_θ.
+    # GRPO's case: π_ref = N(0, 1), π_old = N(0.5, 1), π_θ = N(0.5 + Δμ, 1); x ~ π_old; r = π_ref / π_θ.
     off_rows = []
     x_old = x + 0.5
     for delta in (0.0, 0.1, 0.25, 0.5):
@@ -307,9 +307,9 @@ def kl_estimators(samples: int, seed: int, out_png: Path, out_md: Path) -> list[
         k3 = losses.k3_kl(log_ratio)
         means = [f"{float(k(log_ratio).mean()):.4f}" for k in estimators.values()]
         off_rows.append([f"{delta}", f"{mean_theta**2 / 2:.4f}", *means, f"{float((weight * k3).mean()):.4f}"])
-    off_header = ["δ (π_θ − π_old)", "KL(π_θ ‖ π_ref)", "k1 on x ~ π_old", "k2 on x ~ π_old", "k3 on x ~ π_old (GRPO's)",
+    off_header = ["Δμ (π_θ − π_old)", "KL(π_θ ‖ π_ref)", "k1 on x ~ π_old", "k2 on x ~ π_old", "k3 on x ~ π_old (GRPO's)",
                   "k3 · π_θ/π_old on x ~ π_old"]  # fmt: skip
-    off_note = (f"π_ref = N(0, 1), π_old = N(0.5, 1), π_θ = N(0.5 + δ, 1); the same {samples:,} samples, shifted "
+    off_note = (f"π_ref = N(0, 1), π_old = N(0.5, 1), π_θ = N(0.5 + Δμ, 1); the same {samples:,} samples, shifted "
                 "to π_old.")  # fmt: skip
     section = ("GRPO's penalty: the estimators on samples from π_old", off_header, off_rows, off_note)
     table = write_table(out_md, "k1, k2 and k3 on a known pair of Gaussians", header, rows, note, (section,))
@@ -392,7 +392,7 @@ def length_bias(out_png: Path, out_md: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         legend(ax)
     note = (f"G = 4 responses, rewards (1, 1, 0, 0), Â = ±{float(adv.group_outcome(torch.tensor([R]))[0, 0]):.4f} "
-            "(`group_outcome`, ε = 1e-6) on each token; lengths 20, 200 as named; H = 200; push = Â·w.")  # fmt: skip
+            "(`group_outcome`, std floor 1e-6) on each token; lengths 20, 200 as named; H = 200; push = Â·w.")  # fmt: skip
     header = ["case", "aggregation", "push per token, correct", "penalty per token, wrong",
               "total push, one correct response", "total penalty, one wrong response"]  # fmt: skip
     title = "Length bias: the push each aggregation gives a token, by the sign of its advantage"
