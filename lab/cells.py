@@ -120,8 +120,12 @@ def pack_pending(cells: list[Cell], bench_dir: Path, stack: int) -> tuple[list[C
 
     Packing only the cells still to train keeps a rerun's seeds in as few processes as a first run's: with
     seeds 0-4 done and 5-7 left, ``stack`` 5 trains 5-7 in one process, not 6 in one and 5, 7 in another.
-    The stacks come longest first (:func:`longest_first`)."""
+    The stacks come longest first (:func:`longest_first`). A stack whose driver was killed after its runs
+    completed but before it shared its console log leaves that log beside cells that need no process, so
+    their folders' orphaned stack logs are shared here (:func:`share_orphaned_stack_logs`)."""
     done = [cell for cell in cells if read_status(cell.run_dir(bench_dir)) == "completed"]
+    for folder in sorted({cell.run_dir(bench_dir).parent for cell in done}):
+        share_orphaned_stack_logs(folder)
     return done, longest_first(pack_stacks([cell for cell in cells if cell not in done], stack))
 
 

@@ -21,6 +21,7 @@ import torch
 
 from agents import rundir, runlog
 from lab import bench
+from lab.cells import pack_pending
 from lab.cli import main
 from lab.results import find_runs
 from tests.conftest import REPO, read_progress
@@ -246,3 +247,21 @@ def test_a_nan_checkpoint_is_refused_by_eval_and_resume_and_recorded_diverged(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["diverged"], summary["total_steps"]) == ("failed", True, 512)
     assert (run_dir / "progress.csv").read_bytes() == progress
+
+
+def test_a_stack_log_left_by_a_driver_killed_after_its_runs_completed_is_shared_on_the_rerun(tmp_path: Path) -> None:
+    # The fault probe's case: a tune driver SIGKILLed after its stack's trainer had written both summaries but
+    # before it shared the stack's console log; the rerun finds both cells done and starts no process for them.
+    grid = bench.Grid("orphan", ["ppo"], ["CartPole-v1"], [0, 1], 512)
+    cells = grid.cells()
+    for cell in cells:
+        run_dir = cell.run_dir(tmp_path)
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text('{"status": "completed"}')
+    folder = cells[0].run_dir(tmp_path).parent
+    orphan = folder / ".stack-999999999-seed0.log"
+    orphan.write_text("# seed0.log seed1.log\n[ppo CartPole-v1 seed 0] step 512/512\n")
+    done, stacks = pack_pending(cells, tmp_path, stack=2)
+    assert done == cells and stacks == []
+    assert not orphan.exists()
+    assert (folder / "seed0.log").read_text() == (folder / "seed1.log").read_text() == "[ppo CartPole-v1 seed 0] step 512/512\n"
