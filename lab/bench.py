@@ -32,6 +32,7 @@ from lab.cells import Cell, Outcome, log_path, read_status, reused_elsewhere
 from lab.document import counted, fmt_duration
 from lab.board import HEARTBEAT_S, Heartbeat
 from lab.executor import connect_ray, execute
+from lab.kept import copy_run_into
 from lab.plan import resolve_run
 from lab.suites import SUITES, Suite
 
@@ -209,14 +210,9 @@ def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:
             continue
         if rundir.config_differences(there, cell.algo, cell.config()):
             continue
-        staging = here.with_name(f".{here.name}.adopting")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(there, staging, ignore=shutil.ignore_patterns(".*"))
+        copy_run_into(there, here, "adopting")
         if log_path(there).exists():
             shutil.copy2(log_path(there), log_path(here))
-        if here.exists():
-            here.rmdir()  # empty, checked above
-        staging.rename(here)
         adopted += 1
     return adopted
 

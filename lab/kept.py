@@ -164,12 +164,19 @@ def restore_runs(folder: Path, output: Path) -> list[Path]:
         target = output / relative
         if not ended(kept) or not restores(kept) or (target.is_dir() and any(target.iterdir())):
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.with_name(f".{target.name}.restoring")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(kept, staging)
-        if target.exists():
-            target.rmdir()  # empty, checked above
-        staging.rename(target)
+        copy_run_into(kept, target, "restoring")
         restored.append(relative)
     return restored
+
+
+def copy_run_into(source: Path, target: Path, doing: str) -> None:
+    """Copy the run directory ``source`` to ``target``, absent or empty, through a hidden folder beside it
+    (``.NAME.<doing>``) renamed into place: a stop mid-copy leaves ``target`` as it was, never holding part of
+    a run (reports do not read hidden folders). Hidden files, a writer's lock, stay behind."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.{doing}")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, ignore=shutil.ignore_patterns(".*"))
+    if target.exists():
+        target.rmdir()  # empty: the caller checked
+    staging.rename(target)
