@@ -7,6 +7,11 @@ Per case, in one invocation:
   ``python -m lab train`` with periodic evaluations and intermediate checkpoints off, so its final
   deterministic evaluation and final checkpoint stay in the measured time; SB3's is a small script run with
   ``python -c`` that only builds and trains. Ours and SB3 alternate (A B A B …) to spread machine noise;
+- both sides do the same work: the same env steps, and the same gradient steps. SB3's PPO trains as
+  ``--algo sb3-ppo`` trains it (``agents.sb3.Learner``: SB3's ``collect_rollouts``, then its ``train()``,
+  once per epoch when the preset recomputes advantages every epoch, which a plain ``model.learn()`` would
+  run as one epoch). Each process's optimizer steps are counted (ours: its checkpoint's Adam step count;
+  SB3's: calls of its optimizer's ``step``) and reported beside its time;
 - the ceiling: random actions, pre-sampled, in one plain gymnasium env and in the vector env our preset
   trains on;
 - where our time goes: one more process of ours with timers wrapped around rollout, update and evaluation.
@@ -58,22 +63,37 @@ CASES = {
     "halfcheetah": Case("halfcheetah", "HalfCheetah-v5", 50_000),
 }
 
-# The Stable-Baselines3 side: agents.sb3 builds the env and PPO's arguments from our config (JSON in argv[1];
-# argv[2] is 1 for continuous actions); prints one JSON line at the end.
+# The Stable-Baselines3 side: SB3's env and PPO built from our config (JSON in argv[1]) by agents.sb3.Learner, and
+# driven through the two phases that OnPolicyAlgorithm.learn alternates, as the lifecycle drives them for
+# ``--algo sb3-ppo``: so ``recompute_advantages`` runs its n_epochs train() calls, where model.learn() would run one
+# epoch. Nothing is evaluated or saved; the learner's evaluation env is built (a tenth of a second for HalfCheetah's
+# ten), never stepped. Counts the optimizer's steps; prints one JSON line at the end.
 SB3_SCRIPT = """
 import json, sys, time
 import torch
 torch.set_num_threads(1)
-from stable_baselines3 import PPO
 from agents import sb3
 from agents.config import build_config
 from agents.ppo import PPOConfig
 
 cfg = build_config(PPOConfig, json.loads(sys.argv[1]))
-model = PPO("MlpPolicy", sb3.make_sb3_env(cfg), **sb3.sb3_arguments(cfg, continuous=sys.argv[2] == "1"))
-start = time.perf_counter()
-model.learn(total_timesteps=cfg.total_steps)
-print(json.dumps({"total_steps": int(model.num_timesteps), "loop_s": time.perf_counter() - start}))
+learner = sb3.Learner([cfg])
+model, optimizer_steps = learner.model, [0]
+step = model.policy.optimizer.step
+def counted_step(*args, **kwargs):
+    optimizer_steps[0] += 1
+    return step(*args, **kwargs)
+model.policy.optimizer.step = counted_step
+start, iteration = time.perf_counter(), 0
+while model.num_timesteps < cfg.total_steps:  # as model.learn() and our lifecycle count iterations
+    iteration += 1
+    collected = learner.collect([iteration], [True])
+    remaining = max(1.0 - model.num_timesteps / cfg.total_steps, 0.0)  # SB3 schedules itself; as run_stack passes it
+    rate = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
+    learner.learn(collected, [iteration], [remaining], [rate], [True])
+loop_s = time.perf_counter() - start
+learner.close()
+print(json.dumps({"total_steps": int(model.num_timesteps), "loop_s": loop_s, "gradient_steps": optimizer_steps[0]}))
 """
 
 
@@ -88,8 +108,9 @@ class Timed:
     wall_s: float
     total_steps: int | None
     sps: float | None  # total_steps / wall_s: the whole process
-    loop_s: float | None  # ours: the training loop (final evaluation excluded); SB3: model.learn()
+    loop_s: float | None  # ours: the training loop (final evaluation excluded); SB3: its collect/train loop
     returncode: int
+    gradient_steps: int | None = None  # optimizer steps the process took: equal on both sides
 
 
 @dataclass
@@ -165,6 +186,9 @@ def describe(cfg: Any, continuous: bool) -> str:
     for key, value in arguments.items():
         if key in ("policy_kwargs", "seed", "device", "verbose"):
             continue
+        if key == "n_epochs" and cfg.recompute_advantages:  # the learner's epochs, not SB3's argument
+            parts.append(f"n_epochs={cfg.n_epochs} (train() of one epoch each, advantages recomputed between)")
+            continue
         parts.append(f"{key}=linear from {value.start}" if isinstance(value, LinearSchedule) else f"{key}={value}")
     for key, value in arguments["policy_kwargs"].items():
         parts.append(f"{key}={value.__name__ if isinstance(value, type) else value}")
@@ -194,29 +218,45 @@ def train_argv(case: Case, run_dir: Path) -> list[str]:
             "--total-steps", str(case.total_steps), *OURS_FLAGS, "--run-dir", str(run_dir)]  # fmt: skip
 
 
+def checkpoint_gradient_steps(run_dir: Path) -> int | None:
+    """The Adam step count in a run's final checkpoint: the gradient steps the run took (None without one)."""
+    import torch
+
+    path = run_dir / "checkpoint.pt"
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)["optimizer"]["state"]
+    return int(state[0]["step"]) if state else 0
+
+
 def run_ours(case: Case, repeat: int) -> Timed:
     with tempfile.TemporaryDirectory(prefix="speed-ours-") as tmp:
         run_dir = Path(tmp) / "run"
         wall, proc = time_process([sys.executable, "-m", "lab", *train_argv(case, run_dir)])
         summary_path = run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    ok = proc.returncode == 0 and summary.get("status") == "completed"
+        ok = proc.returncode == 0 and summary.get("status") == "completed"
+        optimizer_steps = checkpoint_gradient_steps(run_dir) if ok else None
     steps = summary.get("total_steps") if ok else None
     return Timed(case.name, case.env_id, "ours", repeat, wall, steps, steps / wall if steps else None,
-                 summary.get("wall_time_s") if ok else None, proc.returncode)  # fmt: skip
+                 summary.get("wall_time_s") if ok else None, proc.returncode, optimizer_steps)  # fmt: skip
 
 
-def run_sb3(case: Case, cfg: Any, continuous: bool, repeat: int) -> Timed:
+def sb3_argv(cfg: Any) -> list[str]:
+    """The command of one SB3 process (SB3_SCRIPT) training ``cfg``."""
     from agents.rundir import config_to_dict
 
-    config_json = json.dumps(config_to_dict(cfg))
-    wall, proc = time_process([sys.executable, "-c", SB3_SCRIPT, config_json, "1" if continuous else "0"])
+    return [sys.executable, "-c", SB3_SCRIPT, json.dumps(config_to_dict(cfg))]
+
+
+def run_sb3(case: Case, cfg: Any, repeat: int) -> Timed:
+    wall, proc = time_process(sb3_argv(cfg))
     result: dict[str, Any] = {}
     if proc.returncode == 0 and proc.stdout.strip():
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     steps = result.get("total_steps")
     return Timed(case.name, case.env_id, "sb3", repeat, wall, steps, steps / wall if steps else None,
-                 result.get("loop_s"), proc.returncode)  # fmt: skip
+                 result.get("loop_s"), proc.returncode, result.get("gradient_steps"))  # fmt: skip
 
 
 # ── the ceiling: raw env step rate ─────────────────────────────────────────────────────────────────
@@ -387,21 +427,28 @@ def case_markdown(result: CaseResult) -> str:
     lines = [f"## {case.name}: {case.env_id}, {steps:,} steps, seed {SEED}", "",
              f"Hyperparameters (our preset, as SB3 arguments): {result.hyperparameters}. "
              f"Ours also runs its final evaluation, {result.eval_episodes} episodes, inside the measured time.", "",
-             "| implementation | process times (s) | median (s) | steps/s, whole process | steps/s, training loop |",
-             "|---|---|---|---|---|"]  # fmt: skip
+             ("| implementation | process times (s) | median (s) | steps/s, whole process | steps/s, training loop "
+              "| gradient steps |"),
+             "|---|---|---|---|---|---|"]  # fmt: skip
     medians: dict[str, float | None] = {}  # steps/s of the whole process
     loops: dict[str, float | None] = {}  # steps/s of the training loop
+    work: dict[str, set[int | None]] = {}  # the gradient steps each implementation's processes took
     for impl, label in (("ours", "ours (`python -m lab train`)"), ("sb3", "Stable-Baselines3")):
         rows = [t for t in result.timed if t.impl == impl]
         good = [t for t in rows if t.returncode == 0 and t.total_steps]
         times = ", ".join(_fmt(t.wall_s) + ("" if t.returncode == 0 else f" (exit {t.returncode})") for t in rows)
         medians[impl] = _median([t.total_steps / t.wall_s for t in good])  # type: ignore[operator]
         loops[impl] = _median([t.total_steps / t.loop_s for t in good if t.loop_s])  # type: ignore[operator]
+        work[impl] = {t.gradient_steps for t in good}
+        counts = ", ".join("–" if n is None else f"{n:,}" for n in sorted(work[impl], key=lambda n: n or 0))
         lines.append(f"| {label} | {times or '–'} | {_fmt(_median([t.wall_s for t in good]))} "
-                     f"| {_fmt(medians[impl], 0)} | {_fmt(loops[impl], 0)} |")  # fmt: skip
+                     f"| {_fmt(medians[impl], 0)} | {_fmt(loops[impl], 0)} | {counts or '–'} |")  # fmt: skip
     r = ratio(result)
     verdict = "–" if r is None else (f"ours is ×{r:.2f} faster" if r >= 1 else f"ours is ×{1 / r:.2f} slower")
     lines += ["", f"SB3 / ours, median process times: {_fmt(r)} ({verdict}).", ""]
+    if len(work["ours"] | work["sb3"]) > 1:  # a ratio of unequal work means nothing: say so beside it
+        unequal = "**Unequal work**: the two sides took different numbers of gradient steps, so the ratio above "
+        lines += [unequal + "does not compare the same training.", ""]
     if result.ceiling:
         vector = result.ceiling["vector"]
         fraction, loop_fraction = (f"{100 * v / vector:.1f}%" if v else "–" for v in (medians["ours"], loops["ours"]))
@@ -453,7 +500,10 @@ def markdown(results: list[CaseResult], command: str, machine: str) -> str:
         "Ours runs with periodic evaluations and intermediate checkpoints off (`--set eval_interval=0 --set "
         "checkpoint_interval=0`); its final deterministic evaluation, its final checkpoint and its "
         "TensorBoard/CSV logging stay in the measured time. SB3 runs no evaluation and saves nothing. "
-        "\"Training loop\" steps/s: ours excludes its final evaluation; SB3's is `model.learn()`. "
+        "Both sides take the same env steps and the same gradient steps: SB3's PPO trains as `--algo sb3-ppo` "
+        "trains it (`agents.sb3.Learner`: `collect_rollouts`, then `train()`, once per epoch where the preset "
+        "recomputes advantages every epoch); the gradient steps column counts each process's optimizer steps. "
+        "\"Training loop\" steps/s: ours excludes its final evaluation; SB3's is its collect/train loop. "
         "Envs: ours through `envs.make_vector` (gymnasium's native vector env where it exists); SB3 through "
         "`make_vec_env` (a DummyVecEnv of Monitor-wrapped envs).", "",
     ]  # fmt: skip
@@ -517,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(out, results, command, machine)
         for repeat in range(1, args.repeats + 1):
             for impl in ("ours", "sb3"):  # alternating, so slow spells of the machine hit both
-                timed = run_ours(case, repeat) if impl == "ours" else run_sb3(case, cfg, continuous, repeat)
+                timed = run_ours(case, repeat) if impl == "ours" else run_sb3(case, cfg, repeat)
                 result.timed.append(timed)
                 print(f"  {name} {timed.impl} #{repeat}: {timed.wall_s:.2f} s", flush=True)
                 write_outputs(out, results, command, machine)

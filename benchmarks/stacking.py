@@ -5,13 +5,17 @@
 Per case, every process pinned to one core and run one after another:
 - one stacked process of ours training S seeds (``python -m lab train --seeds S``);
 - S processes of ours, one per seed (``python -m lab train --seed k``);
-- S processes of Stable-Baselines3's PPO at identical hyperparameters (``benchmarks/speed.py``'s script);
+- S processes of Stable-Baselines3's PPO at identical hyperparameters (``benchmarks/speed.py``'s script), doing
+  the same work as ours: the same env steps and gradient steps per seed (SB3 trains as ``--algo sb3-ppo``
+  trains it, its ``train()`` once per epoch where the preset recomputes advantages every epoch);
 - where the stacked process's time goes: one more stacked process with timers around collecting (acting
   and env stepping) and updating.
 Each time is a whole process, wall clock from spawn to exit, interpreter start and imports included.
 Ours runs without periodic evaluations or intermediate checkpoints (its final evaluation and checkpoint
-stay in the time); SB3 evaluates and saves nothing. ``--sizes 1,2,4,8,16`` instead times one stacked
-process per stack size, for the bench's default ``--stack``.
+stay in the time); SB3 evaluates and saves nothing. Each process's gradient steps, summed over its seeds (ours:
+from each seed's final checkpoint; SB3's: its optimizer's steps, counted), go beside its time, so that a
+table of unequal work says so. ``--sizes 1,2,4,8,16`` instead times one stacked process per stack size, for
+the bench's default ``--stack``.
 
 ``--algo grpo`` times our GRPO preset the same way; SB3 has no GRPO.
 
@@ -84,11 +88,14 @@ class Row:
     returncode: int
     collect_s: float | None = None
     update_s: float | None = None
+    gradient_steps: int | None = None  # summed over the seeds this process trained
 
 
 def type_of(field_name: str) -> Any:
     """The type of a Row field, to read it back from the CSV."""
-    return {"seeds": int, "wall_s": float, "returncode": int, "collect_s": float, "update_s": float}.get(field_name, str)
+    if field_name in ("seeds", "returncode", "gradient_steps"):
+        return int
+    return float if field_name in ("wall_s", "collect_s", "update_s") else str
 
 
 def pinned(core: int | None) -> Any:
@@ -113,11 +120,27 @@ def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int], alg
             "--total-steps", str(steps), *speed.OURS_FLAGS, "--run-dir", str(run_dir)]  # fmt: skip
 
 
+def total_gradient_steps(rows: list[Row]) -> int | None:
+    """The gradient steps of these processes together; None if one was not counted (or there are none)."""
+    counts = [r.gradient_steps for r in rows]
+    return sum(c for c in counts if c is not None) if counts and None not in counts else None
+
+
+def ours_gradient_steps(run_dir: Path, seeds: list[int]) -> int | None:
+    """The gradient steps a process of ours took, summed over its seeds' final checkpoints (None if one lacks one).
+    ``lab train --seeds`` writes seed k into ``RUN_DIR/seed<k>``; ``--seed`` into ``RUN_DIR`` itself."""
+    dirs = [run_dir] if len(seeds) == 1 else [run_dir / f"seed{seed}" for seed in seeds]
+    counts = [speed.checkpoint_gradient_steps(d) for d in dirs]
+    return None if None in counts else sum(c for c in counts if c is not None)
+
+
 def profile_argv(cfg: Any, seeds: list[int], run_dir: Path, algo: str) -> list[str]:
     """A stacked process of PROFILE_SCRIPT: the seeds batched, with timers around collecting and updating."""
     from agents.rundir import config_to_dict
 
-    cfgs = [config_to_dict(dataclasses.replace(cfg, seed=seed, eval_interval=0, checkpoint_interval=0)) for seed in seeds]
+    cfgs = [
+        config_to_dict(dataclasses.replace(cfg, seed=seed, eval_interval=0, checkpoint_interval=0)) for seed in seeds
+    ]
     return [sys.executable, "-c", PROFILE_SCRIPT, json.dumps(cfgs), str(run_dir), algo]
 
 
@@ -127,7 +150,9 @@ def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed
              f"Command: `{command}`", "", f"Machine: {machine}", "",
              ("Each time is a whole process pinned to one core, wall clock from spawn to exit, imports included; "
               "processes ran one after another. Ours: no periodic evaluation or intermediate checkpoint, its final "
-              "evaluation and checkpoint included; SB3: `model.learn()` only, nothing evaluated or saved."), ""]  # fmt: skip
+              "evaluation and checkpoint included; SB3: its collect and train() phases only, nothing evaluated or saved, "
+              "with the same gradient steps as ours (its train() once per epoch where the preset recomputes advantages "
+              "every epoch). Gradient steps: each process's optimizer steps, summed over its seeds."), ""]  # fmt: skip
     for name in dict.fromkeys(r.case for r in rows):
         case_rows = [r for r in rows if r.case == name]
         by = {impl: [r for r in case_rows if r.impl == impl and r.returncode == 0] for impl in
@@ -139,13 +164,25 @@ def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed
             lines.append("")
             continue
         total = {impl: sum(r.wall_s for r in by[impl]) for impl in ("stacked", "ours", "sb3", "turns")}
-        lines += ["| how | processes | seeds | total wall (s) | s per seed |", "|---|---|---|---|---|"]
+        work = {impl: total_gradient_steps(by[impl]) for impl in ("stacked", "ours", "sb3", "turns")}
+        lines += [
+            "| how | processes | seeds | total wall (s) | s per seed | gradient steps |",
+            "|---|---|---|---|---|---|",
+        ]
         for impl, label in (("stacked", "ours, stacked (`train --seeds`)"), ("ours", "ours, one process per seed"),
                             ("sb3", "Stable-Baselines3, one process per seed"),
                             ("turns", "ours, one process, seeds taking turns unbatched")):  # fmt: skip
             seeds = sum(r.seeds for r in by[impl])
             if seeds:
-                lines.append(f"| {label} | {len(by[impl])} | {seeds} | {total[impl]:.1f} | {total[impl] / seeds:.2f} |")
+                counted = "–" if work[impl] is None else f"{work[impl]:,}"
+                wall = f"{total[impl]:.1f} | {total[impl] / seeds:.2f}"
+                lines.append(f"| {label} | {len(by[impl])} | {seeds} | {wall} | {counted} |")
+        # A ratio of unequal work means nothing: say so beside it.
+        if len({work[impl] for impl in ("stacked", "ours", "sb3") if by[impl] and work[impl] is not None}) > 1:
+            lines.append(
+                "\n**Unequal work**: these processes took different numbers of gradient steps in all, so the "
+                "ratios below do not compare the same training."
+            )
         if total["stacked"]:
             for impl, label in (("sb3", "SB3"), ("ours", "our single runs")):
                 if total[impl]:
@@ -215,21 +252,22 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.algo), args.core)  # fmt: skip
                     record(Row(name, "size", size, f"0-{size - 1}", wall, proc.returncode))
                 continue
-            wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / "stacked", seeds, args.algo), args.core)
-            record(Row(name, "stacked", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode))
+            stacked_dir = Path(tmp) / "stacked"
+            wall, proc = timed(ours_argv(case, case.total_steps, stacked_dir, seeds, args.algo), args.core)
+            work = ours_gradient_steps(stacked_dir, seeds)
+            record(Row(name, "stacked", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode, gradient_steps=work))
             for seed in seeds:
-                wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / f"ours{seed}", [seed], args.algo),
-                                   args.core)  # fmt: skip
-                record(Row(name, "ours", 1, str(seed), wall, proc.returncode))
-            cfg, continuous = speed.resolve(case, args.algo)
+                run_dir = Path(tmp) / f"ours{seed}"
+                wall, proc = timed(ours_argv(case, case.total_steps, run_dir, [seed], args.algo), args.core)
+                work = ours_gradient_steps(run_dir, [seed])
+                record(Row(name, "ours", 1, str(seed), wall, proc.returncode, gradient_steps=work))
+            cfg, _ = speed.resolve(case, args.algo)
             if args.algo == "ppo" and not args.no_sb3:
-                from agents.rundir import config_to_dict
-
                 for seed in seeds:
-                    config_json = json.dumps(config_to_dict(dataclasses.replace(cfg, seed=seed)))
-                    wall, proc = timed([sys.executable, "-c", speed.SB3_SCRIPT, config_json, "1" if continuous else "0"],
-                                       args.core)  # fmt: skip
-                    record(Row(name, "sb3", 1, str(seed), wall, proc.returncode))
+                    wall, proc = timed(speed.sb3_argv(dataclasses.replace(cfg, seed=seed)), args.core)
+                    result = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
+                    work = result.get("gradient_steps")
+                    record(Row(name, "sb3", 1, str(seed), wall, proc.returncode, gradient_steps=work))
             wall, proc = timed(profile_argv(cfg, seeds, Path(tmp) / "profiled", args.algo), args.core)
             timers = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
             record(Row(name, "stacked_profiled", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode,

@@ -41,6 +41,7 @@ def test_describe_reports_the_sb3_arguments_of_our_preset() -> None:
     line = speed.describe(*speed.resolve(speed.Case("halfcheetah", "HalfCheetah-v5", 50_000)))
     assert "learning_rate=6.626235648340379e-05" in line and "log_std_init=-0.9666898400402343" in line
     assert "n_steps=1024" in line and "batch_size=256" in line and "gamma=0.99)" in line
+    assert "n_epochs=20 (train() of one epoch each, advantages recomputed between)" in line  # SB3's argument is 1
 
 
 def test_public_command_hides_absolute_paths(tmp_path: Path) -> None:
@@ -61,10 +62,13 @@ def test_speed_smoke(tmp_path: Path) -> None:
     for impl in ("ours", "sb3"):
         assert by_impl[impl]["returncode"] == "0" and int(by_impl[impl]["total_steps"]) >= 2048
         assert float(by_impl[impl]["sps"]) > 0 and float(by_impl[impl]["wall_s"]) > 0
+    # The same work on both sides (tests/test_benchmark_work.py counts it on every config): 8 iterations of 20 epochs.
+    assert by_impl["ours"]["gradient_steps"] == by_impl["sb3"]["gradient_steps"] == "160"
     md = (out / "speed.md").read_text()
     ratio = re.search(r"SB3 / ours, median process times: ([0-9.]+)", md)
     assert ratio is not None and float(ratio.group(1)) > 0
     assert "Ceiling" in md and "Where our time goes" in md and "Machine:" in md and "A bound on the ratio" in md
+    assert "| 160 |" in md and "Unequal work" not in md
     assert str(tmp_path) not in md and str(REPO) not in md
 
 
