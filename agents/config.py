@@ -200,28 +200,60 @@ def _check_yaml_size(root: yaml.Node, source: str) -> None:
             pending += [(part, depth + 1) for pair in node.value for part in pair]
 
 
+NO_PRESETS = "none (the config's defaults)"
+"""The preset name of a run whose algo has no presets file: its config's defaults serve."""
+
+
+def read_presets(name: str) -> dict[str, Any] | None:
+    """``agents/presets/<name>.yaml``, read (``{"defaults": …, "envs": …}``); None where there is no such file,
+    which is no error: an algo without presets trains with its config's defaults."""
+    try:
+        text = (PRESET_DIR / f"{name}.yaml").read_bytes()
+    except FileNotFoundError:
+        return None
+    presets = load_yaml(text, f"agents/presets/{name}.yaml") or {}
+    if not isinstance(presets, dict):
+        raise BadInput(f"agents/presets/{name}.yaml must map defaults and envs to values; it is not a mapping")
+    return presets
+
+
+def read_preset_file(preset_file: Path) -> Any:
+    """A ``--preset FILE``, read: BadInput in one line naming the file and the cause where it cannot be read."""
+    try:
+        text = preset_file.read_bytes()
+    except OSError as error:
+        cause = error.strerror or str(error)
+        fix = "give a presets file, such as the preset.yaml that `testbed tune` writes"
+        raise BadInput(f"--preset {preset_file}: cannot be read ({cause}); {fix}") from None
+    try:
+        return load_yaml(text, "the file")
+    except BadInput as error:
+        raise BadInput(f"--preset {preset_file}: cannot be read as YAML ({error})") from None
+
+
 def load_preset(algo: str, env_id: str, continuous: bool, preset_file: Path | None = None) -> tuple[dict[str, Any], str]:
-    """The preset for ``env_id`` from ``presets/<algo>.yaml``, else its discrete/continuous default.
+    """The preset for ``env_id`` from ``presets/<algo>.yaml``, else its discrete/continuous default; without a
+    presets file, no values (the config's defaults, named :data:`NO_PRESETS`).
 
     ``preset_file`` (``testbed train --preset``, RL Zoo's ``--conf-file``) is a file of the same form, e.g.
     the block ``testbed tune`` exports: its ``envs`` entry for ``env_id`` replaces the packaged one, and its
     ``defaults``, if any, the packaged defaults. Returns the values and the name of the preset used.
     """
-    presets = load_yaml((PRESET_DIR / f"{algo}.yaml").read_bytes(), f"agents/presets/{algo}.yaml")
+    packaged = read_presets(algo)
+    presets = packaged if packaged is not None else {}
     if preset_file is not None:
-        try:
-            own = load_yaml(preset_file.read_bytes(), "the file")
-        except (OSError, BadInput) as error:
-            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-            raise BadInput(f"--preset {preset_file}: cannot be read as YAML ({reason})") from None
+        own = read_preset_file(preset_file)
         entry = own.get("envs", {}).get(env_id) if isinstance(own, dict) and isinstance(own.get("envs"), dict) else None
         if not isinstance(entry, dict):
             raise BadInput(f"--preset {preset_file} has no entry for {env_id}: it needs `envs: {{{env_id}: {{key: value, ...}}}}`, "
                            f"the form of agents/presets/{algo}.yaml")  # fmt: skip
-        presets = {"defaults": {**presets["defaults"], **(own.get("defaults") or {})}, "envs": {env_id: entry}}
+        defaults = {**(presets.get("defaults") or {}), **(own.get("defaults") or {})}
+        presets = {"defaults": defaults, "envs": {env_id: entry}}
+    elif packaged is None:
+        return {}, NO_PRESETS
     default_name = "continuous" if continuous else "discrete"
-    values = dict(presets["defaults"][default_name])
-    if env_id in presets.get("envs", {}):
+    values = dict((presets.get("defaults") or {}).get(default_name) or {})
+    if env_id in (presets.get("envs") or {}):
         values.update(presets["envs"][env_id])
         return values, f"{env_id} from {preset_file}" if preset_file is not None else env_id
     return values, f"default ({default_name})"
@@ -229,8 +261,7 @@ def load_preset(algo: str, env_id: str, continuous: bool, preset_file: Path | No
 
 def preset_envs(algo: str) -> list[str]:
     """The env ids that ``presets/<algo>.yaml`` tunes: what a run on another version of a task is pointed to."""
-    presets = load_yaml((PRESET_DIR / f"{algo}.yaml").read_bytes(), f"agents/presets/{algo}.yaml")
-    return list(presets.get("envs") or {})
+    return list((read_presets(algo) or {}).get("envs") or {})
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:

@@ -348,3 +348,57 @@ def train_stack(
     for cfg in cfgs:
         validate(cfg)
     return run_stack(Learner, cfgs, run_dirs, resume, name)
+
+
+# ── Declaration: what the registry, the planner and `testbed tune` know of GRPO ─────────────────────────
+# Imported here, beside the declaration that alone uses them.
+from gymnasium.vector import VectorEnv
+
+from agents.networks import load_weights
+from agents.registry import Declaration
+
+
+def load_policy(cfg: GRPOConfig, env: VectorEnv, weights: dict[str, Any]) -> Actor:
+    """The checkpoint's actor (GRPO has no critic), for ``testbed eval`` and the audit."""
+    return load_weights(Actor(network_spec(env, cfg)), weights, "the checkpoint")
+
+
+# GRPO's search space for `testbed tune`. It spans the settings the GRPO sweeps of benchmarks/results/grpo-sweeps/
+# moved by hand: the group (G members from each of B start states), the training horizon, the update (epochs,
+# minibatches, step size), the exploration noise σ (log_std_init), the KL penalty β, both clip ends, the advantage,
+# the loss aggregation and the alive-bonus offset.
+SPACE: dict[str, Any] = {
+    "group_size": [4, 8, 16, 32],
+    "num_groups": [4, 8, 16, 32],
+    "max_episode_steps": [None, 100, 200, 400, 1000],  # None: the env's own time limit
+    "n_epochs": [1, 4, 10, 20],
+    "num_minibatches": [1, 4, 16],
+    "learning_rate": {"low": 1.0e-5, "high": 3.0e-3, "log": True},
+    "gamma": [0.99, 1.0],
+    "log_std_init": {"low": -2.0, "high": 0.0},
+    "beta": [0.0, 0.001, 0.01, 0.04, 0.1],
+    "clip_low": [0.1, 0.2, 0.3],
+    "clip_high": [0.2, 0.28, 0.4],
+    "advantage": ["outcome", "rloo", "process", "step_baseline", "step_alive"],
+    "reward_offset": [0.0, 1.0],  # ARS's alive-bonus offset: Hopper's, Walker2d's and Ant's healthy reward is 1
+    "aggregation": ["trajectory", "step", "constant"],
+}
+
+ALGORITHMS = (
+    Declaration(
+        "grpo",
+        config=GRPOConfig,
+        train=train,
+        train_stack=train_stack,
+        load_policy=load_policy,
+        checks=validate,
+        space=SPACE,
+        # The credit-assignment study's methods: the per-step reward-to-go, per-step group baselines, and
+        # Monte-Carlo values from branches (agents/vine.py).
+        variants={
+            "grpo-process": {"advantage": "process"},
+            "grpo-step": {"advantage": "step_baseline"},
+            "grpo-vine": {"advantage": "vine"},
+        },
+    ),
+)

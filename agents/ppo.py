@@ -348,3 +348,58 @@ def train_stack(
 ) -> list[dict[str, Any]]:
     """Train one PPO run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
     return run_stack(Learner, cfgs, run_dirs, resume, name)
+
+
+# ── Declaration: what the registry, the planner and `testbed tune` know of PPO ──────────────────────────
+# Imported here, beside the declaration that alone uses them.
+from agents.networks import load_weights
+from agents.registry import Declaration
+
+
+def load_policy(cfg: PPOConfig, env: VectorEnv, weights: dict[str, Any]) -> ActorCritic:
+    """The checkpoint's actor-critic, for ``testbed eval`` and the audit."""
+    return load_weights(ActorCritic(network_spec(env, cfg, cfg.shared_trunk)), weights, "the checkpoint")
+
+
+# PPO's search space for `testbed tune`. It starts from RL Baselines3 Zoo's PPO sampler (utils/hyperparams_opt.py)
+# and departs from it where our configs or budgets call for it:
+# - n_steps from 256 up, so that every minibatch size fits in one env's batch; the zoo clamps instead;
+# - learning_rate up to 3e-3 (the zoo goes to 1, which no preset of ours or the zoo's approaches);
+# - n_steps as a list (so is n_envs, if you tune it): a study rounds its budget up to a multiple of every
+#   n_steps · n_envs the space allows, so that every trial trains the same env steps (lab/space.py);
+# - log_std_init and anneal_lr added: the v3 presets' log_std_init of -2 is the value most suspected of
+#   Hopper-v5's standing still, and CleanRL's continuous defaults anneal the learning rate;
+# - recompute_advantages and normalize_advantage added: Tianshou's MuJoCo PPO, the best published PPO on
+#   Ant within 1e6 steps, recomputes advantages every epoch and does not normalize them.
+SPACE: dict[str, Any] = {
+    "n_steps": [256, 512, 1024, 2048, 4096],
+    "minibatch_size": [32, 64, 128, 256],
+    "n_epochs": [1, 5, 10, 20],
+    "gamma": [0.95, 0.98, 0.99, 0.995, 0.999],
+    "gae_lambda": [0.8, 0.9, 0.92, 0.95, 0.98, 0.99, 1.0],
+    "learning_rate": {"low": 1.0e-5, "high": 3.0e-3, "log": True},
+    "anneal_lr": [True, False],
+    "ent_coef": {"low": 1.0e-8, "high": 0.1, "log": True},
+    "clip_range": [0.1, 0.2, 0.3, 0.4],
+    "vf_coef": {"low": 0.0, "high": 1.0},
+    "max_grad_norm": [0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2.0, 5.0],
+    "hidden_sizes": [[64, 64], [256, 256]],
+    "activation": ["tanh", "relu"],
+    "ortho_init": [True, False],
+    "recompute_advantages": [False, True],
+    "normalize_advantage": [True, False],
+    "log_std_init": {"low": -3.0, "high": 0.5},
+}
+
+ALGORITHMS = (
+    Declaration(
+        "ppo",
+        config=PPOConfig,
+        train=train,
+        train_stack=train_stack,
+        load_policy=load_policy,
+        space=SPACE,
+        # The credit-assignment study's methods: GAE's λ at its ends (one-step TD, Monte Carlo).
+        variants={"ppo-lambda0": {"gae_lambda": 0.0}, "ppo-lambda1": {"gae_lambda": 1.0}},
+    ),
+)

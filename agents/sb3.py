@@ -348,3 +348,18 @@ def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = ALGO)
     """Train SB3's PPO into ``run_dir``; returns the summary also written to ``summary.json``."""
     validate(cfg)
     return run_stack(Learner, [cfg], [run_dir], resume, name)[0]
+
+
+# ── Declaration: SB3's PPO, with our PPO's config and presets ────────────────────────────────────────────
+from agents.registry import Declaration  # imported here, beside the declaration that alone uses it
+
+ALGORITHMS = (
+    Declaration(
+        "sb3-ppo",
+        presets="ppo",  # it mirrors our PPO: same config, same presets
+        config=PPOConfig,
+        train=train,
+        checks=validate,
+        load_policy=lambda cfg, env, weights: load_policy(cfg, weights),  # its policy needs no env to be built
+    ),
+)

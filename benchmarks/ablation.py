@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweeps import table_text, write_page  # noqa: E402
 
+from agents import registry  # noqa: E402
 from envs.errors import BadInput  # noqa: E402
 from lab.plan import resolve_run  # noqa: E402
 from lab.plot import X_LABELS, Y_LABELS, new_figure, save_figure  # noqa: E402
@@ -41,12 +42,13 @@ def check_rows(algo: str, env_id: str, rows: list[list[str]]) -> None:
     names = [row[0] for row in rows]
     if len(set(names)) != len(names):
         raise BadInput(f"--row names must differ, got {', '.join(names)}")
+    spec = registry.get(algo)
     for name, *settings in rows:
         bad = [s for s in settings if "=" not in s]
         if bad:
             raise BadInput(f"--row {name}: settings are KEY=VALUE, got {', '.join(bad)}")
         try:
-            resolve_run(algo, env_id, settings, validate=True)
+            resolve_run(spec, env_id, settings, validate=True)
         except BadInput as error:
             raise BadInput(f"--row {name}: {error}") from None
 

@@ -68,7 +68,8 @@ def plan(paths: Sequence[Path], which: str, out: Path, trust_env_module: bool = 
     targets, checked = [], set()
     here = Path.cwd().resolve()
     for run in find_runs(paths):
-        if run.algo not in registry.NAMES or registry.VARIANTS[run.algo][0] not in ("ppo", "grpo"):
+        declared = registry.entries().get(run.algo)
+        if declared is None or declared.base not in ("ppo", "grpo"):
             raise BadInput(f"{run.run_dir}: the audit scores the testbed's own ppo and grpo agents, not {run.algo}")
         env = env_label(run.config)
         if env not in checked:  # a replay check steps the env: once per env, not per run
@@ -117,12 +118,13 @@ def measure(config_text: str, checkpoint: bytes, name: str, settings: AuditSetti
         (run_dir / name).write_bytes(checkpoint)
         values = rundir.read_config(run_dir)
         algo = values.pop("algo")
-        cfg = build_config(registry.get(algo).config, values)
+        spec = registry.get(algo)
+        cfg = build_config(spec.config, values)
         ckpt = runlog.load_checkpoint(run_dir, {"algo": algo, "env_id": cfg.env_id}, name)
     audit_env = audit.env_maker(cfg, ckpt["normalizers"])
     shape_env = audit_env.make(1)
     try:
-        model = registry.get(algo).load_policy(cfg, shape_env, ckpt["model"])
+        model = spec.load_policy(cfg, shape_env, ckpt["model"])
     finally:
         shape_env.close()
     started = time.perf_counter()

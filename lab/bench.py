@@ -105,7 +105,7 @@ def plan_grid(
         raise BadInput(f"--first-seed must leave every seed in [0, 2**32 - 1], got {first_seed}")
     if grid.total_steps is not None and grid.total_steps < 1:
         raise BadInput(f"--total-steps must be positive, got {grid.total_steps}")
-    unknown = [a for a in grid.algos if a not in registry.NAMES]
+    unknown = [a for a in grid.algos if a not in registry.entries()]
     if unknown:
         raise BadInput(f"unknown algo {', '.join(unknown)}; choose from {', '.join(registry.NAMES)}")
     for pair in sets:
@@ -115,7 +115,7 @@ def plan_grid(
                 grid.overrides.setdefault(algo, []).append(pair)
             continue
         algo, _, rest = pair.partition(".")
-        if algo not in registry.NAMES:
+        if algo not in registry.entries():
             choices = ", ".join(registry.NAMES)
             raise BadInput(f"--set in a bench takes ALGO.key=value (ALGO one of {choices}) or key=value; "
                            f"got {brief(pair)}")  # fmt: skip
@@ -129,7 +129,7 @@ def plan_grid(
             for pairs in grid.variants.values():
                 # Builds and validates every cell's config, as `testbed train` would, before any run.
                 steps = [f"total_steps={grid.total_steps}"] if grid.total_steps is not None else []
-                resolve_run(algo, env_id, grid.overrides.get(algo, []) + pairs + steps, validate=True)
+                resolve_run(registry.get(algo), env_id, grid.overrides.get(algo, []) + pairs + steps, validate=True)
     return grid
 
 

@@ -72,8 +72,8 @@ class Cell:
     def config(self) -> RunConfig:
         """The resolved config this cell asks for, as its ``testbed train`` resolves it."""
         steps = {"total_steps": self.total_steps} if self.total_steps is not None else {}
-        return resolve_run(self.algo, self.env_id, [*self.overrides, f"seed={self.seed}",
-                                                    *(f"{k}={v}" for k, v in steps.items())])[0]  # fmt: skip
+        pairs = [*self.overrides, f"seed={self.seed}", *(f"{k}={v}" for k, v in steps.items())]
+        return resolve_run(registry.get(self.algo), self.env_id, pairs)[0]
 
 
 def reused_elsewhere(cell: Cell, bench_dir: Path) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import statistics
 import sys
@@ -39,12 +40,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     # gymnasium warns that an old env version is out of date each time one is made, twice while planning and
     # again in training (its "once" filter is reset whenever a filter is added): shown once, before the note.
     with warnings.catch_warnings(record=True) as caught:
-        runs, seeds = plan_train(args)
+        plan = plan_train(args)
+    algo, runs, seeds = plan.algo, plan.runs, plan.seeds
     for shown in {str(w.message): w for w in caught}.values():
         warnings.showwarning(shown.message, shown.category, shown.filename, shown.lineno)
     warnings.filterwarnings("ignore", message=r".*is out of date", category=DeprecationWarning)
-    algo = registry.get(args.algo)
-    note = preset_note(args.algo, args.env, runs[0].preset) if args.preset is None and not args.resume else None
+    note = preset_note(algo, args.env, runs[0].preset) if args.preset is None and not args.resume else None
     if note:
         print(note, file=sys.stderr)
     with contextlib.ExitStack() as locks:
@@ -122,7 +123,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_run_folder(run_dir)
     values = rundir.read_config(run_dir)
     algo_name = values.pop("algo")
-    if algo_name not in registry.NAMES:
+    if algo_name not in registry.entries():
         raise BadInput(f"{run_dir} was written by algo {brief(algo_name, 60)}, which this command cannot evaluate")
     # A run folder is data: its env id imports nothing unless the user trusts it.
     check_saved_env_id(values.get("env_id"), str(run_dir / "config.yaml"), args.trust_env_module)
@@ -139,12 +140,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise BadInput(f"--env-kwargs: {error}; give KEY:VALUE pairs, e.g. contact_cost_weight:0") from None
         values["eval_env_kwargs"] = {**(values.get("eval_env_kwargs") or {}), **extra}
-    cfg = build_config(registry.get(algo_name).config, values)
+    algo = registry.get(algo_name)
+    cfg = build_config(algo.config, values)
     if args.env_kwargs:
         check_env(cfg)
     if video_dir is not None:  # before the evaluation: a machine that cannot draw says so at once
         check_can_render(cfg.env_id)
-    ckpt, env, model = checkpoint_policy(algo_name, cfg, run_dir, args.episodes)
+    ckpt, env, model = checkpoint_policy(algo, cfg, run_dir, args.episodes)
     try:
         seeds = [EVAL_SEED_BASE + i for i in range(args.episodes)]
         returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
@@ -399,6 +401,26 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+WRITE_ERRORS = {
+    errno.ENOSPC: "Free space",
+    errno.EDQUOT: "Free space",
+    errno.EFBIG: "Free space",
+    errno.EROFS: "Choose a writable folder",
+}
+"""The errors only a write meets, and their fix: a full disk or quota, a read-only file system."""
+
+
+def os_error_message(error: OSError) -> str:
+    """One line for an OSError that reached the command: what could not be written, and how to make room, for
+    the errors only writing meets; otherwise the file and the cause alone (a missing or unreadable file is not a
+    full disk)."""
+    where = f" {error.filename}" if error.filename else ""
+    cause = error.strerror or str(error)
+    if error.errno in WRITE_ERRORS:
+        return f"cannot write{where}: {cause}. {WRITE_ERRORS[error.errno]}, then rerun."
+    return f"cannot use{where}: {cause}. Check the path and its permissions, then rerun."
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": cmd_train, "eval": cmd_eval, "bench": cmd_bench, "credit": cmd_credit, "audit": cmd_audit, "tune": cmd_tune,
     "docs": cmd_docs, "plot": cmd_plot, "report": cmd_report, "results": cmd_results,
@@ -416,9 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"testbed {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as error:  # a read-only or full disk, a folder that vanished: no traceback, nothing half-written
-        where = f" {error.filename}" if error.filename else ""
-        print(f"testbed {args.command}: error: cannot write{where}: {error.strerror or error}. Free space or "
-              "choose a writable folder, then rerun.", file=sys.stderr)  # fmt: skip
+        print(f"testbed {args.command}: error: {os_error_message(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before a run's own signal handling starts (or after it ends)
         print(f"testbed {args.command}: interrupted. A run directory without a checkpoint can be started again "

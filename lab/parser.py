@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_argument("--seeds", type=count, default=1, help=f"seeds per trial, at most {MAX_SEEDS}; its score is "
                        "their mean final return")  # fmt: skip
     tuner.add_argument("--first-seed", type=count, default=100, help="seeds FIRST … FIRST+K−1; bench's 0 … stay unseen")
-    tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: lab/spaces/ALGO.yaml)")
+    tuner.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the space the algo's module declares)")
     tuner.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fix a config key in every trial")
     tuner.add_argument("--vary", action="append", default=[], metavar="KEY=RANGE",
                        help="set one key's range in the space: a YAML list or {low: …, high: …}")  # fmt: skip

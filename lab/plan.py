@@ -2,6 +2,10 @@
 entry), the values its variant fixes, then the overrides, checked; and ``testbed train``'s plan: which
 runs, and whether each starts, resumes or has nothing left to do.
 
+``testbed train`` looks its algo up once (:func:`plan_train`: the name is checked before torch is imported, then
+the algo is loaded) and passes the :class:`agents.registry.Algo` down; :func:`resolve_run` is the one place that
+builds a run's config from it.
+
 ``testbed train``, a bench's and a credit study's cells and a tuning study's trials all resolve their runs
 here, so that a run's settings mean the same whichever command asked for them, and a finished run can be
 recognised as the one asked for (:func:`agents.rundir.config_differences`).
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from agents import registry, rundir
-from agents.config import RunConfig, build_config, parse_overrides, preset_envs, resolve_config
+from agents.config import NO_PRESETS, RunConfig, build_config, parse_overrides, preset_envs, resolve_config
 from envs import action_space_of, check_env_id, load_normalizer_state
 from envs.errors import BadInput, brief
 from envs.factory import check_mujoco_gl
@@ -42,34 +46,33 @@ def continuous(env_id: str) -> bool:
     return isinstance(action_space_of(env_id), gym.spaces.Box)
 
 
-def check_fixed(algo: str, keys: Sequence[str]) -> None:
+def check_fixed(algo: registry.Entry | registry.Algo, keys: Sequence[str]) -> None:
     """BadInput if ``keys`` set a value that the variant ``algo`` fixes (``ppo-lambda0``'s gae_lambda)."""
-    base, fixed = registry.VARIANTS[algo]
-    clash = sorted(set(keys) & set(fixed))
+    clash = sorted(set(keys) & set(algo.fixed))
     if clash:
-        raise BadInput(f"{algo} fixes {', '.join(f'{k}={fixed[k]}' for k in clash)}; use --algo {base} to set "
-                       f"{', '.join(clash)}")  # fmt: skip
+        fixed = ", ".join(f"{k}={algo.fixed[k]}" for k in clash)
+        raise BadInput(f"{algo.name} fixes {fixed}; use --algo {algo.base} to set {', '.join(clash)}")
 
 
 def resolve_run(
-    algo: str,
+    algo: registry.Algo,
     env_id: str,
     overrides: dict[str, Any] | Sequence[str] = (),
     preset_file: Path | None = None,
     validate: bool = False,
 ) -> tuple[RunConfig, str]:
-    """The config of a run of ``algo`` on ``env_id`` and the name of the preset it started from.
+    """The config of a run of ``algo`` on ``env_id`` and the name of the preset it started from: the one place a
+    run's config is built (its presets, the values its variant fixes, then ``overrides``).
 
     ``overrides``: config values by key, or ``key=value`` pairs (``--set``). ``validate`` also runs the
-    checks that build the env (its keyword arguments, the algo's own). BadInput for an unknown algo or env,
-    a key the variant fixes, an unknown key or a value out of range."""
-    spec = registry.get(algo)
+    checks that build the env (its keyword arguments, the algo's own). BadInput for an unknown env, a key the
+    variant fixes, an unknown key or a value out of range."""
     values = dict(overrides) if isinstance(overrides, dict) else parse_overrides(list(overrides))
     check_fixed(algo, list(values))
-    cfg, preset = resolve_config(spec.config, registry.preset_of(algo), env_id, continuous(env_id),
-                                 {**spec.fixed, **values}, preset_file)  # fmt: skip
+    fixed = {**algo.fixed, **values}
+    cfg, preset = resolve_config(algo.config, algo.preset, env_id, continuous(env_id), fixed, preset_file)
     if validate:
-        spec.validate(cfg)
+        algo.validate(cfg)
     return cfg, preset
 
 
@@ -94,10 +97,20 @@ class PlannedRun:
     """config.yaml as the run wrote it, for a run that had started."""
 
 
-def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | None]:
-    """``testbed train``'s runs, every check done before a run directory is created or changed: one run, or
-    with ``--seeds`` one per seed (and the seeds)."""
-    registry.check_name(args.algo)  # a misspelled algo or env is refused before torch is imported
+@dataclass
+class TrainPlan:
+    """``testbed train``'s algo, looked up once, and its runs."""
+
+    algo: registry.Algo
+    runs: list[PlannedRun]
+    seeds: list[int] | None
+    """``--seeds``' seeds; None for one run (``--seed``)."""
+
+
+def plan_train(args: argparse.Namespace) -> TrainPlan:
+    """``testbed train``'s algo and runs, every check done before a run directory is created or changed: one run,
+    or with ``--seeds`` one per seed (and the seeds)."""
+    entry = registry.check_name(args.algo)  # a misspelled algo or env is refused before torch is imported
     check_env_id(args.env)
     check_mujoco_gl(args.env, render=False)  # a MUJOCO_GL whose library is missing stops `import mujoco`
     overrides: dict[str, Any] = parse_overrides(args.set)
@@ -105,8 +118,8 @@ def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | 
         overrides["env_kwargs"] = ",".join(args.env_kwargs)
     if args.reward_delay is not None:
         overrides["reward_delay"] = args.reward_delay
-    check_fixed(args.algo, list(overrides))
-    algo = registry.get(args.algo)
+    check_fixed(entry, list(overrides))
+    algo = registry.load(entry)  # the one look-up: imports the algorithm (and torch); passed down from here
     if args.total_steps is not None:
         overrides["total_steps"] = args.total_steps
     if args.budget_seconds is not None:
@@ -139,20 +152,23 @@ def plan_train(args: argparse.Namespace) -> tuple[list[PlannedRun], list[int] | 
         template = stack_template(parent, seeds) if args.resume else None
         runs = [plan_run(args, algo, {**overrides, "seed": seed}, parent / f"seed{seed}", template) for seed in seeds]
         algo.check_stack([r.cfg for r in runs])
-    return runs, seeds
+    return TrainPlan(algo, runs, seeds)
 
 
-def preset_note(algo: str, env_id: str, preset: str) -> str | None:
-    """A note for a run that takes untuned defaults (``preset``) on an env whose other version has a tuned
-    preset: ``Hopper-v4`` trains a million steps with defaults where ``Hopper-v5`` has its own."""
+def preset_note(algo: registry.Entry | registry.Algo, env_id: str, preset: str) -> str | None:
+    """A note for a run that takes untuned defaults (``preset``): of an algo without a presets file, or on an env
+    whose other version has a tuned preset (``Hopper-v4`` trains a million steps with defaults where ``Hopper-v5``
+    has its own)."""
+    if preset == NO_PRESETS:
+        return f"note: {algo.name} has no presets file (agents/presets/{algo.preset}.yaml), so its config's defaults"
     if not preset.startswith("default"):
         return None
     task = re.sub(r"-v\d+$", "", env_id)
-    others = [other for other in preset_envs(registry.preset_of(algo)) if re.sub(r"-v\d+$", "", other) == task]
+    others = [other for other in preset_envs(algo.preset) if re.sub(r"-v\d+$", "", other) == task]
     if not others or env_id in others:
         return None
     newest = max(others, key=lambda other: int(m.group(1)) if (m := re.search(r"-v(\d+)$", other)) else -1)
-    return f"note: {env_id}: no {algo} preset, so untuned defaults; {newest} has a tuned one (--env {newest})"
+    return f"note: {env_id}: no {algo.name} preset, so untuned defaults; {newest} has a tuned one (--env {newest})"
 
 
 def check_path(value: str, option: str) -> None:
@@ -255,7 +271,7 @@ def plan_run(
     """
     if not args.resume:
         preset_file = Path(args.preset) if args.preset else None
-        cfg, preset_name = resolve_run(args.algo, args.env, overrides, preset_file, validate=True)
+        cfg, preset_name = resolve_run(algo, args.env, overrides, preset_file, validate=True)
         return PlannedRun(cfg, run_dir or default_run_dir(args.algo, args.env, cfg.seed), preset_name, "new")
     assert run_dir is not None
     started = (run_dir / "config.yaml").exists() or template is None
@@ -281,7 +297,7 @@ def plan_run(
     from agents import runlog  # torch is imported by now, for the checkpoint
 
     try:
-        ckpt, env, _ = checkpoint_policy(args.algo, cfg, run_dir, episodes=1)
+        ckpt, env, _ = checkpoint_policy(algo, cfg, run_dir, episodes=1)
     except runlog.NonFiniteCheckpoint as error:
         runlog.record_diverged(run_dir, error, {"algo": args.algo, "env_id": cfg.env_id, "seed": cfg.seed})
         raise
@@ -315,18 +331,18 @@ def device_of(requested: str) -> str:
 
 
 def checkpoint_policy(
-    algo_name: str, cfg: RunConfig, run_dir: Path, episodes: int
+    algo: registry.Algo, cfg: RunConfig, run_dir: Path, episodes: int
 ) -> tuple[dict[str, Any], VectorEnv, torch.nn.Module]:
     """The run's checkpoint, an evaluation env holding its observation statistics, and its policy; a
     checkpoint that does not match config.yaml (network, normalization) is bad input."""
     from agents import runlog  # here, on first use: checkpoints and env plumbing import torch
     from agents.plumbing import make_eval_env, observation_statistics
 
-    ckpt = runlog.load_checkpoint(run_dir, {"algo": algo_name, "env_id": cfg.env_id})
+    ckpt = runlog.load_checkpoint(run_dir, {"algo": algo.name, "env_id": cfg.env_id})
     env = make_eval_env(cfg, episodes)
     try:
         load_normalizer_state(env, observation_statistics(ckpt["normalizers"]))
-        return ckpt, env, registry.get(algo_name).load_policy(cfg, env, ckpt["model"])
+        return ckpt, env, algo.load_policy(cfg, env, ckpt["model"])
     except BaseException:
         env.close()
         raise

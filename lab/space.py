@@ -1,18 +1,19 @@
-"""A tuning study's search space: a YAML file mapping config keys to a list of choices or a range.
+"""A tuning study's search space: config keys mapped to a list of choices or a range.
 
-``lab/spaces/<algo>.yaml`` holds the default space of each algo; ``testbed tune --space FILE`` gives
-another. Each key: a list of choices, or ``{low, high, log?, int?}``. What sets the env steps of an
-iteration (PPO's n_steps, n_envs) must be a list: :func:`iteration_sizes` enumerates it, so that a study
-can give every trial the same budget.
+An algo's default space is the one its module declares (``SPACE`` in ``agents/ppo.py``, given to its
+``Declaration``; :func:`default_space`); ``testbed tune --space FILE`` gives another, as YAML of the same form.
+Each key: a list of choices, or ``{low, high, log?, int?}``. What sets the env steps of an iteration (PPO's
+n_steps, n_envs) must be a list: :func:`iteration_sizes` enumerates it, so that a study can give every trial the
+same budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -24,7 +25,6 @@ from envs.errors import BadInput
 if TYPE_CHECKING:
     import optuna
 
-SPACES = Path(__file__).with_name("spaces")
 MAX_SHAPES = 10_000
 """The most combinations of iteration-shaping choices (n_steps × n_envs …) a study enumerates."""
 SPREAD = 16
@@ -159,10 +159,39 @@ def for_action_space(text: str, space: dict[str, Param], continuous: bool) -> tu
     return kept, {k: p for k, p in space.items() if k not in unread}
 
 
-def default_space_file(algo: str) -> Path:
-    """``lab/spaces/<algo>.yaml``, else the space of the algo's presets file (``grpo-step`` → grpo)."""
-    own = SPACES / f"{algo}.yaml"
-    return own if own.exists() else SPACES / f"{registry.preset_of(algo)}.yaml"
+SHARED_SPACE: dict[str, Any] = {
+    "learning_rate": {"low": 1.0e-5, "high": 3.0e-3, "log": True},
+    "gamma": [0.95, 0.98, 0.99, 0.995, 0.999],
+    "ent_coef": {"low": 1.0e-8, "high": 0.1, "log": True},
+    "max_grad_norm": [0.3, 0.5, 1.0, 5.0],
+    "hidden_sizes": [[64, 64], [256, 256]],
+    "activation": ["tanh", "relu"],
+    "ortho_init": [True, False],
+    "log_std_init": {"low": -3.0, "high": 0.5},
+}
+"""The space of an algo that declares none: settings of :class:`agents.config.RunConfig`, which every agent reads
+the same way, over the ranges PPO's space gives them."""
+
+
+def derived_space(config: type) -> dict[str, Any]:
+    """The search space derived from a config class: :data:`SHARED_SPACE`'s keys that are its fields."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    return {key: entry for key, entry in SHARED_SPACE.items() if key in fields}
+
+
+def default_space(algo: registry.Algo) -> tuple[str, str]:
+    """An algo's default search space, as YAML text, and the name messages give it: the space its module declares
+    (a variant's is its base algo's), else that of the algo whose presets it takes (``sb3-ppo``: ``ppo``'s), else
+    one derived from its config (:func:`derived_space`)."""
+    mirrored = registry.entries().get(algo.preset)
+    if algo.space is not None:
+        space, source = algo.space, f"{algo.base}'s space"
+    elif mirrored is not None and mirrored.name != algo.base and registry.load(mirrored).space is not None:
+        space, source = registry.load(mirrored).space, f"{mirrored.name}'s space"
+    else:
+        space, source = derived_space(algo.config), f"{algo.base}'s space (derived from its config)"
+    text = yaml.safe_dump(dict(space), sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
+    return text, source
 
 
 def admitting(config: Callable[[dict[str, Any]], Any], values: dict[str, Any], space: dict[str, Param]) -> Any:

@@ -1,7 +1,7 @@
 """Hyperparameter studies: Optuna's TPE sampler and median pruner over ordinary training runs.
 
 ``testbed tune --algo ALGO --env ENV_ID`` is RL Zoo's ``--optimize`` for this testbed. Each trial samples
-config values from a search space (YAML, ``lab/spaces/<algo>.yaml`` by default), trains its K seeds
+config values from a search space (the one the algo's module declares by default, or a YAML file), trains its K seeds
 side by side as ordinary ``testbed train`` runs under ``runs/tune/NAME/trialNNNN/``, and scores the
 mean of their final evaluations. While they train, the mean over seeds of each evaluation is reported
 to the pruner, which stops a trial that falls below the median of earlier trials at the same step.
@@ -38,18 +38,19 @@ import optuna
 import yaml
 
 from agents import registry, rundir
-from agents.config import SEED_LIMIT, build_config, load_preset, parse_overrides, resolve_config
+from agents.config import SEED_LIMIT, build_config, load_preset, parse_overrides
 from envs import action_space_of
 from envs.errors import BadInput
 from lab.bench import BENCH_NAME
 from lab.cells import Cell, Outcome, Stop, pack_stacks
 from lab.document import fmt_return
 from lab.executor import connect_ray, import_ray, pack_run, receive_cell, stop_signals
+from lab.plan import resolve_run
 from lab.space import (
     Param,
     admitting,
     as_list,
-    default_space_file,
+    default_space,
     for_action_space,
     iteration_sizes,
     parse_space,
@@ -106,14 +107,24 @@ class TunePlan:
 
     def config(self, values: dict[str, Any]) -> Any:
         """The validated config a trial with these sampled values trains; BadInput if the algo refuses it."""
-        spec = registry.get(self.algo)
         fixed: dict[str, Any] = {**parse_overrides(list(self.sets)), **values, "seed": self.seeds[0]}
         steps = self.steps_per_seed or self.total_steps
         if steps is not None:
             fixed["total_steps"] = steps
-        cfg, _ = resolve_config(spec.config, spec.preset or self.algo, self.env_id, self.continuous,
-                                {**spec.fixed, **fixed})  # fmt: skip
-        return cfg
+        return resolve_run(registry.get(self.algo), self.env_id, fixed)[0]
+
+
+def read_space_file(path: Path) -> tuple[str, str]:
+    """A ``--space FILE``'s text and the name messages give it; BadInput where it cannot be read."""
+    form = "give a YAML search space, config keys mapped to [choices] or {low, high} (docs/tuning.md)"
+    if not path.is_file():
+        raise BadInput(f"--space {path}: no such file; {form}")
+    try:
+        return path.read_bytes().decode("utf-8"), path.name
+    except UnicodeDecodeError:
+        raise BadInput(f"--space {path} is not UTF-8 text; {form}") from None
+    except OSError as error:
+        raise BadInput(f"--space {path}: cannot be read ({error.strerror or error}); {form}") from None
 
 
 def plan_tune(
@@ -151,36 +162,33 @@ def plan_tune(
     if startup_trials < 0:
         raise BadInput(f"--startup-trials must be >= 0, got {startup_trials}")
     continuous = isinstance(action_space_of(env_id), gym.spaces.Box)  # BadInput for an id gymnasium does not know
-    path = Path(space_file) if space_file else default_space_file(algo)
-    if not path.is_file():
-        raise BadInput(f"--space {path}: no such file; give a YAML search space (see lab/spaces/{algo}.yaml)")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadInput(f"--space {path} is not UTF-8 text; give a YAML search space (see lab/spaces/{algo}.yaml)") from None
-    text = with_ranges(text, varies, path.name)
-    space = parse_space(text, path.name)
+    if space_file is not None:
+        text, source = read_space_file(Path(space_file))
+    else:
+        text, source = default_space(spec)
+    text = with_ranges(text, varies, source)
+    space = parse_space(text, source)
     fields = [f.name for f in dataclasses.fields(spec.config)]
     unknown = sorted(set(space) - set(fields))
     if unknown:
-        raise BadInput(f"{path.name}: {', '.join(unknown)} {'is not a config key' if len(unknown) == 1 else 'are not config keys'} "
+        raise BadInput(f"{source}: {', '.join(unknown)} {'is not a config key' if len(unknown) == 1 else 'are not config keys'} "
                        f"of {algo}; valid keys: {', '.join(fields)}")  # fmt: skip
     fixed = sorted(set(space) & set(spec.fixed))
     if fixed and space_file is None:  # a variant's default space: its parent's, less what the variant fixes
         text = yaml.safe_dump({k: v for k, v in yaml.safe_load(text).items() if k not in fixed}, sort_keys=False)
-        space = parse_space(text, path.name)
+        space = parse_space(text, source)
     elif fixed:
-        raise BadInput(f"{path.name}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} "
+        raise BadInput(f"{source}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} "
                        "from the space, or tune the algo it varies")  # fmt: skip
     text, space = for_action_space(text, space, continuous)  # no σ to tune on discrete actions
     set_keys = {pair.partition("=")[0].strip() for pair in sets}
     for key, option in RESERVED.items():
         if key in space or key in set_keys:
-            where = f"{path.name} tunes" if key in space else "--set fixes"
+            where = f"{source} tunes" if key in space else "--set fixes"
             raise BadInput(f"{where} {key}, which a study sets itself from {option}; remove it from there")
     if set_keys & set(spec.fixed):
         keys = ", ".join(sorted(set_keys & set(spec.fixed)))
-        raise BadInput(f"{algo} fixes {keys}; use --algo {algo.split('-')[0]} to set {keys}")
+        raise BadInput(f"{algo} fixes {keys}; use --algo {spec.base} to set {keys}")
     swept = sorted(set(space) & set_keys)
     if swept:
         raise BadInput(f"--set {', '.join(swept)} fixes what the space tunes; drop one of the two")
@@ -193,9 +201,9 @@ def plan_tune(
             try:
                 admitting(plan.config, {param.name: value}, space)
             except BadInput as error:
-                raise BadInput(f"{path.name}: {param.name} includes {value!r}, which {algo} refuses ({error}); narrow "
+                raise BadInput(f"{source}: {param.name} includes {value!r}, which {algo} refuses ({error}); narrow "
                                "the range")  # fmt: skip
-    sizes = iteration_sizes(space, plan.config, path.name)
+    sizes = iteration_sizes(space, plan.config, source)
     asked = base.total_steps  # --total-steps, else the preset's
     steps = asked if sizes is None else math.ceil(asked / math.lcm(*sizes)) * math.lcm(*sizes)
     return dataclasses.replace(plan, steps_per_seed=steps, iteration_sizes=sizes)
@@ -255,7 +263,7 @@ def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
     if the space can express all of them and they differ, the values of the algo's default for the env's
     action space (``default``, what an env without a preset entry gets)."""
     spec = registry.get(plan.algo)
-    default, _ = load_preset(spec.preset or plan.algo, "", plan.continuous)  # "": no env entry
+    default, _ = load_preset(spec.preset, "", plan.continuous)  # "": no env entry
     configs = {"env": plan.config({}), "default": build_config(spec.config, {
         **default, "env_id": plan.env_id, **spec.fixed, **parse_overrides(list(plan.sets))})}  # fmt: skip
     points: dict[str, dict[str, Any]] = {}

@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from agents import registry
-from agents.config import PRESET_DIR, parse_overrides
+from agents.config import parse_overrides, read_presets
 from envs.errors import BadInput, brief
 from lab.document import (
     Block,
@@ -116,7 +116,7 @@ def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int, digit
 
     algo, env_id = saved["algo"], saved["env_id"]
     preset_name = registry.preset_of(algo)
-    packaged = (yaml.safe_load((PRESET_DIR / f"{preset_name}.yaml").read_text()).get("envs") or {}).get(env_id) or {}
+    packaged = ((read_presets(preset_name) or {}).get("envs") or {}).get(env_id) or {}
     fixed = {k: yaml.safe_load(v) for k, v in parse_overrides(saved.get("sets") or []).items()}
     tuned = {k: yaml.safe_load(v) for k, v in parse_overrides(best.user_attrs.get("overrides", [])).items()}
     entry = {**packaged, **fixed, **tuned}

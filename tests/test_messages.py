@@ -188,12 +188,14 @@ def test_resume_with_another_algo_names_the_runs_own(tmp_path: Path, capsys: pyt
 
 
 def test_an_old_version_without_a_preset_points_to_the_tuned_one() -> None:
-    assert preset_note("ppo", "Hopper-v4", "default (continuous)") == (
+    from agents.registry import check_name
+
+    assert preset_note(check_name("ppo"), "Hopper-v4", "default (continuous)") == (
         "note: Hopper-v4: no ppo preset, so untuned defaults; Hopper-v5 has a tuned one (--env Hopper-v5)"
     )
-    assert preset_note("ppo-lambda0", "Hopper-v4", "default (continuous)") is not None  # a variant's presets
-    assert preset_note("ppo", "Hopper-v5", "Hopper-v5") is None
-    assert preset_note("ppo", "Pendulum-v1", "default (continuous)") is None  # no version of it is tuned
+    assert preset_note(check_name("ppo-lambda0"), "Hopper-v4", "default (continuous)") is not None  # its base's
+    assert preset_note(check_name("ppo"), "Hopper-v5", "Hopper-v5") is None
+    assert preset_note(check_name("ppo"), "Pendulum-v1", "default (continuous)") is None  # no version of it is tuned
 
 
 def test_train_on_an_old_version_notes_the_tuned_one_once_before_training(
@@ -212,11 +214,87 @@ def test_train_on_an_old_version_notes_the_tuned_one_once_before_training(
         return {"status": "completed", "seed": cfg.seed, "final_eval_return_mean": 1.0, "total_steps": 1}
 
     ppo = registry.get("ppo")
-    monkeypatch.setattr(registry, "get", lambda name: dataclasses.replace(ppo, train=train))
+    monkeypatch.setattr(registry, "load", lambda entry: dataclasses.replace(ppo, train=train))
     assert main(["train", "--algo", "ppo", "--env", "Hopper-v4", "--total-steps", "2048", "--run-dir", "run"]) == 0
     err = said_before[0]
     assert err.count("Hopper-v4: no ppo preset") == 1 and "Hopper-v5 has a tuned one (--env Hopper-v5)" in err
     assert err.count("is out of date") <= 1
+
+
+# ── presets: a missing presets file, an unreadable --preset ─────────────────────────────────────────
+
+
+def stand_in_training(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> list[tuple[Any, str]]:
+    """``testbed train``'s training stood in for (PPO's algo, its train replaced): the configs it was given, each
+    with what stderr said before it."""
+    import dataclasses
+
+    from agents import registry
+
+    trained: list[tuple[Any, str]] = []
+
+    def train(cfg: Any, run_dir: Path, resume: bool, name: str) -> dict[str, Any]:
+        trained.append((cfg, capsys.readouterr().err))
+        return {"status": "completed", "seed": cfg.seed, "final_eval_return_mean": 1.0, "total_steps": 1}
+
+    ppo = registry.get("ppo")
+    monkeypatch.setattr(registry, "load", lambda entry: dataclasses.replace(ppo, train=train))
+    return trained
+
+
+def test_an_algo_without_a_presets_file_trains_with_its_config_defaults_and_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Was: "cannot write agents/presets/….yaml: No such file or directory. Free space or choose a writable
+    # folder": the packaged file was read unguarded, and every OSError was taken for a full disk.
+    import json
+
+    from agents import config
+    from agents.ppo import PPOConfig
+
+    monkeypatch.setattr(config, "PRESET_DIR", tmp_path / "no-presets")
+    trained = stand_in_training(monkeypatch, capsys)
+    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "2048", "--run-dir", "run"]) == 0
+    cfg, err = trained[0]
+    assert err.count("note: ppo has no presets file (agents/presets/ppo.yaml), so its config's defaults") == 1, err
+    defaults = PPOConfig(env_id="CartPole-v1")
+    assert (cfg.n_envs, cfg.n_steps, cfg.learning_rate) == (defaults.n_envs, defaults.n_steps, defaults.learning_rate)
+    assert json.loads(Path("run/meta.json").read_text())["preset"] == config.NO_PRESETS
+    # A --preset file still applies on top of the config's defaults.
+    Path("preset.yaml").write_text("envs:\n  CartPole-v1:\n    n_envs: 2\n")
+    argv = ["train", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "2048", "--preset", "preset.yaml"]
+    assert main([*argv, "--run-dir", "run2"]) == 0
+    assert trained[1][0].n_envs == 2 and "Free space" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("make", "cause"),
+    [
+        (lambda: None, "No such file or directory"),
+        (lambda: Path("preset.yaml").mkdir(), "Is a directory"),
+        (lambda: Path("preset.yaml").write_bytes(b"\xff\xfe"), "not UTF-8 text"),
+    ],
+)
+def test_a_preset_file_that_cannot_be_read_is_one_line_naming_it_and_the_cause(
+    make: Any, cause: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make()
+    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--preset", "preset.yaml", "--run-dir", "r"]) == 2
+    line = one_error_line(capsys)
+    assert "--preset preset.yaml: cannot be read" in line and cause in line and "Free space" not in line, line
+    assert not Path("r").exists()
+
+
+def test_an_os_error_is_a_full_disk_only_where_writing_met_it() -> None:
+    import errno
+
+    from lab.cli import os_error_message
+
+    missing = os_error_message(FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "agents/presets/x.yaml"))
+    assert missing.startswith("cannot use agents/presets/x.yaml: No such file or directory") and "Free" not in missing
+    full = os_error_message(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "run/checkpoint.pt"))
+    assert full == "cannot write run/checkpoint.pt: No space left on device. Free space, then rerun."
+    assert "writable folder" in os_error_message(OSError(errno.EROFS, os.strerror(errno.EROFS)))
 
 
 # ── Ray's token authentication ───────────────────────────────────────────────────────────────────────

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agents import rundir
+from agents import registry, rundir
 from envs.errors import BadInput
 from lab import ledger, manifest, trials, tune
 from lab.cli import main
@@ -134,7 +134,22 @@ def test_the_default_spaces_are_valid_for_their_algos() -> None:
         assert len(space) >= 10
     assert {"group_size", "num_groups", "max_episode_steps", "n_epochs", "num_minibatches", "learning_rate",
             "log_std_init", "beta", "clip_low", "clip_high", "advantage", "aggregation"} <= set(
-        tune.parse_space(tune.default_space_file("grpo").read_text(), "grpo.yaml"))  # fmt: skip
+        tune.parse_space(tune.default_space(registry.get("grpo"))[0], "grpo's space"))  # fmt: skip
+
+
+def test_a_space_comes_from_the_declaration_else_the_mirrored_algos_else_the_config() -> None:
+    import dataclasses
+
+    from lab.space import SHARED_SPACE, default_space
+
+    ppo = registry.get("ppo")
+    assert yaml.safe_load(default_space(ppo)[0]) == dict(ppo.space)
+    assert default_space(registry.get("sb3-ppo")) == (default_space(ppo)[0], "ppo's space")  # the presets it takes
+    assert default_space(registry.get("grpo-vine"))[1] == "grpo's space"  # its base's (less what it fixes, in a plan)
+    undeclared = dataclasses.replace(ppo, name="new", base="new", preset="new", space=None)
+    text, source = default_space(undeclared)
+    assert yaml.safe_load(text) == SHARED_SPACE and source == "new's space (derived from its config)"
+    tune.parse_space(text, source)
 
 
 def test_a_sqlite_storage_gets_its_folder(tmp_path: Path) -> None:
