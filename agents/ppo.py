@@ -49,13 +49,14 @@ from agents import advantages as adv
 from agents import losses
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.networks import Act, ActorCritic, StackedNetworks
+from agents.optimizers import SeedOptimizer, optimizer_factory
 from agents.plumbing import (
     SharedEnv, envs_around, make_eval_env, network_spec, open_shared_envs, restore_envs, save_envs, seat,
     seed_obs_statistics,
 )  # fmt: skip
 from agents.rollout import Segment, SegmentBuffers, finish, join_segments, segment_steps
 from agents.seeding import seed_everything
-from agents.seeds import Minibatches, SeedAdam, SeedGenerators, by_seed, masked_mean
+from agents.seeds import Minibatches, SeedGenerators, by_seed, masked_mean
 from agents.training import Collected, Lane, run_stack
 from envs import EnvOptions
 
@@ -167,8 +168,8 @@ class Learner:
         self.buffers = [SegmentBuffers(cfgs[0].n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape,
                                        not self.envs.continuous) for shared in self.shared]  # fmt: skip
         self.net = StackedNetworks(models)
-        self.adam = SeedAdam(self.net.flat, cfgs[0].learning_rate)
-        self.lanes = [Lane(model, model, self.adam.lane(k), self.evals[k],
+        self.optimizer = SeedOptimizer(self.net.flat, optimizer_factory("adam", cfgs[0].learning_rate, eps=1e-5))
+        self.lanes = [Lane(model, model, self.optimizer.lane(k), self.evals[k],
                            partial(seed_obs_statistics, *seat(self.shared, k)), {"actor_critic": model})
                       for k, model in enumerate(models)]  # fmt: skip
 
@@ -216,7 +217,7 @@ class Learner:
         """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns
         each seed's losses and explained variance."""
         cfg, S, N = self.cfg, len(self.cfgs), self.cfg.n_envs
-        self.adam.lr = torch.tensor(learning_rates, dtype=torch.float64)
+        self.optimizer.set_learning_rates(learning_rates)
         segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
         clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
         advantages, returns = gae_targets(cfg, segment, segment.values, segment.next_values)  # (T, S·N) each
@@ -325,7 +326,7 @@ def update(
             if cfg.ent_coef:  # skipped at 0 to keep the backward graph small
                 loss = loss - cfg.ent_coef * entropy_mean
 
-            learner.adam.gradient_step(torch.where(stepping, loss, 0.0).sum(), stepping, cfg.max_grad_norm)
+            learner.optimizer.gradient_step(torch.where(stepping, loss, 0.0).sum(), stepping, cfg.max_grad_norm)
 
             clip_low, clip_high = losses.clip_fraction(ratio.detach(), clip, clip, mean)
             step_stats = torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl,
