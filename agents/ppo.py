@@ -8,7 +8,7 @@ Written once, for S seeds side by side: every tensor has the seed axis first, an
 of one. What stays each seed's own, so that seed k's numbers are bit-identical whatever seeds share its
 process (``testbed train --seed k``, ``--seeds``, a bench at any ``--stack``, a tuning trial): its envs and
 normalizers, its random number generators, its minibatches (padded to a width the config fixes), its
-advantage normalization, gradient-norm clip, target-KL stop and Adam state (``seeds``); the network
+advantage normalization, gradient-norm clip, target-KL stop (``seeds``) and Adam (``optimizers``); the network
 computes every seed in one batched pass (``networks.StackedNetworks``).
 
 Implementation details followed ("The 37 implementation details of PPO", Huang et al. 2022):
