@@ -34,12 +34,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from agents import losses
+from agents import losses, optimizers
 from agents.config import MAX_ENVS, RunConfig, check
 from agents.groups import Groups, MemberEnvs, collected, diagnostics, group_steps, horizon, pad_groups, targets
 from agents.groups import close_member_envs, open_member_envs, validate
 from agents.networks import Actor, Sample, StackedNetworks, adapt_step_size, refresh_reference
-from agents.optimizers import SeedOptimizer, optimizer_factory
 from agents.plumbing import Envs, network_spec, obs_statistics
 from agents.rollout import SegmentBuffers, drive_seeds
 from agents.seeding import seed_everything
@@ -276,7 +275,7 @@ class Learner:
             raise
         self.net = StackedNetworks([seed.actor for seed in self.seeds])  # the actors: (S, P)
         self.references = StackedNetworks([seed.reference for seed in self.seeds])  # (S, P)
-        self.optimizer = SeedOptimizer(self.net.flat, optimizer_factory("adam", cfgs[0].learning_rate, eps=1e-5))
+        self.optimizer = optimizers.SeedOptimizer(self.net.flat, optimizers.adam(cfgs[0].learning_rate, eps=1e-5))
         self.lanes = [Lane(seed.actor, seed.actor, self.optimizer.lane(k), seed.envs.eval,
                            partial(obs_statistics, seed.envs.train), {"actor": seed.actor, "reference": seed.reference})
                       for k, seed in enumerate(self.seeds)]  # fmt: skip

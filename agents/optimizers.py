@@ -14,17 +14,19 @@ parameters and state, which an optimizer over the whole tensor would move.
 
 Why seed k's numbers are bit-identical whoever its neighbours are, and however many: these rules are
 element-wise. Each new parameter and state element is computed from the same element of the gradient and
-of the old state alone:
+of the old state alone::
 
-    Adam:     m ← β₁ m + (1 − β₁) g,   v ← β₂ v + (1 − β₂) g²,   θ ← θ − α / (1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
-    RMSprop:  v ← α v + (1 − α) g²,   θ ← θ − η g / (√v + ε)
-    SGD:      b ← μ b + g,   θ ← θ − η b
+    Adam:     t ← t + 1,  m ← β₁ m + (1 − β₁) g,  v ← β₂ v + (1 − β₂) g²,
+              θ ← θ − α / (1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
+    RMSprop:  v ← α v + (1 − α) g²,  θ ← θ − η g / (√v + ε)
+    SGD:      b ← μ b + g,  θ ← θ − η b
 
 Row k's optimizer sees only row k, a contiguous (P,) tensor, and runs the same operations as a single
 run's optimizer over the same parameters, so its numbers are the single run's for any S. What couples the
 seeds before the step is per seed too: the gradient of the summed losses lands in each seed's own row, and
 the clip divides each row by its own norm (``seeds.clip_grad_norms_``). A rule that mixes elements (LBFGS's
-line search over the whole model) has no place here; :func:`optimizer_factory` names the element-wise ones.
+line search over the whole model) has no place here; :func:`adam`, :func:`rmsprop` and :func:`sgd` are
+element-wise.
 
 Costs. S optimizers take S small steps where a stacked rule took one: at S = 8 on CartPole's 9,155
 parameters, about 0.55 ms a gradient step instead of 0.18 ms, a few percent of a PPO iteration. And the
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -50,29 +52,32 @@ OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 OptimizerName = Literal["adam", "rmsprop", "sgd"]
 
 
-def optimizer_factory(
-    name: OptimizerName,
-    lr: float,
-    eps: float = 1e-5,
-    betas: tuple[float, float] = (0.9, 0.999),
-    alpha: float = 0.99,
-    momentum: float = 0.0,
-) -> OptimizerFactory:
-    """The torch optimizer of ``name`` at learning rate ``lr``, as a factory for :class:`SeedOptimizer`.
+def adam(lr: float, eps: float = 1e-5, betas: tuple[float, float] = (0.9, 0.999)) -> OptimizerFactory:
+    """Adam (Kingma & Ba 2015), ``torch.optim.Adam``: PPO's and GRPO's, with ε = 1e-5 as SB3 and CleanRL set it
+    (torch's default is 1e-8)."""
+    return partial(torch.optim.Adam, lr=lr, betas=betas, eps=eps)
 
-    - ``"adam"`` (Kingma & Ba 2015), ``torch.optim.Adam(lr, betas, eps)``: PPO and GRPO, with ε = 1e-5 as
-      SB3 and CleanRL set it (torch's default is 1e-8);
-    - ``"rmsprop"`` (Tieleman & Hinton 2012), ``torch.optim.RMSprop(lr, alpha, eps)``: A2C, with α = 0.99 and
-      ε = 1e-5 as SB3's A2C sets them;
-    - ``"sgd"``, ``torch.optim.SGD(lr, momentum)``.
-    """
-    if name == "adam":
-        return partial(torch.optim.Adam, lr=lr, betas=betas, eps=eps)
-    if name == "rmsprop":
-        return partial(torch.optim.RMSprop, lr=lr, alpha=alpha, eps=eps)
-    if name == "sgd":
-        return partial(torch.optim.SGD, lr=lr, momentum=momentum)
-    raise ValueError(f"unknown optimizer {name!r}: choose one of 'adam', 'rmsprop' or 'sgd'")
+
+def rmsprop(lr: float, eps: float = 1e-5, alpha: float = 0.99) -> OptimizerFactory:
+    """RMSprop (Tieleman & Hinton 2012), ``torch.optim.RMSprop``: A2C's, with α = 0.99 and ε = 1e-5 as SB3's A2C
+    sets them (ε outside the square root, as torch's RMSprop adds it; TensorFlow's adds it inside)."""
+    return partial(torch.optim.RMSprop, lr=lr, alpha=alpha, eps=eps)
+
+
+def sgd(lr: float, momentum: float = 0.0) -> OptimizerFactory:
+    """Stochastic gradient descent, with heavy-ball momentum μ (``torch.optim.SGD``)."""
+    return partial(torch.optim.SGD, lr=lr, momentum=momentum)
+
+
+RULES: dict[str, Callable[..., OptimizerFactory]] = {"adam": adam, "rmsprop": rmsprop, "sgd": sgd}
+
+
+def optimizer_factory(name: OptimizerName, lr: float, **settings: Any) -> OptimizerFactory:
+    """The rule a config names (:func:`adam`, :func:`rmsprop` or :func:`sgd`) at learning rate ``lr``, with the
+    ``settings`` that rule takes (``eps``, ``betas``, ``alpha``, ``momentum``) and its defaults otherwise."""
+    if name not in RULES:
+        raise ValueError(f"unknown optimizer {name!r}: choose one of {', '.join(map(repr, RULES))}")
+    return RULES[name](lr, **settings)
 
 
 class SeedOptimizer:

@@ -46,10 +46,9 @@ from gymnasium.vector import VectorEnv
 from torch import Tensor
 
 from agents import advantages as adv
-from agents import losses
+from agents import losses, optimizers
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.networks import Act, ActorCritic, StackedNetworks
-from agents.optimizers import SeedOptimizer, optimizer_factory
 from agents.plumbing import (
     SharedEnv, envs_around, make_eval_env, network_spec, open_shared_envs, restore_envs, save_envs, seat,
     seed_obs_statistics,
@@ -168,7 +167,7 @@ class Learner:
         self.buffers = [SegmentBuffers(cfgs[0].n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape,
                                        not self.envs.continuous) for shared in self.shared]  # fmt: skip
         self.net = StackedNetworks(models)
-        self.optimizer = SeedOptimizer(self.net.flat, optimizer_factory("adam", cfgs[0].learning_rate, eps=1e-5))
+        self.optimizer = optimizers.SeedOptimizer(self.net.flat, optimizers.adam(cfgs[0].learning_rate, eps=1e-5))
         self.lanes = [Lane(model, model, self.optimizer.lane(k), self.evals[k],
                            partial(seed_obs_statistics, *seat(self.shared, k)), {"actor_critic": model})
                       for k, model in enumerate(models)]  # fmt: skip

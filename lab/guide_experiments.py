@@ -26,7 +26,7 @@ from agents import grpo, losses
 from agents.config import resolve_config
 from agents.groups import Groups, collected, group_advantages
 from agents.networks import Actor, ActorCritic, StackedNetworks
-from agents.optimizers import SeedOptimizer, optimizer_factory
+from agents.optimizers import SeedOptimizer, adam
 from lab.plot import new_figure
 
 ENV = "CartPole-v1"
@@ -150,7 +150,7 @@ def runaway_update(actor: Actor, seed: int, epochs: int, out_png: Path, out_md: 
     for name, objective in OBJECTIVES.items():
         torch.manual_seed(seed)
         net = StackedNetworks([copy.deepcopy(actor)])  # a stack of one, as training has it
-        optimizer = SeedOptimizer(net.flat, optimizer_factory("adam", cfg.learning_rate, eps=1e-5))
+        optimizer = SeedOptimizer(net.flat, adam(cfg.learning_rate, eps=1e-5))
         stepping = torch.ones(1, dtype=torch.bool)
         history[name] = []
         for _ in range(epochs):

@@ -222,6 +222,8 @@ def test_the_factory_names_torchs_optimizers_and_refuses_others() -> None:
     assert isinstance(optimizer_factory("sgd", lr=0.1, momentum=0.9)([parameter]), torch.optim.SGD)
     with pytest.raises(ValueError, match="choose one of"):
         optimizer_factory("adagrad", lr=0.1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="momentum"):
+        optimizer_factory("adam", lr=0.1, momentum=0.9)  # a setting the rule does not take
 
 
 def test_torchs_compiler_stack_is_imported_by_the_first_optimizer_not_by_importing_the_agents() -> None:
