@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from agents import losses
+from agents import losses, optimizers
 from agents.config import MAX_ENVS, RunConfig, check
 from agents.groups import Groups, MemberEnvs, collected, diagnostics, group_steps, horizon, pad_groups, targets
 from agents.groups import close_member_envs, open_member_envs, validate
@@ -42,7 +42,7 @@ from agents.networks import Actor, Sample, StackedNetworks, adapt_step_size, ref
 from agents.plumbing import Envs, network_spec, obs_statistics
 from agents.rollout import SegmentBuffers, drive_seeds
 from agents.seeding import seed_everything
-from agents.seeds import ROWS, Minibatches, SeedAdam, SeedGenerators, log_probs_at, masked_mean, pick_steps
+from agents.seeds import ROWS, Minibatches, SeedGenerators, log_probs_at, masked_mean, pick_steps
 from agents.seeds import trajectories_at
 from agents.training import Collected, Lane, run_stack
 from envs import load_normalizer_state, normalizer_state
@@ -221,7 +221,7 @@ def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, floa
             if not bool(stepping.any()):
                 break
 
-            learner.adam.gradient_step(torch.where(step_now, loss, 0.0).sum(), step_now, cfg.max_grad_norm)
+            learner.optimizer.gradient_step(torch.where(step_now, loss, 0.0).sum(), step_now, cfg.max_grad_norm)
 
             step_stats = torch.cat([sums[:, :1], sums[:, 1:] / count.clamp(min=1).unsqueeze(1)], dim=1)  # (S, 7)
             totals += torch.where(step_now.unsqueeze(1), step_stats, 0.0)
@@ -275,8 +275,8 @@ class Learner:
             raise
         self.net = StackedNetworks([seed.actor for seed in self.seeds])  # the actors: (S, P)
         self.references = StackedNetworks([seed.reference for seed in self.seeds])  # (S, P)
-        self.adam = SeedAdam(self.net.flat, cfgs[0].learning_rate)
-        self.lanes = [Lane(seed.actor, seed.actor, self.adam.lane(k), seed.envs.eval,
+        self.optimizer = optimizers.SeedOptimizer(self.net.flat, optimizers.adam(cfgs[0].learning_rate, eps=1e-5))
+        self.lanes = [Lane(seed.actor, seed.actor, self.optimizer.lane(k), seed.envs.eval,
                            partial(obs_statistics, seed.envs.train), {"actor": seed.actor, "reference": seed.reference})
                       for k, seed in enumerate(self.seeds)]  # fmt: skip
 
@@ -308,8 +308,8 @@ class Learner:
         """The update at each seed's scheduled learning rate times its KL-target factor; then each seed's step
         size adapted to ``kl_target``, its reference refreshed, and its diagnostics."""
         groups = [c.batch if c is not None else None for c in batches]
-        self.adam.lr = torch.tensor([lr * seed.lr_scale for lr, seed in zip(learning_rates, self.seeds, strict=True)],
-                                    dtype=torch.float64)  # fmt: skip
+        scaled = [lr * seed.lr_scale for lr, seed in zip(learning_rates, self.seeds, strict=True)]
+        self.optimizer.set_learning_rates(scaled)
         metrics: list[dict[str, float | None]] = []
         for seed, seed_groups, stats, iteration in zip(self.seeds, groups, update(self, groups), iterations, strict=True):
             if seed_groups is not None:  # a seed no longer running learns nothing

@@ -8,7 +8,7 @@ Written once, for S seeds side by side: every tensor has the seed axis first, an
 of one. What stays each seed's own, so that seed k's numbers are bit-identical whatever seeds share its
 process (``testbed train --seed k``, ``--seeds``, a bench at any ``--stack``, a tuning trial): its envs and
 normalizers, its random number generators, its minibatches (padded to a width the config fixes), its
-advantage normalization, gradient-norm clip, target-KL stop and Adam state (``seeds``); the network
+advantage normalization, gradient-norm clip, target-KL stop (``seeds``) and Adam (``optimizers``); the network
 computes every seed in one batched pass (``networks.StackedNetworks``).
 
 Implementation details followed ("The 37 implementation details of PPO", Huang et al. 2022):
@@ -46,7 +46,7 @@ from gymnasium.vector import VectorEnv
 from torch import Tensor
 
 from agents import advantages as adv
-from agents import losses
+from agents import losses, optimizers
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.networks import Act, ActorCritic, StackedNetworks
 from agents.plumbing import (
@@ -55,7 +55,7 @@ from agents.plumbing import (
 )  # fmt: skip
 from agents.rollout import Segment, SegmentBuffers, finish, join_segments, segment_steps
 from agents.seeding import seed_everything
-from agents.seeds import Minibatches, SeedAdam, SeedGenerators, by_seed, masked_mean
+from agents.seeds import Minibatches, SeedGenerators, by_seed, masked_mean
 from agents.training import Collected, Lane, run_stack
 from envs import EnvOptions
 
@@ -167,8 +167,8 @@ class Learner:
         self.buffers = [SegmentBuffers(cfgs[0].n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape,
                                        not self.envs.continuous) for shared in self.shared]  # fmt: skip
         self.net = StackedNetworks(models)
-        self.adam = SeedAdam(self.net.flat, cfgs[0].learning_rate)
-        self.lanes = [Lane(model, model, self.adam.lane(k), self.evals[k],
+        self.optimizer = optimizers.SeedOptimizer(self.net.flat, optimizers.adam(cfgs[0].learning_rate, eps=1e-5))
+        self.lanes = [Lane(model, model, self.optimizer.lane(k), self.evals[k],
                            partial(seed_obs_statistics, *seat(self.shared, k)), {"actor_critic": model})
                       for k, model in enumerate(models)]  # fmt: skip
 
@@ -216,7 +216,7 @@ class Learner:
         """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns
         each seed's losses and explained variance."""
         cfg, S, N = self.cfg, len(self.cfgs), self.cfg.n_envs
-        self.adam.lr = torch.tensor(learning_rates, dtype=torch.float64)
+        self.optimizer.set_learning_rates(learning_rates)
         segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
         clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
         advantages, returns = gae_targets(cfg, segment, segment.values, segment.next_values)  # (T, S·N) each
@@ -325,7 +325,7 @@ def update(
             if cfg.ent_coef:  # skipped at 0 to keep the backward graph small
                 loss = loss - cfg.ent_coef * entropy_mean
 
-            learner.adam.gradient_step(torch.where(stepping, loss, 0.0).sum(), stepping, cfg.max_grad_norm)
+            learner.optimizer.gradient_step(torch.where(stepping, loss, 0.0).sum(), stepping, cfg.max_grad_norm)
 
             clip_low, clip_high = losses.clip_fraction(ratio.detach(), clip, clip, mean)
             step_stats = torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl,

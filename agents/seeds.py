@@ -1,10 +1,9 @@
-"""What each seed of a stack keeps its own, with a leading seed axis: the optimizer, the gradient clip, the
-minibatches and the random number generators. A single run is a stack of one.
+"""What each seed of a stack keeps its own, with a leading seed axis: the gradient clip, the minibatches and
+the random number generators. A single run is a stack of one.
 
 - parameters: one (S, P) tensor, row k seed k's (``networks.StackedNetworks``);
-- Adam (:class:`SeedAdam`): element-wise, with a step count per seed, and a mask for seeds that do not
-  step (a seed stopped by its target KL, or failed); each seed's state reads as ``torch.optim.Adam``'s
-  (:class:`LaneAdam`), so its checkpoint holds what a single run's holds;
+- the optimizer: a torch optimizer per seed over its row (``optimizers.SeedOptimizer``), and a mask for
+  seeds that do not step (a seed stopped by its target KL, or failed);
 - gradient-norm clipping (:func:`clip_grad_norms_`): one norm per seed;
 - minibatches (:class:`Minibatches`): each seed's own samples, shuffled by its own generator and padded to
   a width the config fixes;
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from agents.networks import StackedNetworks
 
@@ -44,92 +43,6 @@ def masked_mean(x: Tensor, mask: Tensor, count: Tensor | None = None) -> Tensor:
     Entries outside the mask never enter the sum, so a NaN there stays out of it. ``count``: the
     denominators, (S,), when the caller already has them."""
     return torch.where(mask, x, 0.0).sum(-1) / (mask.sum(-1).clamp(min=1) if count is None else count)
-
-
-class SeedAdam:
-    """Adam (Kingma & Ba 2015) on each row of an (S, P) stack, with its own step count t_k and learning
-    rate α_k, as ``torch.optim.Adam`` computes it for a single run::
-
-        t ← t + 1,   m ← β₁ m + (1 − β₁) g,   v ← β₂ v + (1 − β₂) g²
-        θ ← θ − α / (1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
-
-    A row outside ``stepping`` keeps θ, m, v and t as they are.
-    """
-
-    def __init__(self, flat: nn.Parameter, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-5) -> None:  # fmt: skip
-        self.flat, (self.beta1, self.beta2), self.eps = flat, betas, eps
-        self.exp_avg = torch.zeros_like(flat.data)  # (S, P)  m
-        self.exp_avg_sq = torch.zeros_like(flat.data)  # (S, P)  v
-        self.steps = torch.zeros(flat.shape[0], dtype=torch.float64)  # (S,)  t
-        self.lr = torch.full((flat.shape[0],), lr, dtype=torch.float64)  # (S,)  α
-
-    def gradient_step(self, loss: Tensor, stepping: Tensor, max_grad_norm: float) -> None:
-        """One gradient step of every seed in ``stepping`` (S,) bool: the gradient of ``loss`` (the sum of the
-        seeds' losses, so each seed's gradient lands in its own row), each seed's norm clipped to
-        ``max_grad_norm``, then Adam."""
-        self.flat.grad.zero_()
-        loss.backward()
-        clip_grad_norms_(self.flat.grad, max_grad_norm)
-        self.step(stepping)
-
-    def lane(self, k: int) -> LaneAdam:
-        """Seed k's share, as the lifecycle sees an optimizer (its learning rate, its checkpoint state)."""
-        return LaneAdam(self, k)
-
-    def step(self, stepping: Tensor) -> None:
-        """One step for the rows where ``stepping`` (S,) bool is True."""
-        grad, rows = self.flat.grad, stepping.cpu()
-        steps = self.steps + rows
-        step_size = (self.lr / (1 - self.beta1**steps)).to(grad).unsqueeze(1)  # (S, 1)
-        bias_correction2_sqrt = torch.sqrt(1 - self.beta2**steps).to(grad).unsqueeze(1)  # (S, 1)
-        # Every row takes the same in-place operations, and a row that does not step is put back afterwards:
-        # a stepping row's numbers never depend on which other rows step.
-        held = (~rows).nonzero().squeeze(1).to(grad.device)
-        kept = [t[held].clone() for t in (self.exp_avg, self.exp_avg_sq, self.flat.data)] if len(held) else []
-        self.exp_avg.lerp_(grad, 1 - self.beta1)
-        self.exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-        denom = self.exp_avg_sq.sqrt().div_(bias_correction2_sqrt).add_(self.eps)
-        self.flat.data.sub_(self.exp_avg.mul(step_size).div_(denom))
-        for tensor, old in zip((self.exp_avg, self.exp_avg_sq, self.flat.data), kept):
-            tensor[held] = old
-        self.steps = steps
-
-
-class LaneAdam:
-    """Row k of a :class:`SeedAdam`, as the ``torch.optim.Adam`` of a single run looks: its learning rate
-    (``param_groups``), its ``state``, and the state dict that a single run's checkpoint holds, so that
-    seed k's run directory resumes as a single run too."""
-
-    def __init__(self, adam: SeedAdam, k: int) -> None:
-        self.adam, self.k = adam, k
-        # torch.optim.Adam's param group, written out: building an Adam to read it would import torch's compiler
-        # stack, over a second of every trainer process's start.
-        self.param_groups: list[dict[str, Any]] = [{
-            "lr": float(adam.lr[k]), "betas": (adam.beta1, adam.beta2), "eps": adam.eps, "weight_decay": 0,
-            "amsgrad": False, "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
-            "fused": True, "decoupled_weight_decay": False, "params": [0]}]  # fmt: skip
-
-    @property
-    def state(self) -> dict[int, dict[str, Tensor]]:
-        adam, k = self.adam, self.k
-        if adam.steps[k] == 0:
-            return {}
-        return {0: {"step": torch.tensor(float(adam.steps[k])), "exp_avg": adam.exp_avg[k],
-                    "exp_avg_sq": adam.exp_avg_sq[k]}}  # fmt: skip
-
-    def state_dict(self) -> dict[str, Any]:
-        self.param_groups[0]["lr"] = float(self.adam.lr[self.k])
-        return {"state": {i: {name: t.clone() for name, t in s.items()} for i, s in self.state.items()},
-                "param_groups": [dict(group) for group in self.param_groups]}  # fmt: skip
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        adam, k = self.adam, self.k
-        self.param_groups[0].update({key: v for key, v in state_dict["param_groups"][0].items() if key != "params"})
-        state = state_dict["state"].get(0)
-        adam.exp_avg[k] = state["exp_avg"] if state else 0.0
-        adam.exp_avg_sq[k] = state["exp_avg_sq"] if state else 0.0
-        adam.steps[k] = float(state["step"]) if state else 0.0
 
 
 def fixed_minibatch_slots(count: int, minibatches: int, width: int) -> Tensor:

@@ -48,8 +48,8 @@ class Lane:
     """Every trained parameter: saved as the checkpoint's ``model`` and checked for NaN after each update."""
     policy: torch.nn.Module
     """What evaluation acts with (``act`` and ``deterministic_action``); usually ``model`` itself."""
-    optimizer: Any
-    """Its state is saved as the checkpoint's ``optimizer`` (a torch optimizer's state dict)."""
+    optimizer: torch.optim.Optimizer
+    """Its state is saved as the checkpoint's ``optimizer`` (a single run's torch optimizer state dict)."""
     eval_env: VectorEnv
     obs_stats: Callable[[], dict[str, Any]]
     """The training observation statistics, which evaluation uses frozen."""

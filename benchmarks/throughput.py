@@ -58,7 +58,7 @@ def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, flo
 def lane_memory(stack: Any) -> dict[str, int]:
     """The memory report of the stack's one lane, once its optimizer has state (Adam's moments)."""
     lane = stack.lanes[0]
-    lane.optimizer.adam.step(torch.ones(1, dtype=torch.bool))
+    stack.optimizer.step(torch.ones(1, dtype=torch.bool))
     report = memory_report(lane.optimizer, **lane.networks)
     stack.close()
     return report

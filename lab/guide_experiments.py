@@ -26,7 +26,7 @@ from agents import grpo, losses
 from agents.config import resolve_config
 from agents.groups import Groups, collected, group_advantages
 from agents.networks import Actor, ActorCritic, StackedNetworks
-from agents.seeds import SeedAdam
+from agents.optimizers import SeedOptimizer, adam
 from lab.plot import new_figure
 
 ENV = "CartPole-v1"
@@ -150,13 +150,14 @@ def runaway_update(actor: Actor, seed: int, epochs: int, out_png: Path, out_md: 
     for name, objective in OBJECTIVES.items():
         torch.manual_seed(seed)
         net = StackedNetworks([copy.deepcopy(actor)])  # a stack of one, as training has it
-        adam, stepping = SeedAdam(net.flat, cfg.learning_rate), torch.ones(1, dtype=torch.bool)
+        optimizer = SeedOptimizer(net.flat, adam(cfg.learning_rate, eps=1e-5))
+        stepping = torch.ones(1, dtype=torch.bool)
         history[name] = []
         for _ in range(epochs):
             for part in torch.randperm(len(A)).tensor_split(cfg.num_minibatches):
                 log_probs = net.log_prob_entropy(net.policy(obs[part][None]), actions[part][None])[0][0]
                 loss = objective((log_probs - old_log_probs[part]).exp(), A[part]).mean()
-                adam.gradient_step(loss, stepping, cfg.max_grad_norm)
+                optimizer.gradient_step(loss, stepping, cfg.max_grad_norm)
             with torch.no_grad():
                 log_ratio = net.log_prob_entropy(net.policy(obs[None]), actions[None])[0][0] - old_log_probs
             ratio = log_ratio.exp()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -18,7 +16,7 @@ import torch
 
 from agents import advantages as adv
 from agents import grpo, ppo, rundir, runlog
-from agents.seeds import LaneAdam, SeedAdam, clip_grad_norms_, fixed_minibatch_slots, masked_mean
+from agents.seeds import clip_grad_norms_, fixed_minibatch_slots, masked_mean
 from agents.training import check_stack
 from lab import bench, cells
 from lab.cli import main
@@ -99,43 +97,6 @@ def test_clip_grad_norms_clips_each_seed_by_its_own_norm() -> None:
     assert torch.allclose(norms, torch.tensor([5.0, 0.5]))
     assert torch.allclose(grad, torch.tensor([[0.6, 0.8], [0.3, 0.4]]), atol=1e-6)  # row 1 is under the limit
 
-
-def test_seed_adam_is_torch_adam_per_row_and_leaves_rows_not_stepping_alone() -> None:
-    torch.manual_seed(0)
-    start = torch.randn(2, 5)
-    flat = torch.nn.Parameter(start.clone())
-    flat.grad = torch.zeros_like(flat)
-    adam = SeedAdam(flat, lr=0.1)
-    references = [torch.nn.Parameter(start[k].clone()) for k in range(2)]
-    torch_adams = [torch.optim.Adam([p], lr=0.1, eps=1e-5, fused=True) for p in references]
-    for step, stepping in enumerate([[True, True], [True, False], [True, True]]):
-        grads = torch.randn(2, 5)
-        flat.grad.copy_(grads)
-        adam.step(torch.tensor(stepping))
-        for k in range(2):
-            if stepping[k]:
-                references[k].grad = grads[k].clone()
-                torch_adams[k].step()
-        assert torch.allclose(flat.data, torch.stack([p.data for p in references]), atol=1e-6), step
-    assert adam.steps.tolist() == [3, 2]
-    # Row 1's view reads back into torch's own Adam, as a single run resumes it.
-    lane = LaneAdam(adam, 1)
-    fresh = torch.optim.Adam([torch.nn.Parameter(start[1].clone())], lr=0.1, eps=1e-5, fused=True)
-    ours, torchs = lane.state_dict()["param_groups"][0], fresh.state_dict()["param_groups"][0]
-    assert {key: ours[key] for key in torchs} == torchs  # the param group a single run's torch Adam writes
-    fresh.load_state_dict(lane.state_dict())
-    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], torch_adams[1].state_dict()["state"][0]["exp_avg"])
-
-
-
-def test_a_seeds_optimizer_does_not_import_torchs_compiler_stack() -> None:
-    # torch.optim.Adam's constructor imports torch._dynamo (over a second); every trainer process builds a LaneAdam.
-    script = ("import sys, torch\nfrom agents.seeds import SeedAdam\n"
-              "flat = torch.nn.Parameter(torch.zeros(2, 3)); flat.grad = torch.zeros_like(flat)\n"
-              "adam = SeedAdam(flat, lr=0.1); adam.lane(1).state_dict(); adam.step(torch.tensor([True, True]))\n"
-              "print('torch._dynamo' in sys.modules)")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
 
 # ── a seed's numbers do not depend on its neighbours ───────────────────────────────────────────────
 
