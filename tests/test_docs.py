@@ -156,10 +156,3 @@ def test_docstrings_become_markdown_that_keeps_their_blocks() -> None:
         "Symbols:", "", "    r_t   reward   rewards",
         "What it estimates:", "", "- its value;", "- its gradient.", " 1. one;  2. two",
     ]  # fmt: skip
-
-
-def test_each_algorithm_reads_top_to_bottom_in_one_file_of_at_most_350_lines() -> None:
-    # STYLE.md's limit: PPO, GRPO and the SB3 adapter each in one file a reader can hold.
-    for name in ("ppo.py", "grpo.py", "sb3.py"):
-        lines = len((ROOT / "agents" / name).read_text().splitlines())
-        assert lines <= 350, f"agents/{name} has {lines} lines; move shared pure functions to their modules"

@@ -151,7 +151,7 @@ def test_our_update_is_sb3s_train_on_the_same_batch_from_the_same_weights(overri
         with torch.no_grad():
             for name, weight in reference.model.policy.state_dict().items():
                 parameters[ours_of(name)].copy_(weight)
-        ours.adam.lr = torch.tensor([cfg.learning_rate], dtype=torch.float64)
+        ours.stack.set_learning_rates([cfg.learning_rate])
         ppo.update(ours, segment, as_tensor(buffer.advantages), as_tensor(buffer.returns),
                    torch.tensor([[cfg.clip_range]]), torch.tensor([True]))  # fmt: skip
         before = {name: weight.clone() for name, weight in reference.model.policy.state_dict().items()}

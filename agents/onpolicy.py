@@ -1,0 +1,232 @@
+"""The shared on-policy layer: S seeds of any on-policy algorithm side by side, written once.
+
+Two parts, which an algorithm holds (composition, not a base class):
+
+- :class:`SeedStack`: each seed's networks, built as a single run builds them (seeded, then its generators
+  captured) and computed together (``networks.StackedNetworks``); the per-seed optimizer, its learning
+  rates and the masked gradient step; each seed's :class:`~agents.training.Lane`; each seed's metrics out
+  of a stacked (S, k) tensor. Every on-policy algorithm uses it (PPO, GRPO).
+- :class:`OnPolicy`: the collector of actor-critic algorithms (PPO, A2C): each seed's training envs (one
+  vector env for all seeds where that is exact, ``plumbing.open_shared_envs``), its evaluation env, an
+  :class:`~agents.networks.ActorCritic` per seed in a :class:`SeedStack`, and ``collect``: T steps of every
+  seed's N envs (``rollout.segment_steps``), every step's actions from one batched forward pass; with the
+  envs' part of ``save``, ``load`` and ``close``. GRPO collects groups of its own (``agents.groups``).
+
+An algorithm supplies its config, its ``learn`` (losses and update) and what it adds to collection; the
+lifecycle around an iteration is ``training.run_stack``'s. The value targets an actor-critic algorithm
+learns from (:func:`gae_targets`, :func:`critic_targets`) are here too, so that none copies them.
+
+Seed k's numbers are bit-identical whatever seeds share its process: every reduction runs within its row,
+and every shape is fixed by the config alone (``seeds``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from gymnasium.vector import VectorEnv
+from torch import Tensor, nn
+
+from agents import advantages as adv
+from agents.config import RunConfig
+from agents.networks import Act, StackedNetworks
+from agents.plumbing import (
+    SharedEnv,
+    envs_around,
+    make_eval_env,
+    open_shared_envs,
+    restore_envs,
+    save_envs,
+    seat,
+    seed_obs_statistics,
+)
+from agents.rollout import Segment, SegmentBuffers, finish, segment_steps
+from agents.seeding import seed_everything
+from agents.seeds import SeedAdam, SeedGenerators, by_seed
+from agents.training import Collected, Lane
+from envs import EnvOptions
+
+
+def env_options(cfg: RunConfig, **own: Any) -> EnvOptions:
+    """How an algorithm's training envs are wrapped: what every config sets (observation normalization, a
+    delayed reward, a reward offset), then the algorithm's ``own`` options (vectorization, PPO's reward
+    normalization and its γ)."""
+    return EnvOptions(
+        normalize_obs=cfg.normalize_obs, reward_delay=cfg.reward_delay, reward_offset=cfg.reward_offset, **own
+    )
+
+
+# ── every seed's networks, optimizer and lanes ─────────────────────────────────────────────────────
+
+
+@dataclass
+class SeedParts:
+    """What an algorithm builds for one seed: its trained network and what evaluates it."""
+
+    model: nn.Module
+    """Every trained parameter of the seed; also the policy that evaluation acts with."""
+    eval_env: VectorEnv
+    obs_stats: Callable[[], dict[str, Any]]
+    """The seed's training observation statistics, which evaluation uses frozen."""
+    networks: dict[str, nn.Module]
+    """Networks whose sizes the summary reports, by name."""
+
+
+class SeedStack:
+    """S seeds' networks as one (S, P) stack, their optimizer and generators, and one lane per seed.
+
+    ``build(k, cfg)`` makes seed k's parts right after the global generators are seeded with its seed, as a
+    single run makes them; each seed's own generators then continue from there (``seeds.SeedGenerators``).
+    """
+
+    def __init__(self, cfgs: Sequence[RunConfig], build: Callable[[int, Any], SeedParts]) -> None:
+        self.cfgs, self.random = list(cfgs), SeedGenerators()
+        parts: list[SeedParts] = []
+        for k, cfg in enumerate(self.cfgs):
+            seed_everything(cfg.seed)
+            parts.append(build(k, cfg))
+            self.random.capture(cfg.device)
+        self.net = StackedNetworks([part.model for part in parts])  # (S, P)
+        self.optimizer = SeedAdam(self.net.flat, self.cfgs[0].learning_rate)
+        self.lanes = [
+            Lane(part.model, part.model, self.optimizer.lane(k), part.eval_env, part.obs_stats, part.networks)
+            for k, part in enumerate(parts)
+        ]
+
+    @property
+    def seeds(self) -> int:
+        """S."""
+        return len(self.cfgs)
+
+    def set_learning_rates(self, learning_rates: Sequence[float]) -> None:
+        """Each seed's step size α_k for the next gradient steps (the schedule's, times any factor of its own)."""
+        self.optimizer.lr = torch.tensor(learning_rates, dtype=torch.float64)  # (S,)
+
+    def step(self, loss: Tensor, stepping: Tensor, max_grad_norm: float) -> None:
+        """One gradient step of every seed in ``stepping`` (S,) bool on its own loss, ``loss`` (S,):
+
+            ∇_θ Σ_k m_k L_k,   m_k = 1 for a stepping seed, else 0
+
+        Seed k's parameters are row k of the stack, so the gradient of the masked sum puts each seed's own
+        gradient in its row; each row's norm is clipped to ``max_grad_norm``, then the optimizer steps the
+        stepping rows only. ``torch.where`` (not a product) keeps a NaN of a held seed out of the sum."""
+        self.optimizer.gradient_step(torch.where(stepping, loss, 0.0).sum(), stepping, max_grad_norm)
+
+    @staticmethod
+    def per_seed_metrics(stats: Tensor, names: Sequence[str], running: Sequence[bool]) -> list[dict[str, float | None]]:
+        """Each seed's row of ``stats`` (S, len(names)) by name; {} for a seed not running (nothing to log)."""
+        rows = stats.cpu().tolist()
+        return [dict(zip(names, row, strict=True)) if on else {} for row, on in zip(rows, running, strict=True)]
+
+
+# ── the actor-critic collector: T steps of every seed's N envs ─────────────────────────────────────
+
+
+class OnPolicy:
+    """S seeds' envs, rollout state and actor-critics, and their collection (``collect``), for an actor-critic
+    algorithm whose config has ``n_envs`` and ``n_steps``. ``network(cfg, env)`` builds one seed's
+    actor-critic for the training env's spaces, reported as ``name``; ``options`` wrap the training envs."""
+
+    def __init__(
+        self,
+        cfgs: Sequence[Any],
+        network: Callable[[Any, VectorEnv], nn.Module],
+        options: EnvOptions,
+        name: str = "actor_critic",
+    ) -> None:
+        self.cfgs = list(cfgs)
+        self.shared: list[SharedEnv] = []  # the training envs: one for all seeds where that is exact
+        self.evals: list[VectorEnv] = []  # each seed's evaluation env
+        cfg = self.cfgs[0]
+
+        def build(k: int, cfg: Any) -> SeedParts:
+            self.evals.append(make_eval_env(cfg, cfg.eval_episodes))
+            model = network(cfg, self.shared[0].env).to(cfg.device)  # its parameters become views of row k
+            return SeedParts(model, self.evals[k], partial(seed_obs_statistics, *seat(self.shared, k)), {name: model})
+
+        try:
+            self.shared = open_shared_envs(self.cfgs, cfg.n_envs, options)
+            self.stack = SeedStack(self.cfgs, build)
+        except BaseException:
+            self.close()
+            raise
+        self.envs = envs_around(self.shared[0].env, self.evals[0])  # the spaces' shapes
+        self.buffers = [
+            SegmentBuffers(
+                cfg.n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape, not self.envs.continuous
+            )
+            for shared in self.shared
+        ]
+
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+        """T steps in every training env (``rollout.segment_steps``), every step's actions from one batched
+        forward pass, each seed's drawn from its own generator. A seed no longer running has ended: its envs
+        (where seeds share them) step with zero actions, and nothing of it is kept."""
+        cfg, net, S, N = self.cfgs[0], self.stack.net, len(self.cfgs), self.cfgs[0].n_envs
+        steps = [segment_steps(s.env, s.rollout, buffers) for s, buffers in zip(self.shared, self.buffers)]
+        obs = torch.zeros((S, N, self.envs.obs_dim))  # (S, N, obs_dim)  idle seeds act on zeros
+        generators = [g if on else None for g, on in zip(self.stack.random.torch, running, strict=True)]
+        with torch.inference_mode():
+            current = [next(step) for step in steps]  # each (S_b·N, obs_dim)
+            for _ in range(cfg.n_steps):
+                for shared, shared_obs in zip(self.shared, current):
+                    obs[shared.stack] = torch.from_numpy(shared_obs).view(shared.seeds, N, -1)
+                out, values = net.heads(obs.to(cfg.device))
+                actions, log_probs = net.sample(out, generators)
+                actions, log_probs, values = actions.cpu(), log_probs.cpu(), values.cpu()
+                if not all(running):  # an ended seed's envs, where it shares them, step with zero actions
+                    actions[~torch.tensor(running)] = 0
+                current = [
+                    step.send(Act(*(x[shared.stack].flatten(0, 1) for x in (actions, log_probs, values))))
+                    for step, shared in zip(steps, self.shared)
+                ]
+            for shared, shared_obs in zip(self.shared, current):  # the next observations: the last bootstrap values
+                obs[shared.stack] = torch.from_numpy(shared_obs).view(shared.seeds, N, -1)
+            last_values = net.heads(obs.to(cfg.device))[1].cpu()  # (S, N)
+        collected: list[Collected | None] = []  # in the stack's order, as the shared envs are
+        for step, shared in zip(steps, self.shared):
+            segment = finish(step, last_values[shared.stack].flatten())  # (T, S_b·N)
+            for j in range(shared.seeds):
+                episodes = shared.rollout.take_episodes(shared.rows(j))  # taken from an ended seed too, and dropped
+                kept = Collected(segment.columns(shared.rows(j)), cfg.n_steps * N, *episodes)
+                collected.append(kept if running[shared.first + j] else None)
+        return collected
+
+    def save(self, k: int) -> dict[str, Any]:
+        """Seed k's envs, for its checkpoint."""
+        return save_envs(*seat(self.shared, k))
+
+    def load(self, k: int, checkpoint: dict[str, Any]) -> None:
+        """Seed k's envs as the checkpoint left them, where possible."""
+        restore_envs(*seat(self.shared, k), checkpoint, self.cfgs[k].seed)
+
+    def close(self) -> None:
+        for env in [shared.env for shared in self.shared] + self.evals:
+            env.close()
+
+
+# ── the value targets of an actor-critic ───────────────────────────────────────────────────────────
+
+
+def gae_targets(
+    segment: Segment, values: Tensor, next_values: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """GAE(γ, λ) advantages Â_t and value targets Â_t + V(s_t), (T, S·N) each, from values V(s_t) and
+    V(s_{t+1}) (``advantages.gae``; λ = 1: the n-step return to the segment's end minus V)."""
+    advantages = adv.gae(segment.rewards, values, next_values, segment.terminated, segment.done, gamma, lam)
+    return advantages, advantages + values
+
+
+def critic_targets(onpolicy: OnPolicy, segment: Segment, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """:func:`gae_targets` from the current critic's values of the segment's states s_0 … s_T. With NEXT_STEP
+    autoreset the row after a truncated step holds its true final observation, so its bootstrap is kept."""
+    S, T, cfg = len(onpolicy.cfgs), segment.obs.shape[0], onpolicy.cfgs[0]
+    states = torch.cat([segment.obs, segment.last_obs])  # (T+1, S·N, obs_dim)
+    with torch.no_grad():
+        values = onpolicy.stack.net.heads(by_seed(states, S).to(cfg.device))[1].cpu()  # (S, (T+1)·N)
+    values = values.reshape(S, T + 1, -1).transpose(0, 1).reshape(T + 1, -1)  # (T+1, S·N)
+    return gae_targets(segment, values[:-1], values[1:], gamma, lam)
