@@ -9,7 +9,7 @@ Two parts, which an algorithm holds (composition, not a base class):
 - :class:`OnPolicy`: the collector of actor-critic algorithms (PPO, A2C): each seed's training envs (one
   vector env for all seeds where that is exact, ``plumbing.open_shared_envs``), its evaluation env, an
   :class:`~agents.networks.ActorCritic` per seed in a :class:`SeedStack`, and ``collect``: T steps of every
-  seed's N envs (``rollout.segment_steps``), every step's actions from one batched forward pass; with the
+  seed's N envs (:func:`segment_steps`), every step's actions from one batched forward pass; with the
   envs' part of ``save``, ``load`` and ``close``. GRPO collects groups of its own (``agents.groups``).
 
 An algorithm supplies its config, its ``learn`` (losses and update) and what it adds to collection; the
@@ -22,11 +22,12 @@ and every shape is fixed by the config alone (``seeds``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 from torch import Tensor, nn
@@ -44,7 +45,7 @@ from agents.plumbing import (
     seat,
     seed_obs_statistics,
 )
-from agents.rollout import Segment, SegmentBuffers, finish, segment_steps
+from agents.rollout import RolloutState, SegmentBuffers
 from agents.seeding import seed_everything
 from agents.seeds import SeedAdam, SeedGenerators, by_seed
 from agents.training import Collected, Lane
@@ -123,6 +124,102 @@ class SeedStack:
         return [dict(zip(names, row, strict=True)) if on else {} for row, on in zip(rows, running, strict=True)]
 
 
+# ── one segment: T steps of N envs ─────────────────────────────────────────────────────────────────
+# With NEXT_STEP autoreset (``rollout``): ``sample_mask[t]`` is False exactly at autoreset steps, which are never
+# training samples; ``next_values[t] = values[t + 1]`` is V of the true next observation for every real step,
+# a truncated one included, whose final observation is stored at t + 1. No separate final-observation pass.
+
+
+@dataclass
+class Segment:
+    """T steps of N envs, the input of one PPO iteration."""
+
+    obs: Tensor  # (T, N, obs_dim) float32
+    actions: Tensor  # (T, N) int64 or (T, N, act_dim) float32
+    log_probs: Tensor  # (T, N)
+    values: Tensor  # (T, N)
+    next_values: Tensor  # (T, N)  V of the true next observation
+    rewards: Tensor  # (T, N)
+    terminated: Tensor  # (T, N) bool
+    truncated: Tensor  # (T, N) bool
+    sample_mask: Tensor  # (T, N) bool  False at autoreset steps
+    last_obs: Tensor  # (1, N, obs_dim)  s_T, the observation after the last step, whose value bootstraps it
+
+    @property
+    def done(self) -> Tensor:
+        return self.terminated | self.truncated
+
+    def columns(self, cols: slice) -> Segment:
+        """The segment of the envs ``cols`` alone (one seed's, of a vector env that seeds share)."""
+        return Segment(**{name: getattr(self, name)[:, cols] for name in self.__dataclass_fields__})
+
+
+def segment_steps(env: VectorEnv, state: RolloutState, buffers: SegmentBuffers) -> Generator[np.ndarray, Any, Segment]:
+    """T steps in N envs with the current policy, from ``state``, which it updates. A generator: it yields
+    each step's observations (N, obs_dim) and is sent π_θ's :class:`~agents.networks.Act` for them; after
+    the T-th step it yields the next observations once more and is sent their values V(s_T) (N,), with which
+    the segment's last bootstrap values are filled. So one batched call can drive many seeds' segments
+    (:meth:`OnPolicy.collect`).
+
+    Finished episodes' raw returns and lengths (from ``info["episode"]``) are appended to
+    ``state.episode_returns`` / ``state.episode_lengths`` for logging.
+    """
+    T = buffers.obs.shape[0]
+    next_obs, next_is_autoreset = state.next_obs, state.next_is_autoreset
+    for t in range(T):
+        buffers.obs[t] = next_obs
+        buffers.sample_mask[t] = ~next_is_autoreset
+        act = yield buffers.obs[t]
+        buffers.actions[t] = act.actions
+        buffers.log_probs[t] = act.log_probs
+        buffers.values[t] = act.values
+        next_obs, reward, terminated, truncated, info = env.step(act.actions.numpy())
+        buffers.rewards[t] = reward
+        buffers.terminated[t] = terminated
+        buffers.truncated[t] = truncated
+        next_is_autoreset = terminated | truncated
+        if "_episode" in info:
+            finished = info["_episode"]
+            state.episode_returns.extend(info["episode"]["r"][finished].tolist())
+            state.episode_lengths.extend(info["episode"]["l"][finished].tolist())
+            state.episode_envs.extend(np.flatnonzero(finished).tolist())
+    state.next_obs, state.next_is_autoreset = np.asarray(next_obs, dtype=np.float32), next_is_autoreset
+    last_values = yield state.next_obs
+    values = buffers.values.clone()
+    return Segment(
+        obs=torch.from_numpy(buffers.obs.copy()),
+        actions=buffers.actions.clone(),
+        log_probs=buffers.log_probs.clone(),
+        values=values,
+        next_values=torch.cat([values[1:], torch.as_tensor(last_values).reshape(1, -1).clone()]),
+        rewards=torch.from_numpy(buffers.rewards.copy()),
+        terminated=torch.from_numpy(buffers.terminated.copy()),
+        truncated=torch.from_numpy(buffers.truncated.copy()),
+        sample_mask=torch.from_numpy(buffers.sample_mask.copy()),
+        last_obs=torch.from_numpy(state.next_obs.copy()).unsqueeze(0),
+    )
+
+
+def finish(steps: Generator[np.ndarray, Any, Segment], last_values: Tensor) -> Segment:
+    """The segment a :func:`segment_steps` returns, once sent its last bootstrap values."""
+    try:
+        steps.send(last_values)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("segment_steps yielded past its segment")
+
+
+def join_segments(segments: list[Segment | None]) -> Segment:
+    """S seeds' (T, N) segments side by side as one (T, S·N) segment, seed k's envs in columns k·N … (k+1)·N;
+    a seed without one (not running) gets zeros there, and no sample."""
+    template = next(s for s in segments if s is not None)
+    fields = {}
+    for name in Segment.__dataclass_fields__:
+        zeros = torch.zeros_like(getattr(template, name))
+        fields[name] = torch.cat([getattr(s, name) if s is not None else zeros for s in segments], dim=1)
+    return Segment(**fields)
+
+
 # ── the actor-critic collector: T steps of every seed's N envs ─────────────────────────────────────
 
 
@@ -163,7 +260,7 @@ class OnPolicy:
         ]
 
     def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
-        """T steps in every training env (``rollout.segment_steps``), every step's actions from one batched
+        """T steps in every training env (:func:`segment_steps`), every step's actions from one batched
         forward pass, each seed's drawn from its own generator. A seed no longer running has ended: its envs
         (where seeds share them) step with zero actions, and nothing of it is kept."""
         cfg, net, S, N = self.cfgs[0], self.stack.net, len(self.cfgs), self.cfgs[0].n_envs

@@ -50,9 +50,8 @@ from agents import advantages as adv
 from agents import losses
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.networks import ActorCritic
-from agents.onpolicy import OnPolicy, critic_targets, env_options, gae_targets
+from agents.onpolicy import OnPolicy, Segment, critic_targets, env_options, gae_targets, join_segments
 from agents.plumbing import network_spec
-from agents.rollout import Segment, join_segments
 from agents.seeds import Minibatches, by_seed, masked_mean
 from agents.training import Collected, run_stack
 

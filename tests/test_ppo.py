@@ -66,7 +66,7 @@ def test_recomputed_targets_at_unchanged_parameters_are_the_collection_s(tmp_pat
     learner = ppo.Learner(cfgs)
     try:
         collected = learner.collect([0, 0], [True, True])
-        segment = ppo.join_segments([c.batch for c in collected])  # (T, S·N)
+        segment = onpolicy.join_segments([c.batch for c in collected])  # (T, S·N)
         assert segment.truncated[19].all() and segment.last_obs.shape == (1, 4, 1)
         gamma, lam = cfgs[0].gamma, cfgs[0].gae_lambda
         expected = onpolicy.gae_targets(segment, segment.values, segment.next_values, gamma, lam)

@@ -13,8 +13,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch import nn
 
 from agents import plumbing, ppo, runlog, sb3, tracking
+from agents.onpolicy import Segment
 from agents.ppo import TAGS
-from agents.rollout import Segment
 from envs import BadInput, normalizer_state
 from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
 
