@@ -171,21 +171,19 @@ class Learner:
     ) -> list[dict[str, float | None]]:  # fmt: skip
         """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns
         each seed's losses and explained variance."""
-        cfg, N = self.cfg, self.cfg.n_envs
+        cfg, S, gamma, lam = self.cfg, len(self.cfgs), self.cfg.gamma, self.cfg.gae_lambda
         self.stack.set_learning_rates(learning_rates)
         segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
         clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
-        advantages, returns = gae_targets(segment, segment.values, segment.next_values, cfg.gamma, cfg.gae_lambda)
-        recompute = partial(critic_targets, self.onpolicy, segment, cfg.gamma, cfg.gae_lambda)
-        recompute = recompute if cfg.recompute_advantages else None
+        advantages, returns = gae_targets(segment, segment.values, segment.next_values, gamma, lam)  # (T, S·N) each
+        recompute = partial(critic_targets, self.onpolicy, segment, gamma, lam) if cfg.recompute_advantages else None
         stats = update(self, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running), recompute)
-        metrics = self.stack.per_seed_metrics(stats, STATS, running)  # (S, 5) → each seed's
+        metrics = self.stack.per_seed_metrics(stats, STATS, running)  # (S, 5) → each running seed's, by tag
+        values, targets, valid = (by_seed(x, S) for x in (segment.values, returns, segment.sample_mask))  # (S, T·N)
         for k, seed_metrics in enumerate(metrics):
             if seed_metrics:
-                valid = segment.sample_mask[:, k * N : (k + 1) * N]  # (T, N)  seed k's real steps
-                seed_metrics["losses/explained_variance"] = losses.explained_variance(
-                    segment.values[:, k * N : (k + 1) * N][valid], returns[:, k * N : (k + 1) * N][valid]
-                )
+                variance = losses.explained_variance(values[k][valid[k]], targets[k][valid[k]])
+                seed_metrics["losses/explained_variance"] = variance
         return metrics
 
     def save(self, k: int) -> dict[str, Any]:
