@@ -263,8 +263,8 @@ class Seed:
 
 
 class Learner:
-    """S seeds' GRPO (a :class:`~agents.training.Trainer`): each seed's own state, their actors and references
-    computed together (``networks.StackedNetworks``), one optimizer."""
+    """S seeds' GRPO (a :class:`~agents.training.Trainer`): each seed's own state and groups, on the shared seed
+    stack (``onpolicy.SeedStack``: the actors computed together, one optimizer, generators and lanes)."""
 
     tags, finite = TAGS, FINITE
 

@@ -238,7 +238,7 @@ class OnPolicy:
         self.cfgs = list(cfgs)
         self.shared: list[SharedEnv] = []  # the training envs: one for all seeds where that is exact
         self.evals: list[VectorEnv] = []  # each seed's evaluation env
-        cfg = self.cfgs[0]
+        n_envs, n_steps = self.cfgs[0].n_envs, self.cfgs[0].n_steps  # N and T, which every seed shares
 
         def build(k: int, cfg: Any) -> SeedParts:
             self.evals.append(make_eval_env(cfg, cfg.eval_episodes))
@@ -246,7 +246,7 @@ class OnPolicy:
             return SeedParts(model, self.evals[k], partial(seed_obs_statistics, *seat(self.shared, k)), {name: model})
 
         try:
-            self.shared = open_shared_envs(self.cfgs, cfg.n_envs, options)
+            self.shared = open_shared_envs(self.cfgs, n_envs, options)
             self.stack = SeedStack(self.cfgs, build)
         except BaseException:
             self.close()
@@ -254,7 +254,7 @@ class OnPolicy:
         self.envs = envs_around(self.shared[0].env, self.evals[0])  # the spaces' shapes
         self.buffers = [
             SegmentBuffers(
-                cfg.n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape, not self.envs.continuous
+                n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape, not self.envs.continuous
             )
             for shared in self.shared
         ]
