@@ -81,8 +81,6 @@ class RunConfig:
     each seed counts the stack's time. The learning-rate schedule still runs over total_steps."""
     gamma: float = 0.99
     """γ: discount."""
-    n_epochs: int = 10
-    """K: passes over each iteration's batch."""
     learning_rate: float = 3e-4
     """Adam's step size (its start value when annealed)."""
     anneal_lr: bool = False
@@ -124,7 +122,6 @@ class RunConfig:
         check(self.reward_delay in (None, "end") or self.reward_delay >= 1,
               f"reward_delay must be a number of steps >= 1, end or none; got {self.reward_delay}")  # fmt: skip
         check(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
-        check(self.n_epochs >= 1, f"n_epochs must be at least 1, got {self.n_epochs}")
         check(self.learning_rate > 0, f"learning_rate must be positive, got {self.learning_rate}")
         check(self.ent_coef >= 0, f"ent_coef must be non-negative, got {self.ent_coef}")
         check(self.max_grad_norm > 0, f"max_grad_norm must be positive, got {self.max_grad_norm}")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,6 +22,7 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import vine
 from agents.networks import Sample
+from agents.onpolicy import env_options
 from agents.plumbing import Envs, open_envs
 from agents.rollout import Episodes, Policy, SegmentBuffers, concat_episodes, episode_steps
 from agents.training import Collected
@@ -30,7 +31,6 @@ from envs import EnvOptions, episode_limit, make_vector
 from envs import start_states as starts
 from envs.errors import BadInput
 from envs.snapshot import NotRestorable
-
 
 
 class GroupSettings(Protocol):
@@ -173,9 +173,7 @@ def group_steps(
 def open_member_envs(cfg: Any, H: int) -> tuple[Envs, MemberEnvs, SegmentBuffers]:
     """A seed's envs: the B·G members as one vector env (train) and the evaluation envs, the B trunks
     (start_mode=branch), and its (H, B·G) buffers. ``cfg``: a GRPO config."""
-    options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization=cfg.vectorization,
-                         reward_delay=cfg.reward_delay, reward_offset=cfg.reward_offset)  # fmt: skip
-    envs = open_envs(cfg, cfg.batch_trajectories, options, **time_limit(cfg))
+    envs = open_envs(cfg, cfg.batch_trajectories, env_options(cfg, vectorization=cfg.vectorization), **time_limit(cfg))
     mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs) if cfg.start_mode == "branch" else None
     trunk_options = EnvOptions(vectorization="sync", reward_delay=cfg.reward_delay)  # B raw envs, no normalization
     trunks = None if mode is None else make_vector(cfg.env_id, cfg.num_groups, trunk_options, **cfg.env_kwargs,

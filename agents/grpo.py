@@ -34,17 +34,27 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from agents import losses, optimizers
+from agents import losses
 from agents.config import MAX_ENVS, RunConfig, check
-from agents.groups import Groups, MemberEnvs, collected, diagnostics, group_steps, horizon, pad_groups, targets
-from agents.groups import close_member_envs, open_member_envs, validate
+from agents.groups import (
+    Groups,
+    MemberEnvs,
+    close_member_envs,
+    collected,
+    diagnostics,
+    group_steps,
+    horizon,
+    open_member_envs,
+    pad_groups,
+    targets,
+    validate,
+)
 from agents.networks import Actor, Sample, StackedNetworks, adapt_step_size, refresh_reference
+from agents.onpolicy import SeedParts, SeedStack
 from agents.plumbing import Envs, network_spec, obs_statistics
 from agents.rollout import SegmentBuffers, drive_seeds
-from agents.seeding import seed_everything
-from agents.seeds import ROWS, Minibatches, SeedGenerators, log_probs_at, masked_mean, pick_steps
-from agents.seeds import trajectories_at
-from agents.training import Collected, Lane, run_stack
+from agents.seeds import ROWS, Minibatches, log_probs_at, masked_mean, pick_steps, trajectories_at
+from agents.training import Collected, run_stack
 from envs import load_normalizer_state, normalizer_state
 
 TAGS = [
@@ -57,6 +67,8 @@ TAGS = [
     "grpo/update_kl", "grpo/lr_scale", "grpo/epochs_run",
     "eval/return_mean", "eval/return_std",
 ]  # fmt: skip
+FINITE = ("losses/policy_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac")
+"""The losses that must stay finite: a NaN in one stops the run, with the last good checkpoint kept."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,7 @@ class GRPOConfig(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.group_size >= 2, f"group_size (G) must be at least 2 to compare members, got {self.group_size}")
+        check(self.n_epochs >= 1, f"n_epochs must be at least 1, got {self.n_epochs}")
         check(self.num_groups >= 1, f"num_groups (B) must be at least 1, got {self.num_groups}")
         self.check_size(self.group_size * self.num_groups, MAX_ENVS, "G · B, the group members of an iteration,")
         check(self.max_episode_steps is None or self.max_episode_steps >= 1, "max_episode_steps must be positive")
@@ -193,13 +206,13 @@ def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, floa
     loss steps run in chunks (:func:`minibatch_loss`). A seed whose approx_kl passes twice ``kl_target``
     stops stepping, as its epochs end.
     """
-    cfg, net, S, H, M = learner.cfg, learner.net, len(learner.seeds), learner.H, learner.cfg.batch_trajectories
+    cfg, net, S, H, M = learner.cfg, learner.stack.net, len(learner.seeds), learner.H, learner.cfg.batch_trajectories
     padded = pad_groups(groups, partial(targets, cfg, H=H), H, M, cfg.device)
     ref_log_probs = log_probs_at(learner.references, padded.obs, padded.actions, padded.valid)  # fixed this iteration
     batch = {"obs": padded.obs, "actions": padded.actions, "old_log_probs": padded.old_log_probs,
              "advantages": padded.advantages.flatten(1, 2), "ref_log_probs": ref_log_probs}  # fmt: skip
     members = torch.arange(M).unsqueeze(0) < padded.trajectories.unsqueeze(1)  # (S, M)  each seed's trajectories
-    minibatches = Minibatches(members.to(cfg.device), cfg.num_minibatches, learner.random)
+    minibatches = Minibatches(members.to(cfg.device), cfg.num_minibatches, learner.stack.random)
     stepping = (padded.trajectories > 0).to(cfg.device)  # (S,)
     epochs = torch.zeros(S, device=cfg.device)  # (S,)
     totals, counts = torch.zeros((S, len(STATS)), device=cfg.device), torch.zeros(S, device=cfg.device)  # (S, 7), (S,)
@@ -221,23 +234,19 @@ def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, floa
             if not bool(stepping.any()):
                 break
 
-            learner.optimizer.gradient_step(torch.where(step_now, loss, 0.0).sum(), step_now, cfg.max_grad_norm)
+            learner.stack.step(loss, step_now, cfg.max_grad_norm)
 
             step_stats = torch.cat([sums[:, :1], sums[:, 1:] / count.clamp(min=1).unsqueeze(1)], dim=1)  # (S, 7)
             totals += torch.where(step_now.unsqueeze(1), step_stats, 0.0)
             counts += step_now
-        else:
-            continue
-        break  # no seed steps any more: the epoch loop ends too
+        if not bool(stepping.any()):  # no seed steps any more: the epoch loop ends too
+            break
     # KL(π_old ‖ π_θ) of each seed's whole update, over every sample of its batch
     log_probs = log_probs_at(net, padded.obs, padded.actions, padded.valid)  # (S, H·M)
     update_kl = masked_mean(losses.k3_kl(log_probs - padded.old_log_probs), padded.valid)  # (S,)
-    means = (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
-    return [
-        ({**(dict(zip(STATS, means[k].tolist(), strict=True)) if counts[k] else {}),
-          "update_kl": float(update_kl[k]), "epochs_run": float(epochs[k])} if padded.trajectories[k] else {})
-        for k in range(S)
-    ]  # fmt: skip
+    means = SeedStack.per_seed_metrics(totals / counts.clamp(min=1).unsqueeze(1), STATS, (counts > 0).tolist())
+    kl_and_epochs = [{"update_kl": float(update_kl[k]), "epochs_run": float(epochs[k])} for k in range(S)]
+    return [{**means[k], **kl_and_epochs[k]} if padded.trajectories[k] else {} for k in range(S)]
 
 
 @dataclass
@@ -254,31 +263,31 @@ class Seed:
 
 
 class Learner:
-    """S seeds' GRPO (a :class:`~agents.training.Trainer`): each seed's own state, their actors and references
-    computed together (``networks.StackedNetworks``), one optimizer."""
+    """S seeds' GRPO (a :class:`~agents.training.Trainer`): each seed's own state and groups, on the shared seed
+    stack (``onpolicy.SeedStack``: the actors computed together, one optimizer, generators and lanes)."""
 
-    tags = TAGS
+    tags, finite = TAGS, FINITE
 
     def __init__(self, cfgs: list[GRPOConfig]) -> None:
-        """Each seed's envs, actor and reference, seeded as a single run seeds them, then stacked."""
+        """Each seed's envs, actor and reference, seeded as a single run seeds them, then stacked
+        (``onpolicy.SeedStack``: the actors (S, P), their optimizer, generators and lanes)."""
         self.seeds: list[Seed] = []
-        self.random, self.H = SeedGenerators(), horizon(cfgs[0])  # H: the training time limit
+        self.H = horizon(cfgs[0])  # H: the training time limit
+
+        def build(k: int, cfg: GRPOConfig) -> SeedParts:
+            envs, groups, buffers = open_member_envs(cfg, self.H)
+            actor = Actor(network_spec(envs.train, cfg)).to(cfg.device)  # π_ref: π_θ at the start
+            self.seeds.append(Seed(cfg, envs, groups, actor, copy.deepcopy(actor).requires_grad_(False), buffers))
+            networks = {"actor": actor, "reference": self.seeds[k].reference}
+            return SeedParts(actor, envs.eval, partial(obs_statistics, envs.train), networks)
+
         try:
-            for cfg in cfgs:
-                seed_everything(cfg.seed)
-                envs, groups, buffers = open_member_envs(cfg, self.H)
-                actor = Actor(network_spec(envs.train, cfg)).to(cfg.device)  # π_ref: π_θ at the start
-                self.seeds.append(Seed(cfg, envs, groups, actor, copy.deepcopy(actor).requires_grad_(False), buffers))
-                self.random.capture(cfg.device)
+            self.stack = SeedStack(cfgs, build)
         except BaseException:
             self.close()
             raise
-        self.net = StackedNetworks([seed.actor for seed in self.seeds])  # the actors: (S, P)
+        self.lanes, self.random = self.stack.lanes, self.stack.random
         self.references = StackedNetworks([seed.reference for seed in self.seeds])  # (S, P)
-        self.optimizer = optimizers.SeedOptimizer(self.net.flat, optimizers.adam(cfgs[0].learning_rate, eps=1e-5))
-        self.lanes = [Lane(seed.actor, seed.actor, self.optimizer.lane(k), seed.envs.eval,
-                           partial(obs_statistics, seed.envs.train), {"actor": seed.actor, "reference": seed.reference})
-                      for k, seed in enumerate(self.seeds)]  # fmt: skip
 
     @property
     def cfg(self) -> GRPOConfig:
@@ -289,13 +298,14 @@ class Learner:
         """Every running seed's B groups of G trajectories (``groups.group_steps``). At each step, the live
         members of every seed act through one batched forward pass; each seed draws from its own generator."""
         S, M, obs_dim = len(self.seeds), self.cfg.batch_trajectories, self.seeds[0].envs.obs_dim
-        steps = {k: group_steps(seed.cfg, seed.groups, self.net.alone(k, seed.actor, self.random.torch[k]),
+        net = self.stack.net
+        steps = {k: group_steps(seed.cfg, seed.groups, net.alone(k, seed.actor, self.random.torch[k]),
                                 self.random.numpy[k], seed.buffers, iterations[k])
                  for k, seed in enumerate(self.seeds) if running[k]}  # fmt: skip
 
         def act(obs: Tensor) -> list[Callable[[int], Sample]]:
-            out = self.net.policy(obs.to(self.cfg.device))  # (S, M, action_dim)
-            return [partial(lambda k, rows: self.net.sample_seed(k, out[k, :rows], self.random.torch[k]), k)
+            out = net.policy(obs.to(self.cfg.device))  # (S, M, action_dim)
+            return [partial(lambda k, rows: net.sample_seed(k, out[k, :rows], self.random.torch[k]), k)
                     for k in range(S)]  # fmt: skip
 
         groups = drive_seeds(steps, act, (S, M, obs_dim))
@@ -308,8 +318,7 @@ class Learner:
         """The update at each seed's scheduled learning rate times its KL-target factor; then each seed's step
         size adapted to ``kl_target``, its reference refreshed, and its diagnostics."""
         groups = [c.batch if c is not None else None for c in batches]
-        scaled = [lr * seed.lr_scale for lr, seed in zip(learning_rates, self.seeds, strict=True)]
-        self.optimizer.set_learning_rates(scaled)
+        self.stack.set_learning_rates([lr * seed.lr_scale for lr, seed in zip(learning_rates, self.seeds, strict=True)])
         metrics: list[dict[str, float | None]] = []
         for seed, seed_groups, stats, iteration in zip(self.seeds, groups, update(self, groups), iterations, strict=True):
             if seed_groups is not None:  # a seed no longer running learns nothing

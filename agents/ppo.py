@@ -1,15 +1,16 @@
 """Proximal Policy Optimization (Schulman et al. 2017, arXiv 1707.06347) with GAE, read top to bottom.
 
-One iteration: collect T steps in N envs (``rollout.segment_steps``) → GAE advantages (``advantages.gae``)
-→ K epochs of shuffled minibatches of the clipped surrogate, value loss and entropy bonus (``losses``).
-``training.run_stack`` logs, evaluates and checkpoints around it.
+One iteration, in four files: collect T steps in N envs (``onpolicy.OnPolicy.collect``, the shared collector)
+→ GAE advantages (``onpolicy.gae_targets``, ``advantages.gae``) → K epochs of shuffled minibatches of the
+clipped surrogate, value loss and entropy bonus (``losses``), here. ``training.run_stack`` logs, evaluates and
+checkpoints around it.
 
 Written once, for S seeds side by side: every tensor has the seed axis first, and a single run is a stack
-of one. What stays each seed's own, so that seed k's numbers are bit-identical whatever seeds share its
-process (``testbed train --seed k``, ``--seeds``, a bench at any ``--stack``, a tuning trial): its envs and
-normalizers, its random number generators, its minibatches (padded to a width the config fixes), its
-advantage normalization, gradient-norm clip, target-KL stop (``seeds``) and Adam (``optimizers``); the network
-computes every seed in one batched pass (``networks.StackedNetworks``).
+of one. The shared layer (``onpolicy``) keeps what is each seed's own, so that seed k's numbers are
+bit-identical whatever seeds share its process (``testbed train --seed k``, ``--seeds``, a bench at any
+``--stack``, a tuning trial): its envs and normalizers, its random number generators, its optimizer state
+and gradient-norm clip; PPO's update keeps each seed's minibatches (padded to a width the config fixes),
+advantage normalization and target-KL stop within its row.
 
 Implementation details followed ("The 37 implementation details of PPO", Huang et al. 2022):
  1. vectorized envs;  2. orthogonal init (√2 hidden, 0.01 policy, 1 value), switchable;
@@ -36,34 +37,42 @@ Deliberate deviations:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from gymnasium.vector import VectorEnv
 from torch import Tensor
 
 from agents import advantages as adv
-from agents import losses, optimizers
+from agents import losses
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
-from agents.networks import Act, ActorCritic, StackedNetworks
-from agents.plumbing import (
-    SharedEnv, envs_around, make_eval_env, network_spec, open_shared_envs, restore_envs, save_envs, seat,
-    seed_obs_statistics,
+from agents.networks import ActorCritic
+from agents.onpolicy import (
+    OnPolicy,
+    Segment,
+    critic_targets,
+    env_options,
+    gae_targets,
+    join_segments,
+    load_network,
 )  # fmt: skip
-from agents.rollout import Segment, SegmentBuffers, finish, join_segments, segment_steps
-from agents.seeding import seed_everything
-from agents.seeds import Minibatches, SeedGenerators, by_seed, masked_mean
-from agents.training import Collected, Lane, run_stack
-from envs import EnvOptions
+from agents.plumbing import network_spec
+from agents.seeds import Minibatches, by_seed, masked_mean
+from agents.training import Collected, run_stack
 
 TAGS = [
     "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
     "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
     "losses/explained_variance", "eval/return_mean", "eval/return_std",
 ]  # fmt: skip
+STATS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac")
+"""The update's statistics, each seed's mean over its minibatches (:func:`update`)."""
+FINITE = STATS
+"""The losses that must stay finite: a NaN in one stops the run, with the last good checkpoint kept."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,8 @@ class PPOConfig(RunConfig):
     """T: steps per env per iteration."""
     minibatch_size: int = 64
     """Samples per gradient step (RL Zoo's ``batch_size``)."""
+    n_epochs: int = 10
+    """K: passes over each iteration's batch."""
     gae_lambda: float = 0.95
     """λ: GAE's bias-variance trade-off; 0 is one-step TD, 1 is Monte Carlo."""
     clip_range: float = 0.2
@@ -110,6 +121,7 @@ class PPOConfig(RunConfig):
         super().__post_init__()
         check(self.n_envs >= 1, f"n_envs must be at least 1, got {self.n_envs}")
         check(self.n_steps >= 1, f"n_steps must be at least 1, got {self.n_steps}")
+        check(self.n_epochs >= 1, f"n_epochs must be at least 1, got {self.n_epochs}")
         self.check_size(self.n_envs, MAX_ENVS, "n_envs")
         self.check_size(self.batch_size, MAX_BATCH, "n_steps · n_envs, the env steps of one iteration,")
         check(
@@ -141,73 +153,31 @@ class PPOConfig(RunConfig):
 # ── S seeds' PPO, and one iteration: collect T steps in N envs → GAE → update ───────────────────────
 
 
-class Learner:
-    """S seeds' PPO (a :class:`~agents.training.Trainer`): each seed's envs, normalizers, rollout state and
-    generators, their networks computed together (``networks.StackedNetworks``) and one optimizer."""
+def actor_critic(cfg: PPOConfig, env: VectorEnv) -> ActorCritic:
+    """One seed's network for the env's spaces: what it trains, and what its checkpoint is loaded into."""
+    return ActorCritic(network_spec(env, cfg, cfg.shared_trunk))
 
-    tags = TAGS
+
+class Learner:
+    """S seeds' PPO (a :class:`~agents.training.Trainer`): the shared actor-critic collector
+    (``onpolicy.OnPolicy``: each seed's envs, ActorCritic, generators and optimizer) and PPO's ``learn``."""
+
+    tags, finite = TAGS, FINITE
 
     def __init__(self, cfgs: list[PPOConfig]) -> None:
-        """Each seed's envs and ActorCritic, seeded as a single run seeds them, then stacked."""
-        self.cfgs, self.random = list(cfgs), SeedGenerators()
-        self.shared: list[SharedEnv] = []  # the training envs: one for all seeds where that is exact
-        self.evals: list[VectorEnv] = []  # each seed's evaluation env
-        models: list[ActorCritic] = []  # each seed's network, whose parameters become views of its row
-        try:
-            self.shared = open_shared_envs(self.cfgs, cfgs[0].n_envs, env_options(cfgs[0]))
-            for cfg in cfgs:
-                seed_everything(cfg.seed)
-                self.evals.append(make_eval_env(cfg, cfg.eval_episodes))
-                models.append(ActorCritic(network_spec(self.shared[0].env, cfg, cfg.shared_trunk)).to(cfg.device))
-                self.random.capture(cfg.device)
-        except BaseException:
-            self.close()
-            raise
-        self.envs = envs_around(self.shared[0].env, self.evals[0])  # the spaces' shapes
-        self.buffers = [SegmentBuffers(cfgs[0].n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape,
-                                       not self.envs.continuous) for shared in self.shared]  # fmt: skip
-        self.net = StackedNetworks(models)
-        self.optimizer = optimizers.SeedOptimizer(self.net.flat, optimizers.adam(cfgs[0].learning_rate, eps=1e-5))
-        self.lanes = [Lane(model, model, self.optimizer.lane(k), self.evals[k],
-                           partial(seed_obs_statistics, *seat(self.shared, k)), {"actor_critic": model})
-                      for k, model in enumerate(models)]  # fmt: skip
-
-    @property
-    def cfg(self) -> PPOConfig:
-        """The settings every seed shares (all but the seed)."""
-        return self.cfgs[0]
+        cfg = cfgs[0]
+        options = env_options(
+            cfg, normalize_reward=cfg.normalize_reward, reward_norm_restart=cfg.reward_norm_restart, gamma=cfg.gamma,
+            vectorization=cfg.vectorization,
+        )
+        self.cfgs, self.cfg = list(cfgs), cfg  # cfg: the settings every seed shares (all but the seed)
+        self.onpolicy = OnPolicy(cfgs, actor_critic, options)
+        self.stack = self.onpolicy.stack  # the networks (S, P), the optimizer, the generators
+        self.lanes, self.random = self.stack.lanes, self.stack.random
 
     def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
-        """T steps in every training env (``rollout.segment_steps``), every step's actions from one batched
-        forward pass, each seed's drawn from its own generator. A seed no longer running has ended: its envs
-        (where seeds share them) step with zero actions, and nothing of it is kept."""
-        cfg, S, N = self.cfg, len(self.cfgs), self.cfg.n_envs
-        steps = [segment_steps(s.env, s.rollout, buffers) for s, buffers in zip(self.shared, self.buffers)]
-        obs = torch.zeros((S, N, self.envs.obs_dim))  # (S, N, obs_dim)  idle seeds act on zeros
-        generators = [g if on else None for g, on in zip(self.random.torch, running, strict=True)]
-        with torch.inference_mode():
-            current = [next(step) for step in steps]  # each (S_b·N, obs_dim)
-            for _ in range(cfg.n_steps):
-                for shared, shared_obs in zip(self.shared, current):
-                    obs[shared.stack] = torch.from_numpy(shared_obs).view(shared.seeds, N, -1)
-                out, values = self.net.heads(obs.to(cfg.device))
-                actions, log_probs = self.net.sample(out, generators)
-                actions, log_probs, values = actions.cpu(), log_probs.cpu(), values.cpu()
-                if not all(running):  # an ended seed's envs, where it shares them, step with zero actions
-                    actions[~torch.tensor(running)] = 0
-                current = [step.send(Act(*(x[shared.stack].flatten(0, 1) for x in (actions, log_probs, values))))
-                           for step, shared in zip(steps, self.shared)]  # fmt: skip
-            for shared, shared_obs in zip(self.shared, current):  # the next observations: the last bootstrap values
-                obs[shared.stack] = torch.from_numpy(shared_obs).view(shared.seeds, N, -1)
-            last_values = self.net.heads(obs.to(cfg.device))[1].cpu()  # (S, N)
-        collected: list[Collected | None] = []  # in the stack's order, as the shared envs are
-        for step, shared in zip(steps, self.shared):
-            segment = finish(step, last_values[shared.stack].flatten())  # (T, S_b·N)
-            for j in range(shared.seeds):
-                episodes = shared.rollout.take_episodes(shared.rows(j))  # taken from an ended seed too, and dropped
-                kept = Collected(segment.columns(shared.rows(j)), cfg.batch_size, *episodes)
-                collected.append(kept if running[shared.first + j] else None)
-        return collected
+        """T steps of every seed's N envs (``onpolicy.OnPolicy.collect``)."""
+        return self.onpolicy.collect(iterations, running)
 
     def learn(
         self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
@@ -215,60 +185,29 @@ class Learner:
     ) -> list[dict[str, float | None]]:  # fmt: skip
         """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns
         each seed's losses and explained variance."""
-        cfg, S, N = self.cfg, len(self.cfgs), self.cfg.n_envs
-        self.optimizer.set_learning_rates(learning_rates)
+        cfg, S, gamma, lam = self.cfg, len(self.cfgs), self.cfg.gamma, self.cfg.gae_lambda
+        self.stack.set_learning_rates(learning_rates)
         segment = join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
         clip = torch.tensor([cfg.clip_range * (r if cfg.anneal_clip_range else 1.0) for r in remaining]).unsqueeze(1)
-        advantages, returns = gae_targets(cfg, segment, segment.values, segment.next_values)  # (T, S·N) each
-        recompute = partial(critic_targets, self, segment) if cfg.recompute_advantages else None
+        advantages, returns = gae_targets(segment, segment.values, segment.next_values, gamma, lam)  # (T, S·N) each
+        recompute = partial(critic_targets, self.onpolicy, segment, gamma, lam) if cfg.recompute_advantages else None
         stats = update(self, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running), recompute)
-        metrics: list[dict[str, float | None]] = []
-        for k in range(S):
-            cols = slice(k * N, (k + 1) * N)
-            valid = segment.sample_mask[:, cols]
-            policy_loss, value_loss, entropy, approx_kl, clipfrac = stats[k].tolist()
-            metrics.append({
-                "losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/entropy": entropy,
-                "losses/approx_kl": approx_kl, "losses/clipfrac": clipfrac,
-                "losses/explained_variance": losses.explained_variance(segment.values[:, cols][valid],
-                                                                       returns[:, cols][valid]),
-            } if running[k] else {})  # fmt: skip
+        metrics = self.stack.per_seed_metrics(stats, STATS, running)  # (S, 5) → each running seed's, by tag
+        values, targets, valid = (by_seed(x, S) for x in (segment.values, returns, segment.sample_mask))  # (S, T·N)
+        for k, seed_metrics in enumerate(metrics):
+            if seed_metrics:
+                variance = losses.explained_variance(values[k][valid[k]], targets[k][valid[k]])
+                seed_metrics["losses/explained_variance"] = variance
         return metrics
 
     def save(self, k: int) -> dict[str, Any]:
-        return save_envs(*seat(self.shared, k))
+        return self.onpolicy.save(k)
 
-    def load(self, k: int, checkpoint: dict[str, Any]) -> None:  # the envs as the checkpoint left them, where possible
-        restore_envs(*seat(self.shared, k), checkpoint, self.cfgs[k].seed)
+    def load(self, k: int, checkpoint: dict[str, Any]) -> None:
+        self.onpolicy.load(k, checkpoint)
 
     def close(self) -> None:
-        for env in [shared.env for shared in self.shared] + self.evals:
-            env.close()
-
-
-def env_options(cfg: PPOConfig) -> EnvOptions:
-    """How PPO's training envs are wrapped: normalization, vectorization, a delayed reward, a reward offset."""
-    return EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward,
-                      reward_norm_restart=cfg.reward_norm_restart, gamma=cfg.gamma, vectorization=cfg.vectorization,
-                      reward_delay=cfg.reward_delay, reward_offset=cfg.reward_offset)  # fmt: skip
-
-
-def gae_targets(cfg: PPOConfig, segment: Segment, values: Tensor, next_values: Tensor) -> tuple[Tensor, Tensor]:
-    """GAE(γ, λ) advantages Â and value targets Â + V, (T, S·N) each, from values V(s_t) and V(s_{t+1})."""
-    advantages = adv.gae(segment.rewards, values, next_values, segment.terminated, segment.done, cfg.gamma,
-                         cfg.gae_lambda)  # fmt: skip
-    return advantages, advantages + values
-
-
-def critic_targets(learner: Learner, segment: Segment) -> tuple[Tensor, Tensor]:
-    """:func:`gae_targets` from the current critic's values of the segment's states s_0 … s_T. With NEXT_STEP
-    autoreset the row after a truncated step holds its true final observation, so its bootstrap is kept."""
-    S, T = len(learner.cfgs), segment.obs.shape[0]
-    states = torch.cat([segment.obs, segment.last_obs])  # (T+1, S·N, obs_dim)
-    with torch.no_grad():
-        values = learner.net.heads(by_seed(states, S).to(learner.cfg.device))[1].cpu()  # (S, (T+1)·N)
-    values = values.reshape(S, T + 1, -1).transpose(0, 1).reshape(T + 1, -1)  # (T+1, S·N)
-    return gae_targets(learner.cfg, segment, values[:-1], values[1:])
+        self.onpolicy.close()
 
 
 # ── the update: K epochs of minibatches, every seed's in one batched gradient step ─────────────────
@@ -287,12 +226,12 @@ def update(
     config alone fixes, so that a seed's numbers never depend on its neighbours'. ``recompute``: new
     (advantages, returns) before every epoch after the first.
     """
-    cfg, net, S = learner.cfg, learner.net, len(learner.cfgs)
+    cfg, net, S = learner.cfg, learner.stack.net, len(learner.cfgs)
     M, device = cfg.num_minibatches, cfg.device
     obs, actions, old_log_probs, old_values, advantages, returns, valid = (
         by_seed(x, S).to(device) for x in (segment.obs, segment.actions, segment.log_probs, segment.values,
                                            advantages, returns, segment.sample_mask))  # (S, T·N, …)  # fmt: skip
-    minibatches = Minibatches(valid, M, learner.random)
+    minibatches = Minibatches(valid, M, learner.stack.random)
     stepping = running.to(device)  # (S,)  seeds still updating; a target-KL stop ends a seed's epochs
     totals = torch.zeros((S, 5), device=device)  # (S, 5)  summed to avoid per-step syncs
     counts = torch.zeros(S, device=device)  # (S,)
@@ -325,16 +264,15 @@ def update(
             if cfg.ent_coef:  # skipped at 0 to keep the backward graph small
                 loss = loss - cfg.ent_coef * entropy_mean
 
-            learner.optimizer.gradient_step(torch.where(stepping, loss, 0.0).sum(), stepping, cfg.max_grad_norm)
+            learner.stack.step(loss, stepping, cfg.max_grad_norm)
 
             clip_low, clip_high = losses.clip_fraction(ratio.detach(), clip, clip, mean)
             step_stats = torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl,
                                       clip_low + clip_high], dim=1)  # (S, 5)  # fmt: skip
             totals += torch.where(stepping.unsqueeze(1), step_stats, 0.0)
             counts += stepping
-        else:
-            continue
-        break  # no seed steps any more: the epoch loop ends too
+        if not bool(stepping.any()):  # the target KL stopped every seed: no further epoch
+            break
     return (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
 
 
@@ -352,14 +290,7 @@ def train_stack(
 
 # ── Declaration: what the registry, the planner and `testbed tune` know of PPO ──────────────────────────
 # Imported here, beside the declaration that alone uses them.
-from agents.networks import load_weights
 from agents.registry import Declaration
-
-
-def load_policy(cfg: PPOConfig, env: VectorEnv, weights: dict[str, Any]) -> ActorCritic:
-    """The checkpoint's actor-critic, for ``testbed eval`` and the audit."""
-    return load_weights(ActorCritic(network_spec(env, cfg, cfg.shared_trunk)), weights, "the checkpoint")
-
 
 # PPO's search space for `testbed tune`. It starts from RL Baselines3 Zoo's PPO sampler (utils/hyperparams_opt.py)
 # and departs from it where our configs or budgets call for it:
@@ -397,7 +328,7 @@ ALGORITHMS = (
         config=PPOConfig,
         train=train,
         train_stack=train_stack,
-        load_policy=load_policy,
+        load_policy=partial(load_network, actor_critic),
         space=SPACE,
         # The credit-assignment study's methods: GAE's λ at its ends (one-step TD, Monte Carlo).
         variants={"ppo-lambda0": {"gae_lambda": 0.0}, "ppo-lambda1": {"gae_lambda": 1.0}},

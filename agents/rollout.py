@@ -3,11 +3,8 @@
 The envs use the NEXT_STEP autoreset mode (see :mod:`envs.factory`). After a step that ends an episode,
 the observation returned is the true final observation, and the next step of that sub-env is an
 *autoreset step*: its action is ignored, its reward is 0 and it returns the new episode's first
-observation. So:
-- ``sample_mask[t]`` is False exactly at autoreset steps; they are never training samples;
-- ``next_values[t] = values[t + 1]`` is V of the true next observation for every real step, including
-  a truncated one, whose final observation is stored at t + 1. No separate final-observation pass is
-  needed.
+observation. Segments of T steps (PPO's, ``onpolicy.segment_steps``) carry over a :class:`RolloutState`
+from one to the next; GRPO's episodes (:func:`episode_steps`) run each member until its own episode ends.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -24,30 +21,6 @@ from torch import Tensor
 
 from agents.networks import Actor, ActorCritic, Sample
 from envs.members import step_members
-
-
-@dataclass
-class Segment:
-    """T steps of N envs, the input of one PPO iteration."""
-
-    obs: Tensor  # (T, N, obs_dim) float32
-    actions: Tensor  # (T, N) int64 or (T, N, act_dim) float32
-    log_probs: Tensor  # (T, N)
-    values: Tensor  # (T, N)
-    next_values: Tensor  # (T, N)  V of the true next observation
-    rewards: Tensor  # (T, N)
-    terminated: Tensor  # (T, N) bool
-    truncated: Tensor  # (T, N) bool
-    sample_mask: Tensor  # (T, N) bool  False at autoreset steps
-    last_obs: Tensor  # (1, N, obs_dim)  s_T, the observation after the last step, whose value bootstraps it
-
-    @property
-    def done(self) -> Tensor:
-        return self.terminated | self.truncated
-
-    def columns(self, cols: slice) -> Segment:
-        """The segment of the envs ``cols`` alone (one seed's, of a vector env that seeds share)."""
-        return Segment(**{name: getattr(self, name)[:, cols] for name in self.__dataclass_fields__})
 
 
 @dataclass
@@ -83,73 +56,6 @@ class SegmentBuffers:
         self.actions = torch.zeros((T, N, *action_shape), dtype=torch.int64 if discrete else torch.float32)
         self.log_probs = torch.zeros((T, N))  # (T, N)
         self.values = torch.zeros((T, N))  # (T, N)
-
-
-def segment_steps(env: VectorEnv, state: RolloutState, buffers: SegmentBuffers) -> Generator[np.ndarray, Any, Segment]:
-    """T steps in N envs with the current policy, from ``state``, which it updates. A generator: it yields
-    each step's observations (N, obs_dim) and is sent π_θ's :class:`~agents.networks.Act` for them; after
-    the T-th step it yields the next observations once more and is sent their values V(s_T) (N,), with which
-    the segment's last bootstrap values are filled. So one batched call can drive many seeds' segments
-    (``ppo.collect``).
-
-    Finished episodes' raw returns and lengths (from ``info["episode"]``) are appended to
-    ``state.episode_returns`` / ``state.episode_lengths`` for logging.
-    """
-    T = buffers.obs.shape[0]
-    next_obs, next_is_autoreset = state.next_obs, state.next_is_autoreset
-    for t in range(T):
-        buffers.obs[t] = next_obs
-        buffers.sample_mask[t] = ~next_is_autoreset
-        act = yield buffers.obs[t]
-        buffers.actions[t] = act.actions
-        buffers.log_probs[t] = act.log_probs
-        buffers.values[t] = act.values
-        next_obs, reward, terminated, truncated, info = env.step(act.actions.numpy())
-        buffers.rewards[t] = reward
-        buffers.terminated[t] = terminated
-        buffers.truncated[t] = truncated
-        next_is_autoreset = terminated | truncated
-        if "_episode" in info:
-            finished = info["_episode"]
-            state.episode_returns.extend(info["episode"]["r"][finished].tolist())
-            state.episode_lengths.extend(info["episode"]["l"][finished].tolist())
-            state.episode_envs.extend(np.flatnonzero(finished).tolist())
-    state.next_obs, state.next_is_autoreset = np.asarray(next_obs, dtype=np.float32), next_is_autoreset
-    last_values = yield state.next_obs
-    values = buffers.values.clone()
-    return Segment(
-        obs=torch.from_numpy(buffers.obs.copy()),
-        actions=buffers.actions.clone(),
-        log_probs=buffers.log_probs.clone(),
-        values=values,
-        next_values=torch.cat([values[1:], torch.as_tensor(last_values).reshape(1, -1).clone()]),
-        rewards=torch.from_numpy(buffers.rewards.copy()),
-        terminated=torch.from_numpy(buffers.terminated.copy()),
-        truncated=torch.from_numpy(buffers.truncated.copy()),
-        sample_mask=torch.from_numpy(buffers.sample_mask.copy()),
-        last_obs=torch.from_numpy(state.next_obs.copy()).unsqueeze(0),
-    )
-
-
-def finish(steps: Generator[np.ndarray, Any, Segment], last_values: Tensor) -> Segment:
-    """The segment a :func:`segment_steps` returns, once sent its last bootstrap values."""
-    try:
-        steps.send(last_values)
-    except StopIteration as done:
-        return done.value
-    raise RuntimeError("segment_steps yielded past its segment")
-
-
-def join_segments(segments: list[Segment | None]) -> Segment:
-    """S seeds' (T, N) segments side by side as one (T, S·N) segment, seed k's envs in columns k·N … (k+1)·N;
-    a seed without one (not running) gets zeros there, and no sample."""
-    template = next(s for s in segments if s is not None)
-    fields = {}
-    for name in ("obs", "actions", "log_probs", "values", "next_values", "rewards", "terminated", "truncated",
-                 "sample_mask", "last_obs"):  # fmt: skip
-        zeros = torch.zeros_like(getattr(template, name))
-        fields[name] = torch.cat([getattr(s, name) if s is not None else zeros for s in segments], dim=1)
-    return Segment(**fields)
 
 
 @dataclass

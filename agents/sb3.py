@@ -41,8 +41,8 @@ import envs as envs_pkg
 from agents import runlog
 from agents.config import check
 from agents.networks import load_weights
-from agents.ppo import TAGS, PPOConfig
 from agents.plumbing import make_eval_env, observation_statistics
+from agents.ppo import FINITE, TAGS, PPOConfig
 from agents.seeding import seed_everything
 from agents.training import Collected, Lane, run_stack
 from envs.delay import DelayedReward
@@ -246,7 +246,7 @@ class Learner:
     evaluation env; ``training.run_stack`` drives SB3's two phases. Its random numbers are the process's
     global generators, which SB3 draws from."""
 
-    tags = TAGS
+    tags, finite = TAGS, FINITE
 
     def __init__(self, cfgs: list[PPOConfig]) -> None:
         check(len(cfgs) == 1, "sb3-ppo trains one seed per process; run its seeds as separate runs")

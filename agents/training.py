@@ -71,6 +71,9 @@ class Trainer(Protocol):
 
     tags: list[str]
     """TensorBoard tags, which are also the columns of progress.csv."""
+    finite: tuple[str, ...]
+    """The tags of its losses that must stay finite: a NaN or inf in one stops the seed's run, with the last good
+    checkpoint kept."""
     lanes: list[Lane]
     """One per seed."""
     random: Generators
@@ -106,8 +109,6 @@ def check_stack(cfgs: Sequence[RunConfig]) -> None:
         raise BadInput(f"the seeds of a stack must differ, got {[cfg.seed for cfg in cfgs]}")
 
 
-# Losses that must stay finite; a NaN in one stops the run with the last good checkpoint kept.
-LOSS_TAGS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac")
 
 
 
@@ -306,7 +307,7 @@ def train_lanes(
                 continue
             try:
                 lane_metrics = {**lane_metrics, "charts/learning_rate": lr}
-                runlog.check_finite({k: v for k, v in lane_metrics.items() if k in LOSS_TAGS and v is not None},
+                runlog.check_finite({k: v for k, v in lane_metrics.items() if k in trainer.finite and v is not None},
                                     lane_run.lane.model)  # fmt: skip
                 assert lane_run.tracker is not None
                 # The last iteration's row carries the final evaluation, unless the run is being stopped.

@@ -22,8 +22,8 @@ import torch
 from agents import rundir
 from agents.config import resolve_config
 from agents.grpo import GRPOConfig
+from agents.onpolicy import segment_steps
 from agents.ppo import PPOConfig
-from agents.rollout import segment_steps
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 
@@ -58,7 +58,7 @@ def run_training(algo: ModuleType, cfg: Any, run_dir: Path, resume: bool = False
 
 
 def collect_segment(env: Any, model: Any, state: Any, buffers: Any) -> Any:
-    """One PPO segment of ``model`` alone: ``rollout.segment_steps`` driven by the model's own ``act``."""
+    """One PPO segment of ``model`` alone: ``onpolicy.segment_steps`` driven by the model's own ``act``."""
     steps = segment_steps(env, state, buffers)
     with torch.inference_mode():
         obs = next(steps)

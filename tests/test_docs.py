@@ -168,12 +168,3 @@ def test_docstrings_become_markdown_that_keeps_their_blocks() -> None:
         "Symbols:", "", "    r_t   reward   rewards",
         "What it estimates:", "", "- its value;", "- its gradient.", " 1. one;  2. two",
     ]  # fmt: skip
-
-
-def test_each_algorithm_reads_top_to_bottom_in_one_file_of_at_most_350_lines() -> None:
-    # STYLE.md's limit: each algorithm (PPO, GRPO, the SB3 adapter, …) in one file a reader can hold. What follows
-    # its declaration header is its registration (names, variants, tuning space), data the registry reads.
-    for module in hook("algorithms").algorithm_modules():
-        path = ROOT / Path(*module.split(".")).with_suffix(".py")
-        lines = path.read_text().split("\n# ── Declaration")[0].rstrip().splitlines()
-        assert len(lines) <= 350, f"{module} has {len(lines)} lines; move shared pure functions to their modules"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from agents import ppo, rundir, runlog
+from agents import onpolicy, rundir, runlog
 from envs.errors import BadInput
 from lab import bench, cells, trials, tune
 from lab.cli import main
@@ -51,7 +51,7 @@ def stopped_in_its_last_iteration(run_dir: Path, monkeypatch: pytest.MonkeyPatch
     """A 1,000-step run (whole iterations of 256: it ends at 1,024) stopped by Ctrl-C in its fourth and last
     iteration, as a bench driver's stop or a pruner's can land: interrupted, past its budget."""
     with monkeypatch.context() as patch:
-        interrupt_after(patch, ppo, "segment_steps", 4)
+        interrupt_after(patch, onpolicy, "segment_steps", 4)
         assert main(train_argv(run_dir, 1000, "--set", "eval_interval=0", *extra)) == 130
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["total_steps"] == 1024

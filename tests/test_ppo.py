@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import agents.ppo as ppo
-from agents import runlog
+from agents import onpolicy, runlog
 from agents.advantages import gae
 from agents.networks import ActorCritic, NetworkSpec
 from agents.rollout import RolloutState, SegmentBuffers
@@ -66,10 +66,11 @@ def test_recomputed_targets_at_unchanged_parameters_are_the_collection_s(tmp_pat
     learner = ppo.Learner(cfgs)
     try:
         collected = learner.collect([0, 0], [True, True])
-        segment = ppo.join_segments([c.batch for c in collected])  # (T, S·N)
+        segment = onpolicy.join_segments([c.batch for c in collected])  # (T, S·N)
         assert segment.truncated[19].all() and segment.last_obs.shape == (1, 4, 1)
-        expected = ppo.gae_targets(cfgs[0], segment, segment.values, segment.next_values)
-        recomputed = ppo.critic_targets(learner, segment)
+        gamma, lam = cfgs[0].gamma, cfgs[0].gae_lambda
+        expected = onpolicy.gae_targets(segment, segment.values, segment.next_values, gamma, lam)
+        recomputed = onpolicy.critic_targets(learner.onpolicy, segment, gamma, lam)
         for new, old in zip(recomputed, expected, strict=True):
             assert new.shape == (25, 4) and torch.allclose(new, old, atol=1e-5)
     finally:
@@ -183,7 +184,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(
     run_training(ppo, cfg, tmp_path / "straight")
 
     with monkeypatch.context() as patch:
-        interrupt_after(patch, ppo, "segment_steps", 3)
+        interrupt_after(patch, onpolicy, "segment_steps", 3)
         interrupted = run_training(ppo, cfg, tmp_path / "resumed")
     assert interrupted["status"] == "interrupted"
     stopped_at = interrupted["total_steps"]
@@ -212,7 +213,7 @@ def test_resume_of_an_env_without_state_restores_normalizers(tmp_path: Path, mon
     cfg = ppo_config("LunarLanderContinuous-v3", True, total_steps=1024, n_steps=256, n_epochs=1, eval_interval=0,
                      eval_episodes=1)  # fmt: skip
     with monkeypatch.context() as patch:
-        interrupt_after(patch, ppo, "segment_steps", 2)
+        interrupt_after(patch, onpolicy, "segment_steps", 2)
         assert run_training(ppo, cfg, tmp_path / "run")["status"] == "interrupted"
     saved = runlog.load_checkpoint(tmp_path / "run", {})
     assert saved["env_state"] is None and saved["normalizers"]["obs_rms"]["count"] > 256

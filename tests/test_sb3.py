@@ -13,8 +13,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch import nn
 
 from agents import plumbing, ppo, runlog, sb3, tracking
+from agents.onpolicy import Segment
 from agents.ppo import TAGS
-from agents.rollout import Segment
 from envs import BadInput, normalizer_state
 from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
 
@@ -151,7 +151,7 @@ def test_our_update_is_sb3s_train_on_the_same_batch_from_the_same_weights(overri
         with torch.no_grad():
             for name, weight in reference.model.policy.state_dict().items():
                 parameters[ours_of(name)].copy_(weight)
-        ours.optimizer.set_learning_rates([cfg.learning_rate])
+        ours.stack.set_learning_rates([cfg.learning_rate])
         ppo.update(ours, segment, as_tensor(buffer.advantages), as_tensor(buffer.returns),
                    torch.tensor([[cfg.clip_range]]), torch.tensor([True]))  # fmt: skip
         before = {name: weight.clone() for name, weight in reference.model.policy.state_dict().items()}

@@ -171,12 +171,12 @@ def test_a_nan_in_one_seed_fails_that_seed_only(tmp_path: Path, monkeypatch: pyt
     clean = case.train_stack(tmp_path / "clean", [0, 1, 2])
     original, calls = case.module.update, 0
 
-    def poisoned(stack: Any, *args: Any) -> Any:
+    def poisoned(learner: Any, *args: Any) -> Any:
         nonlocal calls
         calls += 1
-        stats = original(stack, *args)
+        stats = original(learner, *args)
         if calls == 2:
-            stack.net.flat.data[1, 0] = float("nan")  # seed 1's first weight
+            learner.stack.net.flat.data[1, 0] = float("nan")  # seed 1's first weight
         return stats
 
     monkeypatch.setattr(case.module, "update", poisoned)
