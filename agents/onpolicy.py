@@ -33,13 +33,14 @@ from gymnasium.vector import VectorEnv
 from torch import Tensor, nn
 
 from agents import advantages as adv
-from agents import optimizers
+from agents import losses, optimizers
 from agents.config import RunConfig
-from agents.networks import Act, StackedNetworks, load_weights
+from agents.networks import Act, ActorCritic, StackedNetworks, load_weights
 from agents.plumbing import (
     SharedEnv,
     envs_around,
     make_eval_env,
+    network_spec,
     open_shared_envs,
     restore_envs,
     save_envs,
@@ -130,6 +131,12 @@ class SeedStack:
         """Each seed's row of ``stats`` (S, len(names)) by name; {} for a seed not running (nothing to log)."""
         rows = stats.cpu().tolist()
         return [dict(zip(names, row, strict=True)) if on else {} for row, on in zip(rows, running, strict=True)]
+
+
+def actor_critic(cfg: Any, env: VectorEnv) -> ActorCritic:
+    """One seed's actor-critic for the env's spaces and the config's network fields (``shared_trunk`` among them):
+    what PPO and A2C train, and what their checkpoints are loaded into."""
+    return ActorCritic(network_spec(env, cfg, cfg.shared_trunk))
 
 
 def load_network(
@@ -346,3 +353,16 @@ def critic_targets(onpolicy: OnPolicy, segment: Segment, gamma: float, lam: floa
         values = onpolicy.stack.net.heads(by_seed(states, S).to(cfg.device))[1].cpu()  # (S, (T+1)·N)
     values = values.reshape(S, T + 1, -1).transpose(0, 1).reshape(T + 1, -1)  # (T+1, S·N)
     return gae_targets(segment, values[:-1], values[1:], gamma, lam)
+
+
+def add_explained_variances(
+    metrics: list[dict[str, float | None]], segment: Segment, returns: Tensor, seeds: int
+) -> None:
+    """Each running seed's ``losses/explained_variance`` (``losses.explained_variance``) of the values V(s_t) it
+    collected against its value targets ``returns`` (T, S·N), over its valid samples; added to ``metrics`` (a
+    seed not running, ``{}``, gets none)."""
+    values, targets, valid = (by_seed(x, seeds) for x in (segment.values, returns, segment.sample_mask))  # (S, T·N)
+    for k, seed_metrics in enumerate(metrics):
+        if seed_metrics:
+            variance = losses.explained_variance(values[k][valid[k]], targets[k][valid[k]])
+            seed_metrics["losses/explained_variance"] = variance

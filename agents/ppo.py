@@ -44,23 +44,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from gymnasium.vector import VectorEnv
 from torch import Tensor
 
 from agents import advantages as adv
 from agents import losses
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
-from agents.networks import ActorCritic
 from agents.onpolicy import (
     OnPolicy,
     Segment,
+    actor_critic,
+    add_explained_variances,
     critic_targets,
     env_options,
     gae_targets,
     join_segments,
     load_network,
 )  # fmt: skip
-from agents.plumbing import network_spec
 from agents.seeds import Minibatches, by_seed, masked_mean
 from agents.training import Collected, run_stack
 
@@ -153,11 +152,6 @@ class PPOConfig(RunConfig):
 # ── S seeds' PPO, and one iteration: collect T steps in N envs → GAE → update ───────────────────────
 
 
-def actor_critic(cfg: PPOConfig, env: VectorEnv) -> ActorCritic:
-    """One seed's network for the env's spaces: what it trains, and what its checkpoint is loaded into."""
-    return ActorCritic(network_spec(env, cfg, cfg.shared_trunk))
-
-
 class Learner:
     """S seeds' PPO (a :class:`~agents.training.Trainer`): the shared actor-critic collector
     (``onpolicy.OnPolicy``: each seed's envs, ActorCritic, generators and optimizer) and PPO's ``learn``."""
@@ -193,11 +187,7 @@ class Learner:
         recompute = partial(critic_targets, self.onpolicy, segment, gamma, lam) if cfg.recompute_advantages else None
         stats = update(self, segment, advantages, returns, clip.to(cfg.device), torch.tensor(running), recompute)
         metrics = self.stack.per_seed_metrics(stats, STATS, running)  # (S, 5) → each running seed's, by tag
-        values, targets, valid = (by_seed(x, S) for x in (segment.values, returns, segment.sample_mask))  # (S, T·N)
-        for k, seed_metrics in enumerate(metrics):
-            if seed_metrics:
-                variance = losses.explained_variance(values[k][valid[k]], targets[k][valid[k]])
-                seed_metrics["losses/explained_variance"] = variance
+        add_explained_variances(metrics, segment, returns, S)
         return metrics
 
     def save(self, k: int) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from envs.errors import BadInput
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
 
-MODULES = ("agents.ppo", "agents.grpo", "agents.sb3")
+MODULES = ("agents.ppo", "agents.grpo", "agents.a2c", "agents.sb3")
 """The modules that declare algorithms (each an ``ALGORITHMS`` tuple at its end), in the order ``--help`` lists
 their algos: the one table a new algorithm is added to."""
 STATIC = ("name", "presets", "variants")

@@ -1,26 +1,31 @@
-"""Stable-Baselines3's PPO as a reference run (``--algo sb3-ppo``), logged exactly as our PPO logs.
+"""Stable-Baselines3's PPO and A2C as reference runs (``--algo sb3-ppo``, ``--algo sb3-a2c``), logged exactly as
+our PPO and A2C log.
 
-The config is our :class:`agents.ppo.PPOConfig` and its presets; :func:`sb3_arguments` is the one place where
-it becomes SB3's ``PPO(...)`` arguments, and :func:`make_sb3_env` builds SB3's vector env with our factory's
-normalization (VecNormalize, clipped to ±10). SB3's PPO fits the one run lifecycle (``training.run_stack``, a
-stack of one seed): ``collect`` is SB3's ``collect_rollouts`` and ``learn`` its ``train()``, the two phases
-``OnPolicyAlgorithm.learn`` alternates, with learn's set-up and schedule called as learn calls them. So its
-run directory is ``ppo``'s (tags, ``progress.csv``, evaluations, checkpoint, summary), with SB3's own numbers:
-its ``train/approx_kl`` averages only the last epoch's minibatches, and every env step is a sample.
+Each takes our algorithm's config and presets (:class:`agents.ppo.PPOConfig`, :class:`agents.a2c.A2CConfig`;
+:data:`REFERENCES` pairs them); :func:`sb3_arguments` is the one place where a config becomes SB3's ``PPO(...)``
+or ``A2C(...)`` arguments, and :func:`make_sb3_env` builds SB3's vector env with our factory's normalization
+(VecNormalize, clipped to ±10). Both fit the one run lifecycle (``training.run_stack``, a stack of one seed):
+``collect`` is SB3's ``collect_rollouts`` and ``learn`` its ``train()``, the two phases
+``OnPolicyAlgorithm.learn`` alternates, with learn's set-up and schedule called as learn calls them. So a run
+directory is ``ppo``'s or ``a2c``'s (tags, ``progress.csv``, evaluations, checkpoint, summary), with SB3's own
+numbers: its ``train/approx_kl`` averages only the last epoch's minibatches, and every env step is a sample.
 
-Where it differs from ``ppo`` (docs/training.md has the details):
+Where they differ from ``ppo`` and ``a2c`` (docs/training.md has the details):
  - Resume is not exact: SB3's ``save``/``load`` unpickle, which this project refuses, so a checkpoint holds
-   weights, Adam's state, VecNormalize's statistics and the RNG states, and the envs start new episodes.
+   weights, the optimizer's state (Adam's, RMSprop's), VecNormalize's statistics and the RNG states, and the
+   envs start new episodes.
  - A NaN in SB3's update ends the run as ``failed`` (:class:`runlog.NonFiniteError`); ``shared_trunk`` is
    refused (SB3 2.x's MlpPolicy has separate actor and critic MLPs).
- - ``recompute_advantages``, which SB3 lacks, runs one ``train()`` of one epoch per epoch, the buffer's
+ - PPO's ``recompute_advantages``, which SB3 lacks, runs one ``train()`` of one epoch per epoch, the buffer's
    advantages and targets recomputed in between (:func:`recompute_advantages`); ``target_kl`` is refused
    with it, since SB3's early stop would end only the epoch it fired in.
- - VecNormalize restarts the return that scales rewards at every episode end: ``ppo``'s ``reward_norm_restart=done``.
+ - VecNormalize restarts the return that scales rewards at every episode end: ``reward_norm_restart=done``.
+ - SB3's A2C takes every env step as a sample and averages over them; ``a2c`` leaves out the autoreset steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,9 +33,10 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 import torch
-from stable_baselines3 import PPO
+from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.utils import obs_as_tensor
@@ -38,7 +44,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv,
 from torch import Tensor, nn
 
 import envs as envs_pkg
-from agents import runlog
+from agents import a2c, runlog
+from agents.a2c import A2CConfig
 from agents.config import check
 from agents.networks import load_weights
 from agents.plumbing import make_eval_env, observation_statistics
@@ -54,6 +61,10 @@ LOSS_KEYS = {
     "losses/policy_loss": ("train/policy_gradient_loss", 1.0), "losses/value_loss": ("train/value_loss", 1.0),
     "losses/entropy": ("train/entropy_loss", -1.0), "losses/approx_kl": ("train/approx_kl", 1.0),
     "losses/clipfrac": ("train/clip_fraction", 1.0),
+}  # fmt: skip
+A2C_LOSS_KEYS = {
+    "losses/policy_loss": ("train/policy_loss", 1.0), "losses/value_loss": ("train/value_loss", 1.0),
+    "losses/entropy": ("train/entropy_loss", -1.0),
 }  # fmt: skip
 
 
@@ -77,24 +88,28 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         return env.observation_space, env.action_space
 
 
-def check_expressible(cfg: PPOConfig) -> None:
-    """Settings of our PPO that SB3's cannot run, refused by name."""
-    check(not cfg.shared_trunk, "sb3-ppo: SB3 2.x has no shared actor-critic trunk; use shared_trunk=false")
-    check(cfg.reward_offset == 0.0, "sb3-ppo trains on the env's own reward; drop reward_offset or use --algo ppo")
+def check_expressible(cfg: PPOConfig | A2CConfig) -> None:
+    """Settings of our PPO or A2C that SB3's cannot run, refused by name."""
+    name, ours = reference(cfg).name, reference(cfg).ours
+    check(not cfg.shared_trunk, f"{name}: SB3 2.x has no shared actor-critic trunk; use shared_trunk=false")
+    check(cfg.reward_offset == 0.0, f"{name} trains on the env's own reward; drop reward_offset or use --algo {ours}")
+    if isinstance(cfg, A2CConfig):
+        return
     check(cfg.value_clip == "prediction", "sb3-ppo clips the value prediction only (SB3's clip_range_vf); use "
           "value_clip=prediction, or --algo ppo for CleanRL's value_clip=max")  # fmt: skip
     check(cfg.target_kl is None or not cfg.recompute_advantages, "sb3-ppo runs recompute_advantages one epoch per "
           "SB3 train() call, where target_kl would stop only that epoch; drop target_kl or recompute_advantages")
 
 
-def validate(cfg: PPOConfig) -> None:
+def validate(cfg: PPOConfig | A2CConfig) -> None:
     """Checks that need the env, before anything is written (``lab.cli``'s ``Algo.validate``)."""
     check_expressible(cfg)
     obs_space, action_space = _spaces(cfg.env_id)
     # Our eval envs flatten other observation spaces (Discrete → one-hot), which SB3's policy would re-encode.
     check(
         isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1,
-        f"sb3-ppo supports flat Box observations; {cfg.env_id} has {obs_space}. Use --algo ppo.",
+        f"{reference(cfg).name} supports flat Box observations; {cfg.env_id} has {obs_space}. "
+        f"Use --algo {reference(cfg).ours}.",
     )
     check(
         isinstance(action_space, gym.spaces.Discrete)
@@ -103,8 +118,9 @@ def validate(cfg: PPOConfig) -> None:
     )
 
 
-def sb3_arguments(cfg: PPOConfig, continuous: bool | None = None) -> dict[str, Any]:
-    """``PPO("MlpPolicy", env, **sb3_arguments(cfg))``: our config as SB3's keyword arguments.
+def sb3_arguments(cfg: PPOConfig | A2CConfig, continuous: bool | None = None) -> dict[str, Any]:
+    """``PPO("MlpPolicy", env, **sb3_arguments(cfg))`` (``A2C(...)`` for an A2C config): our config as SB3's
+    keyword arguments.
 
     ``continuous`` (whether the actions are a Box) is looked up from the env id when not given; it decides
     whether ``log_std_init`` is passed. Annealed values become :class:`LinearSchedule`.
@@ -112,15 +128,25 @@ def sb3_arguments(cfg: PPOConfig, continuous: bool | None = None) -> dict[str, A
     check_expressible(cfg)
     if continuous is None:
         continuous = isinstance(_spaces(cfg.env_id)[1], gym.spaces.Box)
+    return reference(cfg).arguments(cfg, policy_kwargs(cfg, continuous))
+
+
+def policy_kwargs(cfg: PPOConfig | A2CConfig, continuous: bool) -> dict[str, Any]:
+    """SB3's ``policy_kwargs`` for our network settings: the same ActorCriticPolicy for PPO and A2C."""
     hidden = list(cfg.hidden_sizes)
-    policy_kwargs: dict[str, Any] = {
+    kwargs: dict[str, Any] = {
         "net_arch": {"pi": hidden, "vf": list(hidden)},
         "activation_fn": {"tanh": nn.Tanh, "relu": nn.ReLU}[cfg.activation],
         "ortho_init": cfg.ortho_init,  # SB3's gains equal ours: √2 hidden, 0.01 policy, 1 value
         "share_features_extractor": cfg.shared_trunk,  # only a parameter-free flatten layer either way
     }
     if continuous:
-        policy_kwargs["log_std_init"] = cfg.log_std_init
+        kwargs["log_std_init"] = cfg.log_std_init
+    return kwargs
+
+
+def ppo_arguments(cfg: PPOConfig, policy_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """SB3's ``PPO(...)`` keyword arguments for our PPO config."""
     return {
         "n_steps": cfg.n_steps,
         "batch_size": cfg.minibatch_size,
@@ -142,7 +168,55 @@ def sb3_arguments(cfg: PPOConfig, continuous: bool | None = None) -> dict[str, A
     }
 
 
-def make_sb3_env(cfg: PPOConfig) -> VecEnv:
+def a2c_arguments(cfg: A2CConfig, policy_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """SB3's ``A2C(...)`` keyword arguments for our A2C config: RMSprop (SB3's α = 0.99) with our ε."""
+    return {
+        "n_steps": cfg.n_steps,
+        "gamma": cfg.gamma,
+        "gae_lambda": cfg.gae_lambda,
+        "learning_rate": LinearSchedule(cfg.learning_rate) if cfg.anneal_lr else cfg.learning_rate,
+        "ent_coef": cfg.ent_coef,
+        "vf_coef": cfg.vf_coef,
+        "max_grad_norm": cfg.max_grad_norm,
+        "use_rms_prop": True,
+        "rms_prop_eps": cfg.rms_prop_eps,
+        "normalize_advantage": cfg.normalize_advantage,
+        "policy_kwargs": policy_kwargs,
+        "seed": cfg.seed,
+        "device": cfg.device,
+        "verbose": 0,
+    }
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One SB3 algorithm as a reference for ours: the class, its arguments and what its logs are called here."""
+
+    name: str
+    """Its algo name, ``sb3-<ours>``."""
+    ours: str
+    """Our algo whose config, presets and tags it takes."""
+    model: type[OnPolicyAlgorithm]
+    arguments: Callable[[Any, dict[str, Any]], dict[str, Any]]
+    """(config, policy_kwargs) → SB3's keyword arguments."""
+    loss_keys: dict[str, tuple[str, float]]
+    """Our tag → (SB3's logger key, sign)."""
+    tags: list[str]
+    finite: tuple[str, ...]
+
+
+REFERENCES: dict[type, Reference] = {
+    PPOConfig: Reference("sb3-ppo", "ppo", PPO, ppo_arguments, LOSS_KEYS, TAGS, FINITE),
+    A2CConfig: Reference("sb3-a2c", "a2c", A2C, a2c_arguments, A2C_LOSS_KEYS, a2c.TAGS, a2c.STATS),
+}
+
+
+def reference(cfg: PPOConfig | A2CConfig) -> Reference:
+    """The SB3 reference of the algorithm ``cfg`` configures."""
+    return REFERENCES[type(cfg)]
+
+
+def make_sb3_env(cfg: PPOConfig | A2CConfig) -> VecEnv:
     """N Monitor-wrapped envs (DummyVecEnv; SubprocVecEnv for ``vectorization=async``), then VecNormalize
     with our factory's settings when either normalization is on. Sub-env i is seeded ``cfg.seed + i`` at
     its first reset."""
@@ -205,10 +279,11 @@ class SB3Policy(nn.Module):
         return SampledActions(self.policy._predict(obs, deterministic=False))
 
 
-def load_policy(cfg: PPOConfig, state_dict: dict[str, Tensor]) -> SB3Policy:
-    """The policy of a checkpoint's ``model`` (for ``testbed eval`` and videos), without building PPO."""
+def load_policy(cfg: PPOConfig | A2CConfig, state_dict: dict[str, Tensor]) -> SB3Policy:
+    """The policy of a checkpoint's ``model`` (for ``testbed eval`` and videos), without building PPO or A2C."""
     obs_space, action_space = _spaces(cfg.env_id)
-    kwargs = sb3_arguments(cfg, isinstance(action_space, gym.spaces.Box))["policy_kwargs"]
+    check_expressible(cfg)
+    kwargs = policy_kwargs(cfg, isinstance(action_space, gym.spaces.Box))
     policy = ActorCriticPolicy(obs_space, action_space, lr_schedule=lambda _: 0.0, **kwargs)
     load_weights(policy, state_dict, "the checkpoint")
     return SB3Policy(policy.eval())
@@ -242,20 +317,20 @@ class ProcessGenerators:
 
 
 class Learner:
-    """SB3's PPO for one seed (a :class:`~agents.training.Trainer`): SB3's own VecEnv and model, with our
+    """SB3's PPO or A2C for one seed (a :class:`~agents.training.Trainer`): SB3's own VecEnv and model, with our
     evaluation env; ``training.run_stack`` drives SB3's two phases. Its random numbers are the process's
     global generators, which SB3 draws from."""
 
-    tags, finite = TAGS, FINITE
-
-    def __init__(self, cfgs: list[PPOConfig]) -> None:
-        check(len(cfgs) == 1, "sb3-ppo trains one seed per process; run its seeds as separate runs")
+    def __init__(self, cfgs: list[PPOConfig] | list[A2CConfig]) -> None:
+        self.reference = reference(cfgs[0])
+        self.tags, self.finite = self.reference.tags, self.reference.finite
+        check(len(cfgs) == 1, f"{self.reference.name} trains one seed per process; run its seeds as separate runs")
         self.cfg = cfg = cfgs[0]
         seed_everything(cfg.seed)
         self.env = make_sb3_env(cfg)
         try:
             continuous = isinstance(self.env.action_space, gym.spaces.Box)
-            self.model = PPO("MlpPolicy", self.env, **sb3_arguments(cfg, continuous))
+            self.model = self.reference.model("MlpPolicy", self.env, **sb3_arguments(cfg, continuous))
             eval_env = make_eval_env(cfg, cfg.eval_episodes)
         except BaseException:
             self.env.close()
@@ -288,9 +363,10 @@ class Learner:
         learning_rates: list[float], running: list[bool],
     ) -> list[dict[str, float | None]]:  # fmt: skip
         """SB3's own ``train()``, at SB3's own schedule (the same as ours); its logged values under our tags.
-        With ``recompute_advantages``, one ``train()`` of one epoch per epoch, the advantages recomputed
+        With PPO's ``recompute_advantages``, one ``train()`` of one epoch per epoch, the advantages recomputed
         before each after the first."""
-        epochs = self.cfg.n_epochs if self.cfg.recompute_advantages else 1
+        recompute = isinstance(self.cfg, PPOConfig) and self.cfg.recompute_advantages
+        epochs = self.cfg.n_epochs if recompute else 1
         logged: list[dict[str, float]] = []
         for epoch in range(epochs):
             if epoch:
@@ -303,7 +379,7 @@ class Learner:
                 raise
             logged.append(dict(self.model.logger.name_to_value))
         metrics: dict[str, float | None] = {tag: sign * float(np.mean([values[key] for values in logged]))
-                                            for tag, (key, sign) in LOSS_KEYS.items()}  # fmt: skip
+                                            for tag, (key, sign) in self.reference.loss_keys.items()}  # fmt: skip
         metrics["losses/explained_variance"] = float(logged[0]["train/explained_variance"])
         return [metrics]
 
@@ -344,13 +420,14 @@ def recompute_advantages(model: PPO) -> None:
     buffer.values = collected
 
 
-def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = ALGO) -> dict[str, Any]:
-    """Train SB3's PPO into ``run_dir``; returns the summary also written to ``summary.json``."""
+def train(cfg: PPOConfig | A2CConfig, run_dir: Path, resume: bool = False, name: str | None = None) -> dict[str, Any]:
+    """Train SB3's PPO or A2C (as ``cfg`` configures ours) into ``run_dir``; returns the summary also written to
+    ``summary.json``."""
     validate(cfg)
-    return run_stack(Learner, [cfg], [run_dir], resume, name)[0]
+    return run_stack(Learner, [cfg], [run_dir], resume, name or reference(cfg).name)[0]
 
 
-# ── Declaration: SB3's PPO, with our PPO's config and presets ────────────────────────────────────────────
+# ── Declaration: SB3's PPO and A2C, with our PPO's and A2C's configs and presets ──────────────────────────
 from agents.registry import Declaration  # imported here, beside the declaration that alone uses it
 
 ALGORITHMS = (
@@ -361,5 +438,13 @@ ALGORITHMS = (
         train=train,
         checks=validate,
         load_policy=lambda cfg, env, weights: load_policy(cfg, weights),  # its policy needs no env to be built
+    ),
+    Declaration(
+        "sb3-a2c",
+        presets="a2c",  # it mirrors our A2C: same config, same presets
+        config=A2CConfig,
+        train=train,
+        checks=validate,
+        load_policy=lambda cfg, env, weights: load_policy(cfg, weights),
     ),
 )

@@ -31,7 +31,9 @@ def test_every_algo_and_variant_is_named_as_before() -> None:
     assert registry.NAMES == (
         "ppo",
         "grpo",
+        "a2c",
         "sb3-ppo",
+        "sb3-a2c",
         "ppo-lambda0",
         "ppo-lambda1",
         "grpo-process",
@@ -41,6 +43,7 @@ def test_every_algo_and_variant_is_named_as_before() -> None:
     vine = registry.check_name("grpo-vine")
     assert (vine.module, vine.base, vine.fixed, vine.preset) == ("agents.grpo", "grpo", {"advantage": "vine"}, "grpo")
     assert registry.preset_of("sb3-ppo") == "ppo" and registry.preset_of("ppo-lambda0") == "ppo"
+    assert registry.preset_of("sb3-a2c") == "a2c" and registry.get("sb3-a2c").config is registry.get("a2c").config
     lambda0 = registry.get("ppo-lambda0")
     assert lambda0.fixed == {"gae_lambda": 0.0} and lambda0.config is registry.get("ppo").config
     assert lambda0.train_stack is not None and registry.get("sb3-ppo").train_stack is None
