@@ -26,7 +26,7 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import losses, onpolicy, optimizers
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
-from agents.onpolicy import actor_critic
+from agents.onpolicy import Segment, actor_critic
 from agents.seeds import by_seed, masked_mean
 from agents.training import Collected, run_stack
 
@@ -142,25 +142,32 @@ class Learner:
         learning_rates: list[float],
         running: list[bool],
     ) -> list[dict[str, float | None]]:
-        """GAE advantages, then one gradient step per seed on its whole segment; returns each seed's losses and
-        explained variance."""
-        cfg, S, net = self.cfg, len(self.cfgs), self.stack.net
+        """GAE(γ, λ) advantages over the segment, then :func:`update`; returns each seed's losses and explained
+        variance."""
+        cfg, S = self.cfg, len(self.cfgs)
         self.stack.set_learning_rates(learning_rates)
         segment = onpolicy.join_segments([c.batch if c is not None else None for c in collected])  # (T, S·N)
         gamma, lam = cfg.gamma, cfg.gae_lambda
-        advantages, returns = onpolicy.gae_targets(segment, segment.values, segment.next_values, gamma, lam)  # (T, S·N)
-        # Each seed's row, (S, T·N, …): its samples, where autoreset steps are not (``valid``), and its targets.
-        fields = (segment.obs, segment.actions, segment.sample_mask, advantages, returns)
-        obs, actions, valid, row_advantages, row_returns = (by_seed(x, S).to(cfg.device) for x in fields)
-        if cfg.normalize_advantage:
-            row_advantages = adv.normalize_rows(row_advantages, valid)
-        log_probs, entropy, values = net.evaluate(obs, actions)  # (S, T·N) each
-        terms = a2c_loss(log_probs, entropy, values, row_advantages, row_returns, valid, cfg.vf_coef, cfg.ent_coef)
-        self.stack.step(terms.loss, torch.tensor(running, device=cfg.device), cfg.max_grad_norm)
-        stats = torch.stack([terms.policy_loss, terms.value_loss, terms.entropy], dim=1).detach()  # (S, 3)
+        advantages, returns = onpolicy.gae_targets(segment, segment.values, segment.next_values, gamma, lam)
+        stats = update(self, segment, advantages, returns, torch.tensor(running))  # (S, 3)
         metrics = self.stack.per_seed_metrics(stats, STATS, running)
         onpolicy.add_explained_variances(metrics, segment, returns, S)
         return metrics
+
+
+def update(learner: Learner, segment: Segment, advantages: Tensor, returns: Tensor, running: Tensor) -> Tensor:
+    """One gradient step of every running seed on its whole segment; returns each seed's (policy loss, value loss,
+    entropy), (S, 3). ``advantages`` and ``returns`` (the value targets) are (T, S·N), ``running`` (S,) bool."""
+    cfg, S, device = learner.cfg, len(learner.cfgs), learner.cfg.device
+    # Each seed's row, (S, T·N, …): its samples, where autoreset steps are not (``valid``), and its targets.
+    fields = (segment.obs, segment.actions, segment.sample_mask, advantages, returns)
+    obs, actions, valid, advantages, returns = (by_seed(x, S).to(device) for x in fields)
+    if cfg.normalize_advantage:
+        advantages = adv.normalize_rows(advantages, valid)
+    log_probs, entropy, values = learner.stack.net.evaluate(obs, actions)  # (S, T·N) each
+    terms = a2c_loss(log_probs, entropy, values, advantages, returns, valid, cfg.vf_coef, cfg.ent_coef)
+    learner.stack.step(terms.loss, running.to(device), cfg.max_grad_norm)
+    return torch.stack([terms.policy_loss, terms.value_loss, terms.entropy], dim=1).detach().cpu()
 
 
 def train(cfg: A2CConfig, run_dir: Path, resume: bool = False, name: str = "a2c") -> dict[str, Any]:
