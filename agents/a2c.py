@@ -111,7 +111,7 @@ def a2c_loss(
         raise ValueError("a2c_loss: log_probs, entropy, values, advantages, returns and mask must share one shape")
     mean = partial(masked_mean, mask=mask)
     policy_loss = mean(-advantages * log_probs)
-    value_loss = mean(losses.value_loss(values, values, returns, None))
+    value_loss = mean(losses.value_loss(values, values, returns, None))  # unclipped: the old values go unused
     entropy_mean = mean(entropy)
     return A2CLoss(policy_loss + vf_coef * value_loss - ent_coef * entropy_mean, policy_loss, value_loss, entropy_mean)
 
