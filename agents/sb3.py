@@ -43,7 +43,7 @@ from agents.config import check
 from agents.networks import load_weights
 from agents.ppo import TAGS, PPOConfig
 from agents.plumbing import make_eval_env, observation_statistics
-from agents.seeding import env_seeds, restart_seeds, seed_everything
+from agents.seeding import env_seeds, generator_seeds, restart_seeds, seed_everything
 from agents.training import Collected, Lane, run_stack
 from envs.delay import DelayedReward
 from envs.errors import BadInput
@@ -136,7 +136,7 @@ def sb3_arguments(cfg: PPOConfig, continuous: bool | None = None) -> dict[str, A
         "target_kl": cfg.target_kl,
         "normalize_advantage": cfg.normalize_advantage,
         "policy_kwargs": policy_kwargs,
-        "seed": cfg.seed,
+        "seed": generator_seeds(cfg.seed)[2],  # SB3 seeds its generators with one int: our torch seed
         "device": cfg.device,
         "verbose": 0,
     }

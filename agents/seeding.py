@@ -1,9 +1,10 @@
 """The one place where a run's random number generators are seeded, and where its envs' reset seeds come from.
 
-Every reset seed of a run derives from ``numpy.random.SeedSequence(seed)``, through a named branch per purpose
-(:class:`Stream`), so that no two sub-envs, no two purposes and no two run seeds share an env stream. Sub-env i
-of run seed s used to be seeded s + i, so that runs 0 and 1 shared N − 1 of their N streams (SB3 issue 2268;
-fixed in EnvPool). The reset seed for index i of a stream is
+Every reset seed of a run, and the seeds of its generators (:func:`generator_seeds`), derive from
+``numpy.random.SeedSequence(seed)``, through a named branch per purpose (:class:`Stream`), so that no two
+sub-envs, no two purposes and no two run seeds share a stream. Sub-env i of run seed s used to be seeded s + i,
+so that runs 0 and 1 shared N − 1 of their N env streams (SB3 issue 2268; fixed in EnvPool). The reset seed
+for index i of a stream is
 
     SeedSequence(seed, spawn_key=(stream, *key, i)).generate_state(1)[0] | 2³¹
 
@@ -14,10 +15,10 @@ what ``SeedSequence(seed).spawn(…)[stream]`` gives), with its top bit set. So:
 - distinct seeds, purposes, keys and indices hash to independent words: two reset seeds coincide only by chance,
   with probability 2⁻³¹ per pair;
 - every reset seed lies in [2³¹, 2³²): an int every env takes, and never one of evaluation's fixed seeds
-  ``plumbing.EVAL_SEED_BASE + i``, which all runs share on purpose (common random numbers: every algorithm and seed is
-  scored on the same start states).
+  ``plumbing.EVAL_SEED_BASE + i``, which all runs share on purpose (common random numbers: every algorithm and
+  seed is scored on the same start states).
 
-docs/seeds.md describes the streams.
+docs/seed-streams.md describes the streams.
 """
 
 from __future__ import annotations
@@ -42,18 +43,28 @@ class Stream(IntEnum):
     """Training sub-env i when a run resumes at ``global_step`` without its envs' saved state (key: step, i)."""
     START_STATES = 2
     """GRPO's start state b of its draw d, a reset or a branch's trunk (key: d, b)."""
+    GENERATORS = 3
+    """Python's, NumPy's and torch's own generators (initialization, actions, minibatch order; key: none)."""
+
+
+def generator_seeds(seed: int) -> tuple[int, int, int]:
+    """The seeds of Python's, NumPy's and torch's generators: three words of the branch
+    ``SeedSequence(seed, spawn_key=(GENERATORS,))``, so that the three draw independent streams."""
+    words = np.random.SeedSequence(seed, spawn_key=(int(Stream.GENERATORS),)).generate_state(3)
+    return int(words[0]), int(words[1]), int(words[2])
 
 
 def seed_everything(seed: int, torch_threads: int = 1) -> None:
-    """Seed Python, NumPy and torch, and fix torch's thread count.
+    """Seed Python, NumPy and torch (:func:`generator_seeds`), and fix torch's thread count.
 
     The envs are seeded separately, by ``reset(seed=...)`` with :func:`env_seeds`. One torch thread makes CPU
     results bit-identical from run to run, and it is also the fastest setting for the small networks of
     control tasks.
     """
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    python_seed, numpy_seed, torch_seed = generator_seeds(seed)
+    random.seed(python_seed)
+    np.random.seed(numpy_seed)
+    torch.manual_seed(torch_seed)
     torch.set_num_threads(torch_threads)
 
 

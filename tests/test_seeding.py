@@ -10,10 +10,20 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from agents import grpo, plumbing, ppo, sb3
-from agents.seeding import RESET_SEED_FLOOR, Stream, env_seeds, reset_seeds, restart_seeds, start_seeds
+from agents.seeding import (
+    RESET_SEED_FLOOR,
+    Stream,
+    env_seeds,
+    generator_seeds,
+    reset_seeds,
+    restart_seeds,
+    seed_everything,
+    start_seeds,
+)
 from tests.conftest import grpo_config, ppo_config, run_training
 
 # ── the derivation ───────────────────────────────────────────────────────────────────────────────────
@@ -42,6 +52,15 @@ def test_no_two_seeds_purposes_or_draws_share_a_reset_seed() -> None:
     # ints an env takes, above evaluation's fixed seeds
     assert all(isinstance(s, int) and RESET_SEED_FLOOR <= s < 2**32 for s in every)
     assert plumbing.EVAL_SEED_BASE + 10_000 < RESET_SEED_FLOOR
+
+
+def test_the_generators_are_seeded_from_their_own_branch() -> None:
+    words = np.random.SeedSequence(0).spawn(4)[Stream.GENERATORS].generate_state(3, np.uint32)
+    assert generator_seeds(0) == tuple(int(w) for w in words)
+    seeds = [s for seed in range(8) for s in generator_seeds(seed)]
+    assert len(set(seeds)) == len(seeds)  # no run seed's generator meets another's, nor another generator
+    seed_everything(5)
+    assert torch.initial_seed() == generator_seeds(5)[2] and np.random.get_state()[1][0] == generator_seeds(5)[1]
 
 
 def test_negative_inputs_are_refused() -> None:
