@@ -53,6 +53,7 @@ from agents.audit_scores import NOISE_TARGET, noise_share
 from agents.networks import Actor, ActorCritic, Sample
 from agents.plumbing import observation_statistics
 from agents.rollout import Episodes, SegmentBuffers, drive, episode_steps
+from agents.seeding import start_seeds
 from agents.vine import PointRecorder
 from envs import EnvOptions, episode_limit, freeze_normalizers, load_normalizer_state, make_vector
 from envs import start_states as starts
@@ -205,7 +206,7 @@ def collect_trunks(env: VectorEnv, actor: Actor, settings: AuditSettings, buffer
                    mode: starts.RestoreMode) -> Trunks:  # fmt: skip
     """B groups of G episodes from same-seed resets (seeds from the audit's seed), every state recorded."""
     B, G = settings.groups, settings.group_size
-    seeds = starts.group_seeds(settings.seed, 0, B)
+    seeds = start_seeds(settings.seed, 0, B)
     first_obs = starts.reset_groups(env, seeds, G)
     recorder = PointRecorder(env, 1, mode=mode)
     torch.manual_seed(settings.seed)  # actor.act draws from torch's global generator

@@ -25,6 +25,7 @@ from agents.networks import Sample
 from agents.onpolicy import env_options
 from agents.plumbing import Envs, open_envs
 from agents.rollout import Episodes, Policy, SegmentBuffers, concat_episodes, episode_steps
+from agents.seeding import start_seeds
 from agents.training import Collected
 from agents.vine import VineValues
 from envs import EnvOptions, episode_limit, make_vector
@@ -134,7 +135,7 @@ def group_steps(
     kept, parts, rounds, group_returns, episode_returns = 0, [], [], [], []
     env_steps, restore_time = 0, 0.0
     for round_ in range(cfg.max_resample_rounds + 1 if cfg.dynamic_sampling else 1):
-        seeds = starts.group_seeds(cfg.seed, iteration * (cfg.max_resample_rounds + 1) + round_, B)
+        seeds = start_seeds(cfg.seed, iteration * (cfg.max_resample_rounds + 1) + round_, B)
         started = time.perf_counter()
         if mode is None:
             first_obs, prefix_returns = starts.reset_groups(env, seeds, G), np.zeros(B)

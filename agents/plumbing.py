@@ -9,17 +9,19 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import SyncVectorEnv, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 
 import envs as envs_pkg
 from agents.config import RunConfig
 from agents.networks import NetworkSpec
 from agents.rollout import RolloutState
+from agents.seeding import env_seeds, restart_seeds
 from envs.errors import BadInput, brief
 from envs.snapshot import is_restorable
 
 # Evaluation episodes use seeds EVAL_SEED_BASE, EVAL_SEED_BASE + 1, …: the same start states for every
-# run, algorithm and training seed, and never a training seed.
+# run, algorithm and training seed (common random numbers), and never a training seed, which are at least
+# seeding.RESET_SEED_FLOOR = 2**31.
 EVAL_SEED_BASE = 1_000_000
 
 
@@ -170,8 +172,18 @@ def seed_obs_statistics(shared: SharedEnv, j: int) -> dict[str, Any]:
     return observation_statistics(envs_pkg.normalizer_state(shared.env, j, shared.seeds))
 
 
+def reset_with(env: VectorEnv, seeds: list[int]) -> Any:
+    """Reset sub-env i with ``seeds[i]``; returns the observations. A native vector env of gymnasium's, which
+    draws one stream for all its sub-envs, takes one seed: ``seeds[0]``."""
+    base = env.unwrapped
+    per_env = isinstance(base, SyncVectorEnv | AsyncVectorEnv | envs_pkg.ChainVectorEnv | envs_pkg.KeyDoorVectorEnv)
+    obs, _ = env.reset(seed=seeds if per_env else seeds[0])
+    return obs
+
+
 def open_shared_envs(cfgs: list[RunConfig], n_envs: int, options: envs_pkg.EnvOptions) -> list[SharedEnv]:
-    """The training envs of a stack's seeds, reset with their seeds (sub-env i of the seed s with s + i).
+    """The training envs of a stack's seeds, reset with their seeds (``seeding.env_seeds``: sub-env i of the
+    seed s with the i-th of ``env_seeds(s, N)``).
 
     One vector env for all S seeds where its sub-envs step one by one (sync) and can be saved exactly
     (``envs.snapshot``): a seed's sub-envs are then stepped and saved as in a vector env of their own, with
@@ -188,8 +200,7 @@ def open_shared_envs(cfgs: list[RunConfig], n_envs: int, options: envs_pkg.EnvOp
         shared = [(first if k == 0 else open_train_env(cfg, n_envs, options), k, [cfg]) for k, cfg in enumerate(cfgs)]
     opened = []
     for env, k, seeds in shared:
-        seed: int | list[int] = seeds[0].seed if len(seeds) == 1 else [c.seed + i for c in seeds for i in range(n_envs)]
-        obs, _ = env.reset(seed=seed)
+        obs = reset_with(env, [s for cfg in seeds for s in env_seeds(cfg.seed, n_envs)])
         rows = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(env.num_envs, dtype=bool))
         opened.append(SharedEnv(env, k, len(seeds), rows))
     return opened
@@ -210,19 +221,19 @@ def restore_envs(shared: SharedEnv, j: int, ckpt: dict[str, Any], seed: int) -> 
     """Put seed j's training envs back as its checkpoint left them.
 
     Exact where the checkpoint holds the full env state; otherwise the normalizer statistics are
-    restored and, in an env of its own, every sub-env starts a new episode from a seed derived from the
-    step count (in a shared env, which holds only envs whose state is saved, the episodes go on from the
-    stack's reset).
+    restored and, in an env of its own, every sub-env starts a new episode from its restart seed at the
+    step count (``seeding.restart_seeds``; in a shared env, which holds only envs whose state is saved, the
+    episodes go on from the stack's reset).
     """
     rows, state = shared.rows(j), shared.rollout
     if ckpt["env_state"] is not None:
         if shared.seeds == 1:
-            shared.env.reset(seed=seed)
+            reset_with(shared.env, env_seeds(seed, shared.env.num_envs))
         envs_pkg.load_vector_env_state(shared.env, ckpt["env_state"], j, shared.seeds)
         state.next_obs[rows] = np.asarray(ckpt["rollout"]["next_obs"], dtype=np.float32)
         state.next_is_autoreset[rows] = np.asarray(ckpt["rollout"]["next_is_autoreset"])
         return
     envs_pkg.load_normalizer_state(shared.env, ckpt["normalizers"], j, shared.seeds)
     if shared.seeds == 1:
-        obs, _ = shared.env.reset(seed=seed + ckpt["global_step"])
+        obs = reset_with(shared.env, restart_seeds(seed, ckpt["global_step"], shared.env.num_envs))
         shared.rollout = RolloutState(np.asarray(obs, dtype=np.float32), np.zeros(shared.env.num_envs, dtype=bool))

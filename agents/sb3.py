@@ -50,7 +50,7 @@ from agents.config import check
 from agents.networks import load_weights
 from agents.plumbing import make_eval_env, observation_statistics
 from agents.ppo import FINITE, TAGS, PPOConfig
-from agents.seeding import seed_everything
+from agents.seeding import env_seeds, generator_seeds, restart_seeds, seed_everything
 from agents.training import Collected, Lane, run_stack
 from envs.delay import DelayedReward
 from envs.errors import BadInput
@@ -162,7 +162,7 @@ def ppo_arguments(cfg: PPOConfig, policy_kwargs: dict[str, Any]) -> dict[str, An
         "target_kl": cfg.target_kl,
         "normalize_advantage": cfg.normalize_advantage,
         "policy_kwargs": policy_kwargs,
-        "seed": cfg.seed,
+        "seed": generator_seeds(cfg.seed)[2],  # SB3 seeds its generators with one int: our torch seed
         "device": cfg.device,
         "verbose": 0,
     }
@@ -182,7 +182,7 @@ def a2c_arguments(cfg: A2CConfig, policy_kwargs: dict[str, Any]) -> dict[str, An
         "rms_prop_eps": cfg.rms_prop_eps,
         "normalize_advantage": cfg.normalize_advantage,
         "policy_kwargs": policy_kwargs,
-        "seed": cfg.seed,
+        "seed": generator_seeds(cfg.seed)[2],  # as ppo_arguments: our torch seed
         "device": cfg.device,
         "verbose": 0,
     }
@@ -218,8 +218,7 @@ def reference(cfg: PPOConfig | A2CConfig) -> Reference:
 
 def make_sb3_env(cfg: PPOConfig | A2CConfig) -> VecEnv:
     """N Monitor-wrapped envs (DummyVecEnv; SubprocVecEnv for ``vectorization=async``), then VecNormalize
-    with our factory's settings when either normalization is on. Sub-env i is seeded ``cfg.seed + i`` at
-    its first reset."""
+    with our factory's settings when either normalization is on. ``Learner`` sets the seeds of its first reset."""
     vec_env_cls = SubprocVecEnv if cfg.vectorization == "async" else DummyVecEnv  # SB3 has no native vector envs
     delay = {"wrapper_class": DelayedReward, "wrapper_kwargs": {"delay": cfg.reward_delay}} if cfg.reward_delay else {}
     env = make_vec_env(cfg.env_id, n_envs=cfg.n_envs, seed=cfg.seed, vec_env_cls=vec_env_cls,
@@ -331,6 +330,7 @@ class Learner:
         try:
             continuous = isinstance(self.env.action_space, gym.spaces.Box)
             self.model = self.reference.model("MlpPolicy", self.env, **sb3_arguments(cfg, continuous))
+            self.env.unwrapped._seeds = env_seeds(cfg.seed, cfg.n_envs)  # our seeds; the model's env.seed(s) set s + i
             eval_env = make_eval_env(cfg, cfg.eval_episodes)
         except BaseException:
             self.env.close()
@@ -387,10 +387,10 @@ class Learner:
         return {"normalizers": normalizer_state(self.env)}
 
     def load(self, k: int, checkpoint: dict[str, Any]) -> None:
-        """The VecNormalize statistics; the envs start new episodes, from seeds derived from the step count."""
+        """The VecNormalize statistics; the envs start new episodes, from their restart seeds at the step count."""
         load_normalizer_state(self.model.get_env(), checkpoint["normalizers"])
         self.model.num_timesteps = checkpoint["global_step"]  # learn's set-up counts on from here
-        self.model.get_env().seed(self.cfg.seed + checkpoint["global_step"])
+        self.env.unwrapped._seeds = restart_seeds(self.cfg.seed, checkpoint["global_step"], self.cfg.n_envs)
 
     def close(self) -> None:
         self.lanes[0].eval_env.close()

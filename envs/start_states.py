@@ -42,7 +42,6 @@ __all__ = [
     "NotRestorable",
     "RestoreMode",
     "branch_groups",
-    "group_seeds",
     "member_point",
     "observe",
     "reset_groups",
@@ -53,8 +52,6 @@ __all__ = [
 
 RestoreMode = Literal["direct", "replay"]
 
-SEED_RANGE = 1_000_000
-"""Training reset seeds lie in [0, SEED_RANGE); evaluation seeds start at SEED_RANGE, so they never meet."""
 REPLAY_CHECK_STEPS = 200
 """Random steps :func:`restore_mode` takes in two envs to check that replay is exact."""
 
@@ -75,21 +72,6 @@ class BranchPoint:
     prefix_return: float | None
     """Sum of the raw rewards along the prefix; None where it was not recorded exactly (a replay then checks
     the observation alone)."""
-
-
-def group_seeds(seed: int, iteration: int, B: int) -> list[int]:
-    """B distinct reset seeds for one iteration: a pure function of ``(seed, iteration)``.
-
-    All lie in [0, 1_000_000), so they never collide with evaluation seeds (which start at 1_000_000).
-    """
-    if seed < 0 or iteration < 0:
-        raise BadInput(f"seed and iteration must be non-negative, got seed={seed}, iteration={iteration}")
-    if not 1 <= B <= SEED_RANGE:
-        raise BadInput(f"B (start states per iteration) must be in [1, {SEED_RANGE}], got {B}")
-    # A SeedSequence of (seed, iteration) gives independent streams per iteration without any state
-    # carried between calls, so a resumed run draws the same seeds.
-    rng = np.random.default_rng([seed, iteration])
-    return [int(s) for s in rng.choice(SEED_RANGE, size=B, replace=False)]
 
 
 def _check_groups(env: VectorEnv, B: int, G: int) -> None:

@@ -212,7 +212,8 @@ class _TaskVectorEnv(VectorEnv):
     def reset(
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict]:
-        """Sub-env i is seeded ``seed + i`` (an int) or ``seed[i]`` (a list); None keeps its generator."""
+        """Sub-env i is seeded ``seed[i]`` (a list, as the testbed's runs reset it: ``agents.seeding``) or, as
+        gymnasium's sync vector env does, ``seed + i`` (an int); None keeps its generator."""
         if isinstance(seed, (int, np.integer)):
             seed = [int(seed) + i for i in range(self.num_envs)]
         seeds = [None] * self.num_envs if seed is None else list(seed)

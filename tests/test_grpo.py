@@ -223,8 +223,9 @@ def test_a_budget_smaller_than_one_iteration_runs_one_and_reports_the_overshoot(
 
 
 def test_kl_target_adapts_the_step_size_and_logs_it(tmp_path: Path) -> None:
-    # A tiny target: every update overshoots it, so the step size shrinks and the epochs stop early.
-    cfg = grpo_config(total_steps=6_000, kl_target=1e-6, eval_interval=0, eval_episodes=2)
+    # A tiny target: every update overshoots twice it, so the step size shrinks and the epochs stop early (at 1e-6,
+    # an update of KL 1.5e-6 lies within [target / 2, 2 · target] and keeps its step size).
+    cfg = grpo_config(total_steps=6_000, kl_target=1e-8, eval_interval=0, eval_episodes=2)
     run_training(grpo, cfg, tmp_path / "small")
     rows = read_progress(tmp_path / "small")
     scales = [float(r["grpo/lr_scale"]) for r in rows]

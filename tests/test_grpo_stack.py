@@ -72,6 +72,7 @@ def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(
     # Chunks of 8 rows: a minibatch of up to 2 × 60 steps takes 1 to 15 chunks, as many as its longest
     # seed needs, so neighbours of different episode lengths change the number of chunks.
     monkeypatch.setattr(seeds, "ROWS", 8)
+    monkeypatch.setattr(grpo, "ROWS", 8)  # grpo.minibatch_loss's own name for it: its chunks must be of 8 too
     first = train_stack(tmp_path / "a", [0, 1, 2], **overrides)
     other = train_stack(tmp_path / "b", [0, 7, 2], **overrides)
     for seed in (0, 2):  # bit-identical: the neighbour's seed changed, and with it its episodes' lengths

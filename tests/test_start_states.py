@@ -22,7 +22,6 @@ from envs.start_states import (
     BranchPoint,
     NotRestorable,
     branch_groups,
-    group_seeds,
     observe,
     reset_groups,
     restore_mode,
@@ -114,20 +113,6 @@ def noisy_env_id() -> Iterator[str]:
         yield env_id
     finally:
         del gym.registry[env_id]
-
-
-# ---- group_seeds -----------------------------------------------------------------------------------
-
-
-def test_group_seeds_are_deterministic_distinct_and_in_range() -> None:
-    seeds = group_seeds(7, 3, 64)
-    assert seeds == group_seeds(7, 3, 64)
-    assert len(seeds) == 64 and len(set(seeds)) == 64
-    assert all(isinstance(s, int) and 0 <= s < 1_000_000 for s in seeds)
-    assert group_seeds(7, 4, 64) != seeds
-    assert group_seeds(8, 3, 64) != seeds
-    with pytest.raises(BadInput):
-        group_seeds(7, 3, 0)
 
 
 # ---- reset_groups ----------------------------------------------------------------------------------
