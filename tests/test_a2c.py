@@ -55,6 +55,19 @@ def test_a2c_loss_refuses_mismatched_shapes() -> None:
         a2c_loss(x, x, x, x, torch.zeros(2, 4), x.bool(), 0.5, 0.0)
 
 
+# ── sb3-a2c: our config as SB3's A2C arguments ──────────────────────────────────────────────────────────
+
+
+def test_the_lunarlander_preset_maps_to_sb3s_a2c_arguments_with_a_linear_schedule() -> None:
+    args = sb3.sb3_arguments(a2c_config("LunarLander-v3"), continuous=False)
+    assert (args["n_steps"], args["gamma"], args["gae_lambda"], args["ent_coef"]) == (5, 0.995, 1.0, 1e-5)
+    assert isinstance(args["learning_rate"], sb3.LinearSchedule) and args["learning_rate"](0.5) == 0.5 * 8.3e-4
+    assert args["use_rms_prop"] and args["rms_prop_eps"] == 1e-5 and not args["normalize_advantage"]
+    assert "batch_size" not in args and "n_epochs" not in args and "log_std_init" not in args["policy_kwargs"]
+    with pytest.raises(Exception, match="sb3-a2c: SB3 2.x has no shared actor-critic trunk"):
+        sb3.sb3_arguments(a2c_config("CartPole-v1", shared_trunk=True), continuous=False)
+
+
 # ── one update is SB3's A2C train() ─────────────────────────────────────────────────────────────────
 
 
