@@ -138,6 +138,6 @@ def test_cartpole_learns_at_its_preset(tmp_path: Path) -> None:
     # on a busy 2-core machine. A random policy scores about 22.
     cfg = a2c_config("CartPole-v1", total_steps=40_000, eval_interval=0)
     summary = run_training(a2c, cfg, tmp_path / "run")
-    assert summary["status"] == "completed" and summary["final_eval_return_mean"] >= 200  # 500.0 measured
+    assert summary["status"] == "completed" and summary["final_eval_return_mean"] >= 200  # 491.1 measured
     rows = read_progress(tmp_path / "run")
     assert len(rows) == 40_000 // 40 and float(rows[-1]["losses/explained_variance"]) > 0
