@@ -16,7 +16,6 @@ computes a batch of one otherwise than a batch of several.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
@@ -228,7 +227,9 @@ class ActorCritic(nn.Module):
 
 # The stacked views' gradients are strided views of the one (S, P) gradient, by design: backward adds into
 # them in place. Autograd warns that such a layout may be slower; measured, the stack is still the fast path.
-warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
+# Ignored where the backward runs (optimizers.SeedOptimizer.gradient_step): a filter set at import is lost when
+# the import happens inside a caller's ``warnings.catch_warnings()``, as the command line's planning does.
+LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 
 
 def stack_parameters(models: list[nn.Module]) -> nn.Parameter:

@@ -37,6 +37,7 @@ the price of torch's own classes rather than a copy of their arithmetic and of t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal
@@ -44,6 +45,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from agents.networks import LAYOUT_WARNING
 from agents.seeds import clip_grad_norms_
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -115,7 +117,9 @@ class SeedOptimizer:
         seeds' losses, so each seed's gradient lands in its own row), each seed's norm clipped to
         ``max_grad_norm``, then each stepping seed's optimizer."""
         self.flat.grad.zero_()
-        loss.backward()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
+            loss.backward()
         clip_grad_norms_(self.flat.grad, max_grad_norm)
         self.step(stepping)
 
