@@ -96,6 +96,11 @@ class Layers:
         """Policy head output (logits or means), (S, B, action_dim)."""
         return linear(self.trunk(obs, self.actor_trunk), *self.actor_head)
 
+    def deterministic_action(self, obs: Tensor) -> Tensor:
+        """The mode of π(·|s): argmax of the logits (S, B), or the Gaussian means (S, B, action_dim)."""
+        out = self.policy(obs)
+        return out.argmax(-1) if self.log_std is None else out
+
     def heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """Policy head output (S, B, action_dim) and values V(s) (S, B), in one pass."""
         assert self.critic_head is not None, "heads: this network has no critic"
@@ -124,6 +129,15 @@ def layers_of(model: Actor | ActorCritic, stacked: Callable[[nn.Parameter], Tens
 
 def one_seed(parameter: nn.Parameter) -> Tensor:
     return parameter.unsqueeze(0)
+
+
+def stack_layers(models: list[Actor] | list[ActorCritic]) -> Layers:
+    """S separate models of one spec as one stack: each parameter copied into an (S, *shape) tensor, row k
+    ``models[k]``'s. A copy, not views, so that it serves models wherever their parameters live (a stack's
+    rows, or a module of their own); seed k computes in it as it does alone (:func:`linear`)."""
+    names = {id(p): name for name, p in models[0].named_parameters()}
+    parameters = [dict(model.named_parameters()) for model in models]
+    return layers_of(models[0], lambda p: torch.stack([own[names[id(p)]].detach() for own in parameters]))
 
 
 def mlp(in_dim: int, hidden_sizes: tuple[int, ...], activation: str) -> nn.Sequential:
@@ -182,8 +196,7 @@ class Actor(nn.Module):
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
         """The mode of π(·|s): argmax of the logits, or the Gaussian mean."""
-        out = self(obs)
-        return out.argmax(-1) if self.log_std is None else out
+        return layers_of(self, one_seed).deterministic_action(obs.unsqueeze(0)).squeeze(0)
 
 
 class ActorCritic(nn.Module):

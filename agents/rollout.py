@@ -19,7 +19,7 @@ import torch
 from gymnasium.vector import VectorEnv
 from torch import Tensor
 
-from agents.networks import Actor, ActorCritic, Sample
+from agents.networks import Actor, ActorCritic, Sample, stack_layers
 from envs.members import step_members
 
 
@@ -240,10 +240,13 @@ def evaluate_policy(
     """Play one episode in each of the ``len(seeds)`` sub-envs, sub-env i reset with ``seeds[i]``.
 
     Returns the raw episode returns, shape (len(seeds),). ``env`` must have one sub-env per seed, must
-    not scale rewards, and its observation normalization (if any) must be frozen by the caller.
+    not scale rewards, and its observation normalization (if any) must be frozen by the caller. Our own
+    networks act deterministically through :func:`evaluate_policies` (a stack of one), so that a seed
+    evaluated alone and in a stack computes the same; another policy (SB3's) acts through its own methods.
     """
-    if env.num_envs != len(seeds):
-        raise ValueError(f"evaluate_policy needs one sub-env per seed: {env.num_envs} envs, {len(seeds)} seeds")
+    if deterministic and isinstance(model, (Actor, ActorCritic)):
+        return evaluate_policies([model], [env], seeds, device)[0]
+    check_eval_envs([env], seeds)
     returns = np.full(len(seeds), np.nan)  # (E,)
     obs, _ = env.reset(seed=list(seeds))
     with torch.inference_mode():
@@ -255,3 +258,42 @@ def evaluate_policy(
                 first = info["_episode"] & np.isnan(returns)
                 returns[first] = info["episode"]["r"][first]
     return returns
+
+
+def evaluate_policies(
+    models: list[Actor] | list[ActorCritic], envs: list[VectorEnv], seeds: list[int], device: str = "cpu"
+) -> list[np.ndarray]:
+    """Seed k's deterministic policy ``models[k]`` plays one episode in each sub-env of ``envs[k]``, sub-env i
+    reset with ``seeds[i]``, for S seeds at once; returns each seed's raw episode returns, (E,) each.
+
+    One forward pass per step acts for every seed, on the observations (S, E, obs_dim) of all S eval envs
+    (:func:`~agents.networks.stack_layers`); each env applies its own frozen normalization. Seed k's env
+    steps until each of its E sub-envs has ended one episode, then stops: its row keeps its last
+    observations, whose actions go nowhere. Seed k's actions are those it takes evaluated alone (S = 1),
+    because every seed computes within its own row (:func:`~agents.networks.linear`).
+    """
+    check_eval_envs(envs, seeds)
+    S, E = len(models), len(seeds)
+    returns = np.full((S, E), np.nan)  # (S, E)  NaN until the sub-env's first episode ends
+    obs = np.zeros((S, E, models[0].spec.obs_dim), dtype=np.float32)  # (S, E, obs_dim)
+    obs_t = torch.from_numpy(obs)  # the same memory: each step's observations are written in place
+    for k, env in enumerate(envs):
+        obs[k] = env.reset(seed=list(seeds))[0]
+    live = list(range(S))  # the seeds with an episode still running
+    with torch.inference_mode():
+        layers = stack_layers(models)
+        while live:
+            actions = layers.deterministic_action(obs_t.to(device)).cpu().numpy()  # (S, E) or (S, E, act_dim)
+            for k in live:
+                obs[k], _, _, _, info = envs[k].step(actions[k])
+                if "_episode" in info:
+                    first = info["_episode"] & np.isnan(returns[k])
+                    returns[k, first] = info["episode"]["r"][first]
+            live = [k for k in live if np.isnan(returns[k]).any()]
+    return list(returns)
+
+
+def check_eval_envs(envs: list[VectorEnv], seeds: list[int]) -> None:
+    for env in envs:
+        if env.num_envs != len(seeds):
+            raise ValueError(f"evaluation needs one sub-env per seed: {env.num_envs} envs, {len(seeds)} seeds")

@@ -17,17 +17,63 @@ import torch
 import envs as envs_pkg
 from agents import rundir, runlog
 from agents.config import RunConfig
+from agents.networks import Actor, ActorCritic
 from agents.plumbing import EVAL_SEED_BASE
-from agents.rollout import evaluate_policy
+from agents.rollout import evaluate_policies, evaluate_policy
 
 
 def evaluate(
-    policy: torch.nn.Module, eval_env: Any, obs_stats: dict[str, Any], deterministic: bool = True, device: str = "cpu"
-) -> np.ndarray:
-    """One episode per eval sub-env of ``policy``, with the training observation statistics ``obs_stats``, frozen."""
-    envs_pkg.load_normalizer_state(eval_env, obs_stats)
-    seeds = [EVAL_SEED_BASE + i for i in range(eval_env.num_envs)]
-    return evaluate_policy(policy, eval_env, seeds, deterministic, device)
+    policies: Sequence[torch.nn.Module],
+    eval_envs: Sequence[Any],
+    obs_stats: Sequence[dict[str, Any]],
+    device: str = "cpu",
+) -> list[np.ndarray]:
+    """One deterministic episode per eval sub-env of each seed's policy, each with its own training observation
+    statistics, frozen; returns each seed's returns. Our networks act together, one batched forward pass per
+    step for every seed (:func:`~agents.rollout.evaluate_policies`); another policy (SB3's) acts alone."""
+    for eval_env, stats in zip(eval_envs, obs_stats, strict=True):
+        envs_pkg.load_normalizer_state(eval_env, stats)
+    seeds = [EVAL_SEED_BASE + i for i in range(eval_envs[0].num_envs)]
+    if all(isinstance(policy, (Actor, ActorCritic)) for policy in policies):
+        return evaluate_policies(list(policies), list(eval_envs), seeds, device)
+    return [evaluate_policy(policy, env, seeds, True, device) for policy, env in zip(policies, eval_envs, strict=True)]
+
+
+class StackEvaluations:
+    """The evaluations of a stack's lanes, those due at the same step run together (:func:`evaluate`).
+
+    Before each iteration's per-lane logging the lifecycle names the lanes whose evaluation is due
+    (:meth:`plan`); the first of them to evaluate (:meth:`evaluate`, its :class:`EvalSchedule`'s) evaluates
+    all of them at once and the others take their returns from it. A lane evaluating unplanned (the final
+    evaluation of a run resumed at its budget, a clock that ran out between the plan and the logging) or
+    after a joint evaluation failed evaluates alone, with the same numbers. ``evaluate_lanes(ks)`` evaluates
+    lanes ``ks`` together.
+    """
+
+    def __init__(self, evaluate_lanes: Callable[[list[int]], list[np.ndarray]]) -> None:
+        self.evaluate_lanes = evaluate_lanes
+        self.planned: list[int] = []  # lanes due this iteration and not evaluated yet
+        self.returns: dict[int, np.ndarray] = {}  # this iteration's evaluations, by lane, until taken
+
+    def plan(self, lanes: list[int]) -> None:
+        self.planned, self.returns = list(lanes), {}
+
+    def evaluate(self, k: int) -> np.ndarray:
+        """Lane k's returns: from this iteration's evaluation of every planned lane, which the first of them runs."""
+        if k not in self.returns:
+            together = self.planned if k in self.planned else [k]
+            # Cleared first: a second stop signal that cuts this evaluation short leaves every other lane to
+            # evaluate alone, as each did before lanes were evaluated together.
+            self.planned = [j for j in self.planned if j not in together]
+            try:
+                self.returns.update(zip(together, self.evaluate_lanes(together), strict=True))
+            except Exception:
+                if together == [k]:
+                    raise
+                # One lane's policy broke the env (a diverged one's NaN actions, say): each evaluates alone,
+                # so that the error is its own lane's.
+                self.returns[k] = self.evaluate_lanes([k])[0]
+        return self.returns.pop(k)
 
 
 class EvalSchedule:
@@ -51,6 +97,10 @@ class EvalSchedule:
         while self.next_step <= step:
             self.next_step += self.interval
         return self.run(step)
+
+    def due(self, step: int, final: bool) -> bool:
+        """Whether :meth:`RunTracker.record` at ``step`` (the run's ``final`` iteration or not) evaluates."""
+        return (final or step >= self.next_step) and not self.ran_at(step)
 
     def ran_at(self, step: int) -> bool:
         return self.last is not None and self.last[0] == step

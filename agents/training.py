@@ -15,16 +15,18 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 
 from agents import rundir, runlog
 from agents.config import RunConfig
 from agents.networks import load_weights
-from agents.tracking import RunTracker, evaluate, memory_report
+from agents.tracking import RunTracker, StackEvaluations, evaluate, memory_report
 from envs.errors import BadInput
 
 # ── what an algorithm supplies ───────────────────────────────────────────────────────────────────
@@ -165,9 +167,11 @@ class LaneRun:
         self.trainer.random.load(self.k, ckpt["rng"])
         return ckpt["wall_time_s"], ckpt.get("csv_bytes"), ckpt.get("eval_step")
 
-    def evaluate(self) -> Any:
-        """One deterministic evaluation of the seed's policy, with its training observation statistics."""
-        return evaluate(self.lane.policy, self.lane.eval_env, self.lane.obs_stats(), True, self.cfg.device)
+    def evaluation_due(self, stopping: bool) -> bool:
+        """Whether this iteration's :meth:`RunTracker.record` is to evaluate the lane, as :func:`train_lanes` calls it
+        (``stopping``: a stop signal came, and the final iteration's row goes without its evaluation)."""
+        assert self.tracker is not None
+        return self.running and self.tracker.evals.due(self.global_step, self.budget_spent and not stopping)
 
     @property
     def keeps_due(self) -> list[str]:
@@ -195,6 +199,14 @@ class LaneRun:
         self.status, self.error = status, error
         memory = memory_report(self.lane.optimizer, **self.lane.networks)
         self.summary = self.tracker.finish(status, error, self.global_step, memory, diverged)
+
+
+def evaluate_lanes(trainer: Trainer, device: str, ks: list[int]) -> list[np.ndarray]:
+    """One deterministic evaluation of seeds ``ks``'s policies together, each with its training observation
+    statistics; each seed's returns."""
+    lanes = [trainer.lanes[k] for k in ks]
+    policies, envs = [lane.policy for lane in lanes], [lane.eval_env for lane in lanes]
+    return evaluate(policies, envs, [lane.obs_stats() for lane in lanes], device)
 
 
 def failure(exc: Exception, run_dir: Path, show: bool = True) -> tuple[str, OSError | None]:
@@ -231,6 +243,7 @@ def run_stack(
     resumes = [resume] * len(cfgs) if isinstance(resume, bool) else list(resume)
     trainer = build(list(cfgs))
     runs = [LaneRun(cfg, run_dir, k, trainer) for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True))]
+    evaluations = StackEvaluations(partial(evaluate_lanes, trainer, cfgs[0].device))
     try:
         # Every lane's checkpoint and progress.csv are checked before any lane's logs are opened (and cut back to
         # its checkpoint): a resume refused for one seed of a stack changes no file of the others.
@@ -240,8 +253,9 @@ def run_stack(
             if resumed:
                 runlog.check_progress(lane_run.run_dir, csv_bytes)
         for lane_run, resumed, (wall_offset, csv_bytes, eval_step) in zip(runs, resumes, starts, strict=True):
-            lane_run.tracker = RunTracker(lane_run.run_dir, name, lane_run.cfg, trainer.tags, lane_run.evaluate,
-                                          lane_run.global_step, wall_offset, resumed, csv_bytes, eval_step)  # fmt: skip
+            lane_run.tracker = RunTracker(lane_run.run_dir, name, lane_run.cfg, trainer.tags,
+                                          partial(evaluations.evaluate, lane_run.k), lane_run.global_step,
+                                          wall_offset, resumed, csv_bytes, eval_step)  # fmt: skip
     except BaseException:
         trainer.close()
         raise
@@ -254,7 +268,7 @@ def run_stack(
 
     try:
         with runlog.StopFlag() as stop:
-            train_lanes(trainer, runs, stop, fail, name)
+            train_lanes(trainer, runs, stop, fail, name, evaluations)
     finally:
         trainer.close()
     if disk_errors:
@@ -263,7 +277,12 @@ def run_stack(
 
 
 def train_lanes(
-    trainer: Trainer, runs: list[LaneRun], stop: runlog.StopFlag, fail: Callable[..., None], name: str
+    trainer: Trainer,
+    runs: list[LaneRun],
+    stop: runlog.StopFlag,
+    fail: Callable[..., None],
+    name: str,
+    evaluations: StackEvaluations,
 ) -> None:
     """The iterations of :func:`run_stack`, until every lane has completed, failed or been interrupted."""
     for lane_run in runs:
@@ -302,6 +321,9 @@ def train_lanes(
                 fail(lane_run, exc, show=k == 0)
             break
         stopping = stop.raised  # read once: a signal landing between two reads would skip a checkpoint
+        # The lanes due an evaluation at this iteration run it together, when the first of them logs.
+        due = [r.k for r, c in zip(runs, collected, strict=True) if c is not None and r.evaluation_due(stopping)]
+        evaluations.plan(due)
         for lane_run, batch, lane_metrics, lr in zip(runs, collected, metrics, lrs, strict=True):
             if batch is None or not lane_run.running:
                 continue

@@ -362,7 +362,7 @@ def test_video_into_a_folder_that_cannot_be_made_is_refused_before_evaluating(
 def test_a_stop_signal_during_the_final_evaluation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signals: int, status: str, code: int
 ) -> None:
-    original = tracking.evaluate_policy
+    original = tracking.evaluate_policies
 
     def signalled(*args: Any, **kwargs: Any) -> Any:
         for _ in range(signals):
@@ -370,7 +370,7 @@ def test_a_stop_signal_during_the_final_evaluation(
             time.sleep(0.01)  # the handler runs between bytecodes
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(tracking, "evaluate_policy", signalled)
+    monkeypatch.setattr(tracking, "evaluate_policies", signalled)
     run_dir = tmp_path / "run"
     assert main(train_argv(run_dir, 512, "--set", "eval_interval=0")) == code
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -398,7 +398,7 @@ def test_the_final_evaluation_is_the_last_row_of_progress_csv_once(tmp_path: Pat
 def test_a_final_evaluation_cut_short_fills_the_last_row_once_the_run_is_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = tracking.evaluate_policy
+    original = tracking.evaluate_policies
 
     def stopped_twice(*args: Any, **kwargs: Any) -> Any:
         for _ in range(2):
@@ -408,7 +408,7 @@ def test_a_final_evaluation_cut_short_fills_the_last_row_once_the_run_is_resumed
 
     run_dir = tmp_path / "run"
     with monkeypatch.context() as patch:
-        patch.setattr(tracking, "evaluate_policy", stopped_twice)
+        patch.setattr(tracking, "evaluate_policies", stopped_twice)
         assert main(train_argv(run_dir, 512, "--set", "eval_interval=0")) == 130
     assert eval_rows(run_dir) == []
     assert main(train_argv(run_dir, 512, "--set", "eval_interval=0", "--resume")) == 0
