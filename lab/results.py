@@ -162,8 +162,9 @@ def progress_problem(path: Path, summary: dict[str, Any], last_step: int) -> str
 
         recorded = recorded_csv_bytes(path.parent)
         if recorded is not None and len(data) < recorded:
-            problems.append(f"holds {len(data):,} bytes, fewer than the {recorded:,} its checkpoint recorded: rows "
-                            "were deleted")  # fmt: skip
+            problems.append(
+                f"holds {len(data):,} bytes, fewer than the {recorded:,} its checkpoint recorded: rows were deleted"
+            )
     return "; ".join(problems) or None
 
 
