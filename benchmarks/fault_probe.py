@@ -553,8 +553,8 @@ def markdown(rows: list[Row], durations: dict[str, float], notes: list[str], com
         "## Kill points by scenario",
         "",
         (
-            "| scenario | kill points | killed while running | to the group | a trainer alone | folder moved "
-            "| passed | failed |"
+            "| scenario | kill points | killed while running | to the group | a trainer alone | folder moved | passed "
+            "| failed |"
         ),
         "|" + "---|" * 8,
     ]
@@ -563,9 +563,8 @@ def markdown(rows: list[Row], durations: dict[str, float], notes: list[str], com
         failed = sum(bool(r.reason) for r in mine)
         alone = [r for r in mine if r.target == "trainer"]
         lines.append(
-            f"| {scenario} | {len(mine)} | {sum(r.killed for r in mine)} | "
-            f"{sum(r.target == 'group' for r in mine)} | {len(alone)} | {sum(r.moved for r in mine)} | "
-            f"{len(mine) - failed} | {failed} |"
+            f"| {scenario} | {len(mine)} | {sum(r.killed for r in mine)} | {sum(r.target == 'group' for r in mine)} | "
+            f"{len(alone)} | {sum(r.moved for r in mine)} | {len(mine) - failed} | {failed} |"
         )
     alone = [r for r in rows if r.target == "trainer" and r.killed]
     if alone:
@@ -573,9 +572,8 @@ def markdown(rows: list[Row], durations: dict[str, float], notes: list[str], com
         lines += [
             "",
             (
-                f"A trainer was killed alone at {len(alone)} kill points; its command then went on and ended "
-                f"with exit 0 at {ended} of them (its driver retried the cell from the checkpoint), before the "
-                "rerun."
+                f"A trainer was killed alone at {len(alone)} kill points; its command then went on and ended with exit "
+                f"0 at {ended} of them (its driver retried the cell from the checkpoint), before the rerun."
             ),
         ]
     failing = [r for r in rows if r.reason]

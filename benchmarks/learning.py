@@ -194,9 +194,8 @@ def group_markdown(env_id: str, algo: str, rows: list[dict[str, str]]) -> list[s
         mean, std = r["final_eval_return_mean"], r["final_eval_return_std"]
         ret = f"{_number(mean)} ± {_number(std)}" if mean else "–"
         lines.append(
-            f"| {r['seed']} | {r['status']} | {_number(r['total_steps'], 0)} | {ret} "
-            f"| {r['final_eval_episodes'] or '–'} | {_number(r['wall_time_s'])} "
-            f"| {_number(r['sps'], 0)} |"
+            f"| {r['seed']} | {r['status']} | {_number(r['total_steps'], 0)} | {ret} | "
+            f"{r['final_eval_episodes'] or '–'} | {_number(r['wall_time_s'])} | {_number(r['sps'], 0)} |"
         )
     finals = [
         float(r["final_eval_return_mean"]) for r in rows if r["status"] == "completed" and r["final_eval_return_mean"]
@@ -206,8 +205,8 @@ def group_markdown(env_id: str, algo: str, rows: list[dict[str, str]]) -> list[s
         spread = statistics.pstdev(finals)
         others = len(rows) - len(finals)
         lines.append(
-            f"**Over seeds: {statistics.mean(finals):,.1f} ± {spread:,.1f}** (mean ± std over seeds), "
-            f"min {min(finals):,.1f}, {len(finals)} seed{'s' if len(finals) > 1 else ''}"
+            f"**Over seeds: {statistics.mean(finals):,.1f} ± {spread:,.1f}** (mean ± std over seeds), min "
+            f"{min(finals):,.1f}, {len(finals)} seed{'s' if len(finals) > 1 else ''}"
             + (f"; {others} more not completed, left out" if others else "")
             + "."
         )
@@ -230,9 +229,9 @@ def markdown(rows: dict[Key, dict[str, str]], commands: list[str], machine: str)
         "",
         f"Machine: {machine}.",
         "",
-        "Each seed is one `python -m lab train --algo ALGO --env ENV --seed S [--total-steps N] "
-        "--run-dir ROOT/ENV/ALGO/seedS` process (one torch thread); wall time and steps/s are its training "
-        "loop's, from summary.json.",
+        "Each seed is one `python -m lab train --algo ALGO --env ENV --seed S [--total-steps N] --run-dir "
+        "ROOT/ENV/ALGO/seedS` process (one torch thread); wall time and steps/s are its training loop's, from "
+        "summary.json.",
         "",
     ]
     for (env_id, algo), group in groups.items():

@@ -471,12 +471,12 @@ def case_markdown(result: CaseResult) -> str:
     lines = [
         f"## {case.name}: {case.env_id}, {steps:,} steps, seed {SEED}",
         "",
-        f"Hyperparameters (our preset, as SB3 arguments): {result.hyperparameters}. "
-        f"Ours also runs its final evaluation, {result.eval_episodes} episodes, inside the measured time.",
+        f"Hyperparameters (our preset, as SB3 arguments): {result.hyperparameters}. Ours also runs its final "
+        f"evaluation, {result.eval_episodes} episodes, inside the measured time.",
         "",
         (
-            "| implementation | process times (s) | median (s) | steps/s, whole process | steps/s, training loop "
-            "| gradient steps |"
+            "| implementation | process times (s) | median (s) | steps/s, whole process | steps/s, training loop | "
+            "gradient steps |"
         ),
         "|---|---|---|---|---|---|",
     ]
@@ -492,8 +492,8 @@ def case_markdown(result: CaseResult) -> str:
         work[impl] = {t.gradient_steps for t in good}
         counts = ", ".join("–" if n is None else f"{n:,}" for n in sorted(work[impl], key=lambda n: n or 0))
         lines.append(
-            f"| {label} | {times or '–'} | {_fmt(_median([t.wall_s for t in good]))} "
-            f"| {_fmt(medians[impl], 0)} | {_fmt(loops[impl], 0)} | {counts or '–'} |"
+            f"| {label} | {times or '–'} | {_fmt(_median([t.wall_s for t in good]))} | {_fmt(medians[impl], 0)} | "
+            f"{_fmt(loops[impl], 0)} | {counts or '–'} |"
         )
     r = ratio(result)
     verdict = "–" if r is None else (f"ours is ×{r:.2f} faster" if r >= 1 else f"ours is ×{1 / r:.2f} slower")
@@ -512,8 +512,8 @@ def case_markdown(result: CaseResult) -> str:
             f"| one plain `gym.make` env | {_fmt(result.ceiling['single'], 0)} |",
             f"| our preset's vector env ({result.ceiling_vector}) | {_fmt(vector, 0)} |",
             "",
-            f"Our training runs at {fraction} of the vector env's ceiling counting the whole process, "
-            f"{loop_fraction} counting its training loop only (medians).",
+            f"Our training runs at {fraction} of the vector env's ceiling counting the whole process, {loop_fraction} "
+            f"counting its training loop only (medians).",
             "",
         ]
     if result.profile:
@@ -541,14 +541,14 @@ def case_markdown(result: CaseResult) -> str:
         floor = result.fixed["import torch"] + result.profile["update"] + env_s
         per_step = 1000 * result.profile["update"] / result.gradient_steps
         lines += [
-            f"A bound on the ratio. Three costs no faster code around the update removes: (1) what every torch "
-            f"process pays (fresh processes, medians of 3): `import torch`, {_fmt(result.fixed['import torch'])}"
-            f" s (SB3 also builds a torch optimizer, which imports torch's compiler stack, "
+            f"A bound on the ratio. Three costs no faster code around the update removes: (1) what every torch process "
+            f"pays (fresh processes, medians of 3): `import torch`, {_fmt(result.fixed['import torch'])} s (SB3 also "
+            f"builds a torch optimizer, which imports torch's compiler stack, "
             f"{_fmt(result.fixed['first torch optimizer'])} s; ours does not); (2) the update: "
-            f"{result.gradient_steps:,} gradient steps at {per_step:.2f} ms each, {_fmt(result.profile['update'])}"
-            f" s; (3) {steps:,} steps of the preset's vector env at its ceiling rate, {_fmt(env_s)} s. With "
-            f"acting, logging, evaluation and everything else free, our process would take {_fmt(floor)} s: "
-            f"SB3 / that = {_fmt(sb3 / floor if sb3 else None)}, the most this update allows.",
+            f"{result.gradient_steps:,} gradient steps at {per_step:.2f} ms each, {_fmt(result.profile['update'])} s; "
+            f"(3) {steps:,} steps of the preset's vector env at its ceiling rate, {_fmt(env_s)} s. With acting, "
+            f"logging, evaluation and everything else free, our process would take {_fmt(floor)} s: SB3 / that = "
+            f"{_fmt(sb3 / floor if sb3 else None)}, the most this update allows.",
             "",
         ]
     return "\n".join(lines)

@@ -92,9 +92,9 @@ def table_text(
         "",
         f"Machine: {machine_line()}.",
         "",
-        "Final eval: the final deterministic policy, 10 episodes on the fixed seeds 1000000…, the raw env "
-        "return; mean ± population std over seeds, then each seed's. Wall seconds come from runs that shared "
-        "the machine's cores with other runs: they order settings, they are not a speed benchmark.",
+        "Final eval: the final deterministic policy, 10 episodes on the fixed seeds 1000000…, the raw env return; mean "
+        "± population std over seeds, then each seed's. Wall seconds come from runs that shared the machine's cores "
+        "with other runs: they order settings, they are not a speed benchmark.",
         "",
     ]
     for env_id, rows in by_env.items():

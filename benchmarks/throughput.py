@@ -75,14 +75,14 @@ def main() -> None:
     lines = [
         "# Collection throughput and memory: GRPO beside PPO",
         "",
-        f"Command: `python benchmarks/throughput.py --envs {' '.join(args.envs)} --seconds {args.seconds:g}`. "
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch thread, torch {torch.__version__}, "
-        f"gymnasium {gym.__version__}. Presets of each agent, untrained policies; GRPO counts the steps that "
-        "produce samples, as its budget does.",
+        f"Command: `python benchmarks/throughput.py --envs {' '.join(args.envs)} --seconds {args.seconds:g}`. Machine: "
+        f"{platform.machine()}, {torch.get_num_threads()} torch thread, torch {torch.__version__}, gymnasium "
+        f"{gym.__version__}. Presets of each agent, untrained policies; GRPO counts the steps that produce samples, as "
+        "its budget does.",
         "",
-        "| env | PPO rollout steps/s | GRPO sample steps/s | GRPO / PPO | GRPO idle steps (not counted) | "
-        "PPO parameters (actor+critic) | GRPO parameters (actor + reference) | PPO bytes (nets + Adam) | "
-        "GRPO bytes (actor + reference + Adam) |",
+        "| env | PPO rollout steps/s | GRPO sample steps/s | GRPO / PPO | GRPO idle steps (not counted) | PPO "
+        "parameters (actor+critic) | GRPO parameters (actor + reference) | PPO bytes (nets + Adam) | GRPO bytes (actor "
+        "+ reference + Adam) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for env_id in args.envs:

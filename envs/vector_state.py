@@ -76,8 +76,8 @@ def load_normalizer_state(env: VectorEnv, state: dict[str, Any], seed: int = 0, 
     reward_norm = find_wrapper(env, vector_wrappers.NormalizeReward)
     if (obs_norm is not None) != ("obs_rms" in state) or (reward_norm is not None) != ("return_rms" in state):
         raise BadInput(
-            "the checkpoint's normalizer statistics do not match the normalization settings of the run's "
-            "config.yaml (normalize_obs, normalize_reward): restore the settings it was trained with"
+            "the checkpoint's normalizer statistics do not match the normalization settings of the run's config.yaml "
+            "(normalize_obs, normalize_reward): restore the settings it was trained with"
         )
     if obs_norm is not None:
         _load_rms(_stats(obs_norm, "obs_rms", seed, seeds), state["obs_rms"])

@@ -85,8 +85,8 @@ def plan(paths: Sequence[Path], which: str, out: Path, trust_env_module: bool = 
             targets.append(Target(run.run_dir, name, out / relative / name.removesuffix(".pt")))
     if not targets:
         raise BadInput(
-            f"no {which} checkpoint under {', '.join(map(str, paths))}: runs keep earlier checkpoints only "
-            "with --set keep_checkpoints=STEP,…; use --checkpoints final"
+            f"no {which} checkpoint under {', '.join(map(str, paths))}: runs keep earlier checkpoints only with --set "
+            "keep_checkpoints=STEP,…; use --checkpoints final"
         )
     return targets
 
@@ -395,33 +395,31 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
     rollouts = f"{K} Q- and {K} V-rollouts each"
     if settings.get("max_branches"):
         rollouts += (
-            f", {K} more of each at a time while the truth's noise share exceeded "
-            f"{settings['noise_target']:.0%}, up to {settings['max_branches']} (reached: "
-            f"{', '.join(map(str, reached))})"
+            f", {K} more of each at a time while the truth's noise share exceeded {settings['noise_target']:.0%}, up "
+            f"to {settings['max_branches']} (reached: {', '.join(map(str, reached))})"
         )
     blocks: list[Block] = [
         Heading(1, "Advantage estimators against the Monte-Carlo truth"),
         Para(
             f"Command: `{command}`. {len(records)} checkpoints; per checkpoint {settings['samples']} sampled steps of "
-            f"{settings['groups']}×{settings['group_size']} trunk episodes, the truth from {rollouts} "
-            "(common random numbers), vine values from "
-            f"{settings['vine_branches']} rollouts. Audit seed {settings['seed']}. Cost: "
-            f"{sum(r['env_steps'] for r in records):,} env steps; the checkpoints' audits took {cost:,.0f} s "
-            "together (each one's wall time, in one process)."
+            f"{settings['groups']}×{settings['group_size']} trunk episodes, the truth from {rollouts} (common random "
+            f"numbers), vine values from {settings['vine_branches']} rollouts. Audit seed {settings['seed']}. Cost: "
+            f"{sum(r['env_steps'] for r in records):,} env steps; the checkpoints' audits took {cost:,.0f} s together "
+            "(each one's wall time, in one process)."
         ),
         Para(
             "Sign agreement counts samples whose truth is more than 2 standard errors from 0. ρ is Spearman's rank "
-            "correlation. Bias, variance and MSE are in the estimator's own units; outcome, process and step_alive "
-            "are normalized, so compare them by ρ and sign. MSE / Var[A] is 0 for a perfect estimate and 1 for one "
-            "as far off as the truth's own spread. Truth noise is the mean SE², the part of the MSE the truth adds. "
-            "Noise share is truth noise / Var[A]: near 0, the truth is sharp against what it measures. Scores are "
-            "means over seeds."
+            "correlation. Bias, variance and MSE are in the estimator's own units; outcome, process and step_alive are "
+            "normalized, so compare them by ρ and sign. MSE / Var[A] is 0 for a perfect estimate and 1 for one as far "
+            "off as the truth's own spread. Truth noise is the mean SE², the part of the MSE the truth adds. Noise "
+            "share is truth noise / Var[A]: near 0, the truth is sharp against what it measures. Scores are means over "
+            "seeds."
         ),
         Image(
             "plots/audit-scores.png",
             "scores against the env",
-            "Rank correlation, sign agreement and MSE / Var[A] "
-            "per estimator (all samples), for each algo and checkpoint",
+            "Rank correlation, sign agreement and MSE / Var[A] per estimator (all samples), for each algo and "
+            "checkpoint",
         ),
     ]
     plot_scores(summary, out)
@@ -453,10 +451,8 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
             Para(
                 f"**Too few rollouts** for {len(noisy)} of the audited (env, algo, checkpoint) cells: there the "
                 f"truth's noise is more than {NOISE_TARGET:.0%} of its spread (noise share = mean SE² / Var[A]), so "
-                "its scores measure the noise as much as the estimators. More `--branches` shrink SE² in "
-                "proportion; `--max-branches` adds them where needed: "
-                + "; ".join(f"{e} {a} {c}" for e, a, c in noisy)
-                + "."
+                "its scores measure the noise as much as the estimators. More `--branches` shrink SE² in proportion; "
+                "`--max-branches` adds them where needed: " + "; ".join(f"{e} {a} {c}" for e, a, c in noisy) + "."
             )
         )
     for env in sorted({r["env"] for r in summary}, key=natural_key):

@@ -90,8 +90,8 @@ def plan_grid(
     name = name if name is not None else suite or "custom"
     if not BENCH_NAME.fullmatch(name):
         raise BadInput(
-            f"--name {brief(name, 80)} is not a bench name: give one folder name (it becomes runs/bench/NAME) made "
-            "of letters, digits, '.', '_' and '-', not starting with '.'"
+            f"--name {brief(name, 80)} is not a bench name: give one folder name (it becomes runs/bench/NAME) made of "
+            "letters, digits, '.', '_' and '-', not starting with '.'"
         )
     if suite is not None and suite not in SUITES:
         raise BadInput(f"unknown suite {brief(suite, 80)}; choose one of {', '.join(SUITES)}")
@@ -151,9 +151,8 @@ def check_bench_dir(bench_dir: Path, grid: Grid) -> None:
         saved = read_yaml(path) or {}
         if {k: saved.get(k) for k in definition} != definition:
             raise BadInput(
-                f"{bench_dir} was run with total_steps={saved.get('total_steps')}, overrides="
-                f"{saved.get('overrides')} and variants={saved.get('variants')}; use another --name for different "
-                "settings"
+                f"{bench_dir} was run with total_steps={saved.get('total_steps')}, overrides={saved.get('overrides')} "
+                f"and variants={saved.get('variants')}; use another --name for different settings"
             )
 
 
@@ -299,9 +298,9 @@ def run_grid(
         others = [why for cell in cells if (why := reused_elsewhere(cell, bench_dir))]
         if others:
             raise BadInput(
-                f"{len(others)} run(s) of {bench_dir} were trained with other settings than this bench asks "
-                f"for (the presets changed?): {'; '.join(others[:3])}{' …' if len(others) > 3 else ''}. "
-                "Use another --name, or move those runs away to train them again."
+                f"{len(others)} run(s) of {bench_dir} were trained with other settings than this bench asks for (the "
+                f"presets changed?): {'; '.join(others[:3])}{' …' if len(others) > 3 else ''}. Use another --name, or "
+                "move those runs away to train them again."
             )
         if prepare is not None:
             prepare(bench_dir)

@@ -166,8 +166,8 @@ class Board:
         failed += f", {self.interrupted} interrupted" if self.interrupted else ""
         rate = f"{self.rate:,.0f} steps/s" if self.rate is not None else "steps/s n/a"
         return (
-            f"{where} · runs {self.running} running, {self.done}/{self.total} done{failed} · {rate} · "
-            f"ETA {fmt_duration(eta) if eta is not None else 'n/a'}"
+            f"{where} · runs {self.running} running, {self.done}/{self.total} done{failed} · {rate} · ETA "
+            f"{fmt_duration(eta) if eta is not None else 'n/a'}"
         )
 
     def beat(self) -> None:
@@ -183,8 +183,8 @@ class Board:
         interrupted = f", {self.interrupted} interrupted" if self.interrupted else ""
         processes = f"{self.processes} process{'es' if self.processes != 1 else ''}"
         self._print(
-            f"[{self.done}/{self.total} done, {self.running} running in {processes}, {self.failed} failed"
-            f"{interrupted}] {line}"
+            f"[{self.done}/{self.total} done, {self.running} running in {processes}, {self.failed} "
+            f"failed{interrupted}] {line}"
         )
 
     def _print(self, line: str) -> None:

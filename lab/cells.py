@@ -194,8 +194,8 @@ def kept_diverged(cell: Cell, run_dir: Path, error: str | None) -> Outcome:
     return Outcome(
         cell,
         "failed",
-        f"{error} Not rerun: on the CPU the same config and seed diverge at the same "
-        f"step. Change the config, or delete {run_dir} to train it again.",
+        f"{error} Not rerun: on the CPU the same config and seed diverge at the same step. Change the config, or "
+        f"delete {run_dir} to train it again.",
         attempts=0,
         diverged=True,
     )
@@ -206,8 +206,8 @@ def still_written(cell: Cell, run_dir: Path, holder: str) -> Outcome:
     return Outcome(
         cell,
         "failed",
-        f"{run_dir} is still being written by {holder}; stop that process (it saves a "
-        "checkpoint), then rerun the bench to continue the cell",
+        f"{run_dir} is still being written by {holder}; stop that process (it saves a checkpoint), then rerun the "
+        "bench to continue the cell",
         attempts=0,
     )
 

@@ -60,8 +60,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         first = runs[0]
         if seeds is None:
             print(
-                f"{args.algo} on {first.cfg.env_id}, seed {first.cfg.seed}, {first.cfg.total_steps} steps, "
-                f"preset {first.preset}"
+                f"{args.algo} on {first.cfg.env_id}, seed {first.cfg.seed}, {first.cfg.total_steps} steps, preset "
+                f"{first.preset}"
             )
         else:
             print(
@@ -95,8 +95,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if seeds is None:
         print(seed_line(summaries[0]))
         print(
-            f"run folder: {first.run_dir} (summary.json, progress.csv, checkpoint; TensorBoard: "
-            f"tensorboard --logdir {first.run_dir})"
+            f"run folder: {first.run_dir} (summary.json, progress.csv, checkpoint; TensorBoard: tensorboard --logdir "
+            f"{first.run_dir})"
         )
     else:
         for r, summary in zip(runs, summaries, strict=True):
@@ -168,8 +168,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env.close()
     mode = "stochastic" if args.stochastic else "deterministic"
     print(
-        f"{cfg.env_id} after {ckpt['global_step']} steps, {mode}, {args.episodes} episodes (seeds {seeds[0]}…): "
-        f"return {returns.mean():.2f} ± {returns.std():.2f} (std over episodes)"
+        f"{cfg.env_id} after {ckpt['global_step']} steps, {mode}, {args.episodes} episodes (seeds {seeds[0]}…): return "
+        f"{returns.mean():.2f} ± {returns.std():.2f} (std over episodes)"
     )
     if video_dir is not None:
         from lab.video import record_episode
@@ -292,8 +292,8 @@ def cmd_credit(args: argparse.Namespace) -> int:
     print(
         f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × "
         f"{counted(len(grid.algos), 'algo')} × {counted(len(grid.seeds), 'seed')} = "
-        f"{counted(len(grid.cells()), 'run')}, {args.backend} backend, "
-        f"{counted(workers, 'process', 'processes')} at a time → {bench_dir}"
+        f"{counted(len(grid.cells()), 'run')}, {args.backend} backend, {counted(workers, 'process', 'processes')} at a "
+        f"time → {bench_dir}"
     )
     return _run_grid(
         grid,
@@ -314,8 +314,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise BadInput("--steps and --seed must be non-negative")
     if args.max_branches and args.max_branches < 2 * args.branches:
         raise BadInput(
-            f"--max-branches must be 0 (off) or at least twice --branches, {2 * args.branches}, so that "
-            f"rollouts can be added; got {args.max_branches}"
+            f"--max-branches must be 0 (off) or at least twice --branches, {2 * args.branches}, so that rollouts can "
+            f"be added; got {args.max_branches}"
         )
     workers = _workers(args)
     from lab import audit
@@ -371,9 +371,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tuple(args.vary),
     )
     print(
-        f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; "
-        f"{len(plan.space)} parameters, {args.backend} backend, {counted(args.workers, 'trial')} "
-        f"at a time → {tune.TUNE_ROOT / plan.name}"
+        f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; {len(plan.space)} parameters, {args.backend} "
+        f"backend, {counted(args.workers, 'trial')} at a time → {tune.TUNE_ROOT / plan.name}"
     )
     try:
         tune_dir, counts = tune.run_study(plan, args.workers, args.backend, args.ray_address, stack=stack)
@@ -435,8 +434,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_results(args: argparse.Namespace) -> int:
     if args.action in ("list", "pages") and (args.names or args.all or args.cheap):
         raise BadInput(
-            f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run` and "
-            "`save` and `restore`"
+            f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run` and `save` and "
+            "`restore`"
         )
     root = Path.cwd()
     found = manifest.load(root)
@@ -460,8 +459,8 @@ def cmd_results(args: argparse.Namespace) -> int:
             saved = f", in progress (saved {e.progress['date']})" if found.in_progress(e) else ""
             state = ", stopped" if e.stopped else ", older code" if found.older(e) else saved
             print(
-                f"{e.name:<32} {e.cost:<5} {p.get('date', 'not produced yet')}, commit {p.get('commit', '—')}{state}\n"
-                f"    {e.command}"
+                f"{e.name:<32} {e.cost:<5} {p.get('date', 'not produced yet')}, commit "
+                f"{p.get('commit', '—')}{state}\n    {e.command}"
             )
         return 0
     from lab import pages  # statistics (scipy) only when pages are built
@@ -482,8 +481,8 @@ def cmd_results(args: argparse.Namespace) -> int:
                 found = manifest.rerun(root, found, entry)
                 done += 1
                 print(
-                    f"[{i}/{len(chosen)}] {entry.name} done in {found.entry(entry.name).produced['wall_s']:.0f} s; "
-                    f"its files are in {entry.folder}",
+                    f"[{i}/{len(chosen)}] {entry.name} done in {found.entry(entry.name).produced['wall_s']:.0f} s; its "
+                    f"files are in {entry.folder}",
                     flush=True,
                 )
         finally:  # the results finished before a failure or a stop get their pages
@@ -543,8 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # before a run's own signal handling starts (or after it ends)
         print(
-            f"testbed {args.command}: interrupted. A run directory without a checkpoint can be started again "
-            "with the same command.",
+            f"testbed {args.command}: interrupted. A run directory without a checkpoint can be started again with the "
+            "same command.",
             file=sys.stderr,
         )
         return 130

@@ -108,8 +108,8 @@ def locate(name: str | Path, root: Path | None = None) -> Source:
     close = difflib.get_close_matches(str(name), [e.name for e in entries], n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise BadInput(
-        f"{str(name)[:200]!r} is neither a committed result nor a folder{hint}: give a name that "
-        "`testbed results list` lists, or a folder holding runs"
+        f"{str(name)[:200]!r} is neither a committed result nor a folder{hint}: give a name that `testbed results "
+        "list` lists, or a folder holding runs"
     )
 
 
@@ -125,8 +125,8 @@ def _read(name: str | Path, root: Path | None) -> tuple[Source, list[Run]]:
     found = [d for d in run_dirs(source.folder) if not any(d.resolve().is_relative_to(s) for s in skip)]
     if not found:
         raise BadInput(
-            f"{source.label} keeps no runs of its own under {source.shown}: pick a result of a bench or "
-            "a study (`testbed results list`), whose folder keeps its runs"
+            f"{source.label} keeps no runs of its own under {source.shown}: pick a result of a bench or a study "
+            "(`testbed results list`), whose folder keeps its runs"
         )
     return source, find_runs(found)
 
@@ -261,15 +261,15 @@ def comparable_envs(mine: Sequence[Run], theirs: Sequence[Run], names: tuple[str
     shared = sorted(ours & others, key=natural_key)
     if not shared:
         raise BadInput(
-            f"{names[0]} and {names[1]} share no env: {names[0]} has {', '.join(sorted(ours))}; "
-            f"{names[1]} has {', '.join(sorted(others))}. Run your bench on one of {names[1]}'s envs"
+            f"{names[0]} and {names[1]} share no env: {names[0]} has {', '.join(sorted(ours))}; {names[1]} has "
+            f"{', '.join(sorted(others))}. Run your bench on one of {names[1]}'s envs"
         )
     for what, keys in (("budgets differ", BUDGET_KEYS), ("evaluation differs", (*EVAL_KEYS, "eval_convention"))):
         found, fixes = _differences(mine, theirs, shared, keys, names)
         if found:
             raise BadInput(
-                f"{what} on the envs both hold ({'; '.join(found)}): rerun the bench with "
-                f"{names[1]}'s ({', '.join(fixes) or 'one value per env'}) to compare like with like"
+                f"{what} on the envs both hold ({'; '.join(found)}): rerun the bench with {names[1]}'s "
+                f"({', '.join(fixes) or 'one value per env'}) to compare like with like"
             )
     return shared
 
@@ -286,8 +286,8 @@ def report_against(bench_dir: Path, name: str | Path, root: Path | None = None) 
     out_dir = bench_dir / f"against-{label}"
     if out_dir.resolve().is_relative_to(source.folder.resolve()):
         raise BadInput(
-            f"{bench_dir} lies inside {label}'s folder, and the comparison would be written there; "
-            "copy the bench elsewhere first"
+            f"{bench_dir} lies inside {label}'s folder, and the comparison would be written there; copy the bench "
+            "elsewhere first"
         )
     shared = comparable_envs(mine, theirs, (str(bench_dir), label))
     relabelled = [replace(r, algo=f"{r.algo}@{label}") for r in theirs if r.env_id in shared]
@@ -306,8 +306,8 @@ def report_against(bench_dir: Path, name: str | Path, root: Path | None = None) 
     commits = sorted({c[:7] for c in map(_commit, relabelled) if c})
     preface = [
         Para(
-            f"{bench_dir.resolve().name} beside the committed result {label} (`{source.shown}`): the bench "
-            f"report over both sets of runs, {label}'s algos relabelled ALGO@{label} "
+            f"{bench_dir.resolve().name} beside the committed result {label} (`{source.shown}`): the bench report over "
+            f"both sets of runs, {label}'s algos relabelled ALGO@{label} "
             f"({', '.join(sorted({r.algo for r in relabelled}))}). On every env compared ({', '.join(shared)}), both "
             "hold the same budget (total_steps, budget_seconds) and the same evaluation (eval_episodes, eval_interval, "
             "eval_env_kwargs, convention). "

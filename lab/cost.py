@@ -69,8 +69,8 @@ def machine_text(runs: Sequence[Run]) -> str | None:
     text = "Machine and software: " + "; ".join(parts)
     if any(len(by_version) > 1 for by_version in versions.values()):
         text += (
-            " (a run resumed under another counts under both; where the CPU model or the physics engine's "
-            "version differs, runs of the same seed and settings differ too)"
+            " (a run resumed under another counts under both; where the CPU model or the physics engine's version "
+            "differs, runs of the same seed and settings differ too)"
         )
     return text
 
@@ -110,10 +110,10 @@ def stacking_text(runs: Sequence[Run]) -> str:
         widths.setdefault(run.algo, set()).add(len(stacked_with(run)))
     stacked = [f"{algo} {'/'.join(map(str, sorted(w)))} seeds" for algo, w in sorted(widths.items()) if w != {1}]
     return (
-        "Core time: a run's share of its trainer process's wall-clock (one thread), the wall-clock divided by "
-        "the seeds the process trained side by side (`train --seeds`); a run alone in its process has all of "
-        "it. Steps per core-second, time to threshold, equal time and the time plots use it, so a stacked run "
-        "and a lone one compare at equal compute. "
+        "Core time: a run's share of its trainer process's wall-clock (one thread), the wall-clock divided by the "
+        "seeds the process trained side by side (`train --seeds`); a run alone in its process has all of it. Steps per "
+        "core-second, time to threshold, equal time and the time plots use it, so a stacked run and a lone one compare "
+        "at equal compute. "
         + (f"Seeds per process: {', '.join(stacked)}; the others one." if stacked else "Every run had its own process.")
     )
 
@@ -132,8 +132,8 @@ def compute_text(runs: Sequence[Run]) -> str:
     steps = sum(int(run.summary.get("total_steps") or run.last_step) for run in runs)
     widest = max((len(seeds) for _, _, seeds in processes), default=1)
     return (
-        f"Compute: {fmt_steps(steps)} env steps in {sum(processes.values()) / 3600:.3g} core-hours: the wall "
-        f"time of {counted(len(processes), 'trainer process', 'trainer processes')} of one thread each, up to "
+        f"Compute: {fmt_steps(steps)} env steps in {sum(processes.values()) / 3600:.3g} core-hours: the wall time of "
+        f"{counted(len(processes), 'trainer process', 'trainer processes')} of one thread each, up to "
         f"{counted(widest, 'seed')} side by side in one (a process lasts as long as its longest run)"
     )
 
@@ -167,16 +167,15 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
     earlier = sum(start < first for start in starts)
     if earlier:
         text += (
-            f"; {counted(earlier, 'run')} started before the first invocation recorded here "
-            f"({first:%Y-%m-%d %H:%M} UTC): adopted from another bench, or trained before invocations were "
-            "recorded, not counted"
+            f"; {counted(earlier, 'run')} started before the first invocation recorded here ({first:%Y-%m-%d %H:%M} "
+            f"UTC): adopted from another bench, or trained before invocations were recorded, not counted"
         )
     # A killed invocation has no end: a run it started is placed in it up to the next invocation's start.
     windows = spans + [(s, next((t for t in opened if t > s), datetime.max.replace(tzinfo=s.tzinfo))) for s in killed]
     outside = sum(start >= first and not any(s <= start <= e for s, e in windows) for start in starts)
     if outside:
         text += (
-            f"; {counted(outside, 'run')} trained outside every invocation, by a cell's own `testbed train` "
-            "command: in the core-hours, not in this wall-clock"
+            f"; {counted(outside, 'run')} trained outside every invocation, by a cell's own `testbed train` command: "
+            "in the core-hours, not in this wall-clock"
         )
     return text

@@ -57,12 +57,12 @@ DEFAULT_HORIZONS = {
 SOLVED = 0.9
 """A task counts as solved at a normalized score of 0.9."""
 TASK_TEXT = {
-    "chain": "Chain: the first action must match a cue shown at the start; the reward for it (+1 or −1) arrives "
-    "only at the last step, after horizon − 1 steps of zero-mean random distractor rewards.",
+    "chain": "Chain: the first action must match a cue shown at the start; the reward for it (+1 or −1) arrives only "
+    "at the last step, after horizon − 1 steps of zero-mean random distractor rewards.",
     "keydoor": "Key-to-door: taking the key at the first step costs a little at once; the door pays +1 at the last "
     "step only if the key was taken; in between, zero-mean random distractor rewards.",
-    "delayed": "Delayed reward: the env's rewards are held back and released as one sum every k steps, or only at "
-    "the episode's end; every episode's return is unchanged.",
+    "delayed": "Delayed reward: the env's rewards are held back and released as one sum every k steps, or only at the "
+    "episode's end; every episode's return is unchanged.",
 }
 
 
@@ -262,14 +262,14 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
                 f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}",
                 (
                     f"Env steps per run: {', '.join(fmt_steps(b) for b in budgets)}; every env step counts, the vine's "
-                    "branch steps included. A run stops after the iteration that reaches the budget, so an agent "
-                    "with long iterations overshoots it: the table gives the steps actually trained"
+                    "branch steps included. A run stops after the iteration that reaches the budget, so an agent with "
+                    "long iterations overshoots it: the table gives the steps actually trained"
                 ),
                 f"Score: {score_name}" + (score_rule if study.axis == "horizon" else ""),
                 f"Solved: {solved_rule}. Steps to solve: the median over the seeds that solved it.",
                 (
-                    "A run's score is its final evaluation (deterministic policy, fixed evaluation seeds). "
-                    "CIs are 95% percentile bootstraps over seeds."
+                    "A run's score is its final evaluation (deterministic policy, fixed evaluation seeds). CIs are 95% "
+                    "percentile bootstraps over seeds."
                 ),
                 *(f"Command: `{c}`" for c in dict.fromkeys(bench.get("commands", []))),
             ]

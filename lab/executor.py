@@ -212,17 +212,16 @@ def connect_ray(address: str | None, workers: int) -> None:
             socket.create_connection((host, int(port)), timeout=5).close()
         except (OSError, ValueError) as error:
             raise BadInput(
-                f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "
-                "or leave --ray-address out for a local instance."
+                f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, or "
+                "leave --ray-address out for a local instance."
             ) from None
         # A driver without a token is refused by a cluster with token authentication, and ray.init then says only
         # "Failed to connect", after 20 s of retries that each log a line: asked first, in one request.
         token_mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
         if not token_mode and not address.startswith("ray://") and wants_token(host, int(port)):
             raise BadInput(
-                f"the Ray cluster at {brief(address, 100)} is up but uses token authentication, and "
-                "this driver sends no token. Fix: set RAY_AUTH_MODE=token and give it "
-                f"{TOKEN_WHERE}"
+                f"the Ray cluster at {brief(address, 100)} is up but uses token authentication, and this driver sends "
+                f"no token. Fix: set RAY_AUTH_MODE=token and give it {TOKEN_WHERE}"
             )
     refused = getattr(getattr(ray, "exceptions", None), "AuthenticationError", ConnectionError)
     try:
@@ -239,14 +238,14 @@ def connect_ray(address: str | None, workers: int) -> None:
                 f"({brief(str(error), 100)}). Fix: give this driver {TOKEN_WHERE}"
             ) from None
         raise BadInput(
-            f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "
-            "or leave --ray-address out for a local instance."
+            f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, or "
+            "leave --ray-address out for a local instance."
         ) from None
 
 
 TOKEN_WHERE = (
-    "the cluster's token in RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token "
-    "(`ray get-auth-token` on the cluster's head prints it)"
+    "the cluster's token in RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (`ray "
+    "get-auth-token` on the cluster's head prints it)"
 )
 
 

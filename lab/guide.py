@@ -320,9 +320,9 @@ def dynamic_sampling(plain: list[Run], dynamic: list[Run], label: str, out_png: 
         "wall time (s)",
     ]
     note = (
-        "The tied fraction counts every group collected, those not used included. An iteration with dynamic "
-        "sampling collects up to 1 + max_resample_rounds rounds of B groups to keep B informative ones; the "
-        "groups it does not use are the tied ones and the informative ones beyond B."
+        "The tied fraction counts every group collected, those not used included. An iteration with dynamic sampling "
+        "collects up to 1 + max_resample_rounds rounds of B groups to keep B informative ones; the groups it does not "
+        "use are the tied ones and the informative ones beyond B."
     )
     table = ex.write_table(out_md, f"Dynamic sampling on {label}", header, rows, note)
     return [ex.save_png(fig, out_png), table]
@@ -390,8 +390,8 @@ def cost(groups: dict[str, list[Run]], out_md: Path) -> Path:
         "wall time (s)",
     ]
     note = (
-        "Model memory: the networks' weights and Adam's two moments (`summary.json`). A start state is a reset: "
-        "PPO runs one episode from it, GRPO a group of G. Means over seeds."
+        "Model memory: the networks' weights and Adam's two moments (`summary.json`). A start state is a reset: PPO "
+        "runs one episode from it, GRPO a group of G. Means over seeds."
     )
     return ex.write_table(out_md, "Cost: what each agent holds and spends", header, rows, note)
 
@@ -425,10 +425,10 @@ def how_made(out: Path, b: Budgets, seconds: dict[str, float], small: float, wor
             f"- Command: `testbed docs{' --quick' if b.mode == 'quick' else ''}` ({b.mode} mode), from the "
             "repository's root."
         ),
-        (f"- Training runs: {seeds} (the partly trained policy: seed {SEED}); the small experiments: seed {SEED}."),
+        f"- Training runs: {seeds} (the partly trained policy: seed {SEED}); the small experiments: seed {SEED}.",
         (
-            f"- Machine: {cpu_name()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}, torch {torch.__version__}, one torch thread per run."
+            f"- Machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch "
+            f"{torch.__version__}, one torch thread per run."
         ),
         "- Training time per bench, summed over its runs (s): "
         + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items())
@@ -453,8 +453,8 @@ def make_figures(out: Path, runs_root: Path, quick: bool, workers: int) -> list[
         failed = [o for o in outcomes if o.status != "completed"]
         if failed:
             raise BadInput(
-                f"{len(failed)} run(s) of {bench_dir} did not complete ({failed[0].error}); rerun "
-                "`testbed docs` to resume them"
+                f"{len(failed)} run(s) of {bench_dir} did not complete ({failed[0].error}); rerun `testbed docs` to "
+                "resume them"
             )
         found[name] = find_runs([bench_dir])
         seconds[name] = sum(float(r.summary.get("wall_time_s") or 0.0) for r in found[name])

@@ -188,8 +188,8 @@ def runaway_update(actor: Actor, seed: int, epochs: int, out_png: Path, out_md: 
         for name, h in history.items()
     ]
     note = (
-        f"{len(A)} samples from {cfg.num_groups} groups of {cfg.group_size} CartPole episodes, one update of "
-        f"{epochs} epochs × {cfg.num_minibatches} minibatches, Adam at {cfg.learning_rate}, gradient-norm clip "
+        f"{len(A)} samples from {cfg.num_groups} groups of {cfg.group_size} CartPole episodes, one update of {epochs} "
+        f"epochs × {cfg.num_minibatches} minibatches, Adam at {cfg.learning_rate}, gradient-norm clip "
         f"{cfg.max_grad_norm}, ε = {EPS}, seed {seed}."
     )
     header = [
@@ -268,10 +268,9 @@ def tied_group_update(actor: Actor, seed: int, out_md: Path) -> Path:
     ]
     note = (
         f"{cfg.num_groups} groups × {cfg.group_size} CartPole members, every return "
-        f"{float(groups.group_returns[0, 0]):.4f}; "
-        f"π_θ: a PPO policy after a short run, π_ref: the untrained policy; one update of {cfg.n_epochs} epochs × "
-        f"{cfg.num_minibatches} minibatches, Adam at {cfg.learning_rate}, seed {seed}. KL and entropy: exact, "
-        "averaged over the batch's states (nats)."
+        f"{float(groups.group_returns[0, 0]):.4f}; π_θ: a PPO policy after a short run, π_ref: the untrained policy; "
+        f"one update of {cfg.n_epochs} epochs × {cfg.num_minibatches} minibatches, Adam at {cfg.learning_rate}, seed "
+        f"{seed}. KL and entropy: exact, averaged over the batch's states (nats)."
     )
     return write_table(out_md, "The update a tied group produces", header, rows, note)
 

@@ -107,8 +107,8 @@ def study_args(parser: argparse.ArgumentParser, entry: Entry) -> argparse.Namesp
         except SystemExit:  # argparse exits on a bad command line; the ledger is built inside other commands
             reason = (said.getvalue().strip().splitlines() or ["it does not parse"])[-1]
     raise BadInput(
-        f"{MANIFEST}: entry {entry.name!r}: its command is not a testbed tune command "
-        f"that runs ({reason}); fix the command as `testbed tune --help` describes"
+        f"{MANIFEST}: entry {entry.name!r}: its command is not a testbed tune command that runs ({reason}); fix the "
+        f"command as `testbed tune --help` describes"
     )
 
 
@@ -184,8 +184,8 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
         if len(by_algo) == 1:
             ((algo, (done, planned)),) = by_algo.items()
             lines.append(
-                f"- {env}: only {algo} tuned here ({_millions(planned)} planned, {_millions(done)} so far); "
-                "the other algos' settings come from their preset files, each entry citing its source."
+                f"- {env}: only {algo} tuned here ({_millions(planned)} planned, {_millions(done)} so far); the other "
+                "algos' settings come from their preset files, each entry citing its source."
             )
         elif {"ppo", "grpo"} <= set(by_algo):
             (ppo_done, ppo_planned), (grpo_done, grpo_planned) = by_algo["ppo"], by_algo["grpo"]
@@ -198,7 +198,7 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
                 else f"PPO {_millions(abs(gap))} more"
             )
             lines.append(
-                f"- {env}: planned {verdict} (PPO {_millions(ppo_planned)}, GRPO {_millions(grpo_planned)}); "
-                f"so far PPO {_millions(ppo_done)}, GRPO {_millions(grpo_done)}."
+                f"- {env}: planned {verdict} (PPO {_millions(ppo_planned)}, GRPO {_millions(grpo_planned)}); so far "
+                f"PPO {_millions(ppo_done)}, GRPO {_millions(grpo_done)}."
             )
     return "\n".join(lines) + "\n"

@@ -151,18 +151,18 @@ def _entry(raw: Any, where: str) -> Entry:
         raise BadInput(f"{where}: entry {raw['name']!r} has keep_runs {raw['keep_runs']!r}; give true or false")
     if raw.get("keep_runs") and not (isinstance(raw.get("output"), str) and raw["output"].startswith("runs/")):
         raise BadInput(
-            f"{where}: entry {raw['name']!r} keeps runs but names no `output` under runs/ to keep them "
-            "from; give the folder its command writes, e.g. runs/bench/NAME"
+            f"{where}: entry {raw['name']!r} keeps runs but names no `output` under runs/ to keep them from; give the "
+            "folder its command writes, e.g. runs/bench/NAME"
         )
     if raw.get("keep_runs") and raw.get("fresh"):
         raise BadInput(
-            f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and keeps runs (that "
-            "a rerun reuses); drop one of the two"
+            f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and keeps runs (that a rerun reuses); "
+            "drop one of the two"
         )
     if "stopped" in raw and not (isinstance(raw["stopped"], str) and raw["stopped"].strip()):
         raise BadInput(
-            f"{where}: entry {raw['name']!r} has stopped {raw['stopped']!r}; give the reason it is not to "
-            "be run on, as a text, or drop the key"
+            f"{where}: entry {raw['name']!r} has stopped {raw['stopped']!r}; give the reason it is not to be run on, "
+            "as a text, or drop the key"
         )
     values["tries"] = tuple(_try(t, f"{where}: entry {raw['name']!r}", raw["command"]) for t in raw.get("tries") or [])
     values["produced"] = dict(raw.get("produced") or {})
@@ -174,8 +174,8 @@ def _try(raw: Any, where: str, command: str) -> dict[str, Any]:
     example = "{what: 'Tianshou settings', runs: 2, steps: 1000000, result: '641.9, 614.3'}"
     if not isinstance(raw, dict) or set(raw) - TRY_KEYS or not {"what", "runs", "steps"} <= set(raw):
         raise BadInput(
-            f"{where}: each of `tries` is a mapping with what, runs and steps (and optionally algo, env, "
-            f"result), e.g. {example}; got {raw!r}"
+            f"{where}: each of `tries` is a mapping with what, runs and steps (and optionally algo, env, result), e.g. "
+            f"{example}; got {raw!r}"
         )
     if not all(isinstance(raw[k], int) and not isinstance(raw[k], bool) and raw[k] > 0 for k in ("runs", "steps")):
         raise BadInput(
@@ -183,8 +183,8 @@ def _try(raw: Any, where: str, command: str) -> dict[str, Any]:
         )
     if not command.startswith("testbed tune ") and not {"algo", "env"} <= set(raw):
         raise BadInput(
-            f"{where}: a try listed beside a result that is not a `testbed tune` study names its algo and "
-            f"env; got {raw!r}"
+            f"{where}: a try listed beside a result that is not a `testbed tune` study names its algo and env; got "
+            f"{raw!r}"
         )
     return dict(raw)
 
@@ -198,15 +198,15 @@ def load(root: Path) -> Manifest:
         raw = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
     except UnicodeDecodeError as error:
         raise BadInput(
-            f"{path} is not UTF-8 text (byte {error.start}); restore it from git (`git checkout -- "
-            f"{MANIFEST}`) or save it as UTF-8"
+            f"{path} is not UTF-8 text (byte {error.start}); restore it from git (`git checkout -- {MANIFEST}`) or "
+            f"save it as UTF-8"
         ) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise BadInput(
-            f"{path} is not valid YAML{where} ({getattr(error, 'problem', None) or 'unreadable'}); "
-            "quote a text that holds ': ' or ' #'"
+            f"{path} is not valid YAML{where} ({getattr(error, 'problem', None) or 'unreadable'}); quote a text that "
+            "holds ': ' or ' #'"
         ) from None
     if (
         not isinstance(raw, dict)
@@ -317,8 +317,8 @@ def select(manifest: Manifest, names: Sequence[str], every: bool, cheap: bool) -
     named is refused."""
     if bool(names) + every + cheap != 1:
         raise BadInput(
-            "name the results to rerun, or give --all or --cheap (one of the three); "
-            "`testbed results list` shows the names"
+            "name the results to rerun, or give --all or --cheap (one of the three); `testbed results list` shows the "
+            "names"
         )
     if every or cheap:
         return [e for e in manifest.entries if e.stopped is None and (every or e.cost == "cheap")]
@@ -327,8 +327,8 @@ def select(manifest: Manifest, names: Sequence[str], every: bool, cheap: bool) -
         if entry.stopped is not None:
             reason = entry.stopped.strip().rstrip(".")
             raise BadInput(
-                f"{entry.name} is stopped in {MANIFEST} ({reason}). Its command would go on from there, "
-                "so it is not run; to run it on all the same, delete its `stopped` key"
+                f"{entry.name} is stopped in {MANIFEST} ({reason}). Its command would go on from there, so it is not "
+                "run; to run it on all the same, delete its `stopped` key"
             )
     return chosen
 
@@ -443,8 +443,8 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
             and not (root / other.output).is_dir()
         ):
             raise BadInput(
-                f"{entry.name} reads {other.output}, which this checkout lacks; make it first: "
-                f"`testbed results run {other.name} {entry.name}`"
+                f"{entry.name} reads {other.output}, which this checkout lacks; make it first: `testbed results run "
+                f"{other.name} {entry.name}`"
             )
     if entry.fresh and entry.output is not None:
         shutil.rmtree(root / entry.output, ignore_errors=True)
@@ -473,9 +473,8 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
     if code != 0:
         kept = f"; the runs that ended are kept in {entry.folder}" if entry.keep_runs else ""
         raise BadInput(
-            f"{entry.name}: `{entry.command}` exited with status {code} after {wall:.0f} s; its "
-            f"report and the manifest are unchanged{kept}. Fix the cause and rerun: finished runs "
-            "are reused"
+            f"{entry.name}: `{entry.command}` exited with status {code} after {wall:.0f} s; its report and the "
+            f"manifest are unchanged{kept}. Fix the cause and rerun: finished runs are reused"
         )
     _keep(root, entry)
     if entry.last_line is not None:

@@ -114,8 +114,8 @@ def left_out_pairs(
         return []
     return [
         Para(
-            "Left-out algos against each compared algo, on the envs both completed (the same statistics over "
-            "fewer envs; each algo's runs per env are its smallest seed count there, lowest seeds first):"
+            "Left-out algos against each compared algo, on the envs both completed (the same statistics over fewer "
+            "envs; each algo's runs per env are its smallest seed count there, lowest seeds first):"
         ),
         Table(["X", "Y", "envs", "runs per env (X, Y)", "IQM of X", "IQM of Y", "P(X > Y)"], rows),
         Bullets([f"{x} and {y}: {', '.join(e)}" for (x, y), e in envs.items()]),
@@ -135,8 +135,8 @@ def across_envs(
     blocks: list[Block] = [
         Heading(2, "Normalized scores across envs"),
         Para(
-            "Normalized score = (score − random) / (target − random), per completed run, with the reference scores "
-            "of `lab/reference_scores.yaml` (0 = uniformly random actions, 1 = target). Statistics follow rliable "
+            "Normalized score = (score − random) / (target − random), per completed run, with the reference scores of "
+            "`lab/reference_scores.yaml` (0 = uniformly random actions, 1 = target). Statistics follow rliable "
             f"(Agarwal et al. 2021): 95% stratified bootstrap CIs ({stats.REPS} resamples, runs resampled within each "
             "env, fixed resampling seed) of the IQM over every (env, seed) run, of the median and mean over envs of "
             "each env's mean score, and of the optimality gap, 1 − mean(min(score, 1)): lower is better."
@@ -167,8 +167,8 @@ def across_envs(
                     else ""
                 )
                 + "".join(
-                    f" {a} left out: it completed {counted(n, 'env')} with reference scores, "
-                    "too few to share with the others."
+                    f" {a} left out: it completed {counted(n, 'env')} with reference scores, too few to share with the "
+                    "others."
                     for a, n in matrices.left_out.items()
                 )
             )
@@ -212,8 +212,8 @@ def across_envs(
         if improvements:
             blocks.append(
                 Para(
-                    "Probability of improvement P(X > Y): the chance that a run of X scores above a run of Y "
-                    "on the same env (Mann-Whitney, ties count half), averaged over envs; 0.5 is a tie."
+                    "Probability of improvement P(X > Y): the chance that a run of X scores above a run of Y on the "
+                    "same env (Mann-Whitney, ties count half), averaged over envs; 0.5 is a tie."
                 )
             )
             blocks.append(
@@ -225,8 +225,8 @@ def across_envs(
             if len(matrices.envs) > 1:
                 blocks.append(
                     Para(
-                        "By env: the same probability on each env alone, its 95% CI from the runs of X "
-                        "and of Y resampled within that env; P(X > Y) above is the mean of these."
+                        "By env: the same probability on each env alone, its 95% CI from the runs of X and of Y "
+                        "resampled within that env; P(X > Y) above is the mean of these."
                     )
                 )
                 blocks.append(
@@ -259,8 +259,8 @@ def across_envs(
                     title="Performance profiles",
                 ),
                 "Performance profiles of normalized scores",
-                "Performance profiles: the fraction of runs whose normalized final score exceeds τ, per algo; "
-                f"band: {ci}; runs: {_runs_text(matrices.scores)}.",
+                f"Performance profiles: the fraction of runs whose normalized final score exceeds τ, per algo; band: "
+                f"{ci}; runs: {_runs_text(matrices.scores)}.",
             )
         )
         compared = [r for r in runs if r.algo in matrices.scores]
@@ -281,10 +281,9 @@ def across_envs(
                         title="Sample efficiency",
                     ),
                     "Sample efficiency: IQM normalized evaluation return against env steps",
-                    "Sample efficiency: the IQM over runs and envs of the normalized evaluation return at each "
-                    f"env step; band: {ci}. The axis runs to the longest run's last step; each algo's line "
-                    f"covers the steps all of its runs reached, ending at {ends} steps; "
-                    f"runs: {_runs_text(curves)}.",
+                    f"Sample efficiency: the IQM over runs and envs of the normalized evaluation return at each env "
+                    f"step; band: {ci}. The axis runs to the longest run's last step; each algo's line covers the "
+                    f"steps all of its runs reached, ending at {ends} steps; runs: {_runs_text(curves)}.",
                 )
             )
     if missing:

@@ -43,8 +43,8 @@ CHECKS = (
     ("mujoco-v5-ppo-sb3", "Both PPOs on seeds {seeds}"),
     (
         "ppo-sb3-reward-scale-v5",
-        "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one "
-        "hyperparameter in which the pair's runs differ), seeds {seeds}",
+        "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one hyperparameter in which the pair's runs "
+        "differ), seeds {seeds}",
     ),
 )
 TRAILS = (("grpo", "ppo"), REFERENCE)  # the summary says on which tasks the first of each pair trails the second
@@ -55,11 +55,10 @@ def index_page(manifest: Manifest) -> str:
     lines = [
         "# Results",
         "",
-        "Every result the project commits, generated from `benchmarks/manifest.yaml` and the files each "
-        "entry keeps. `testbed results run NAME` reruns one (finished runs are reused), "
-        "`testbed results run --cheap` the cheap ones, `testbed results pages` rebuilds these pages and "
-        "the README's tables. Final results use seeds that tuning and sweeps never saw; what each algo spent on "
-        f"tuning, per env, is in [the tuning ledger]({LEDGER}).",
+        "Every result the project commits, generated from `benchmarks/manifest.yaml` and the files each entry keeps. "
+        "`testbed results run NAME` reruns one (finished runs are reused), `testbed results run --cheap` the cheap "
+        "ones, `testbed results pages` rebuilds these pages and the README's tables. Final results use seeds that "
+        f"tuning and sweeps never saw; what each algo spent on tuning, per env, is in [the tuning ledger]({LEDGER}).",
         "",
     ]
     groups = (
@@ -97,9 +96,9 @@ def clone_line(root: Path, manifest: Manifest) -> str:
     sizes = json.loads(path.read_text())
     mb = {k: (sizes[k]["git_bytes"] + sizes[k]["tree_bytes"]) / 1e6 for k in ("full", "shallow")}
     return (
-        f"A clone takes {mb['full']:,.0f} MB on disk with its history; `git clone --depth 1` takes the last "
-        f"commit alone, {mb['shallow']:,.0f} MB (commit {sizes['commit']}, {entry.produced.get('date', 'not dated')}; "
-        f"[what a clone weighs](docs/results/{CLONE}.md))."
+        f"A clone takes {mb['full']:,.0f} MB on disk with its history; `git clone --depth 1` takes the last commit "
+        f"alone, {mb['shallow']:,.0f} MB (commit {sizes['commit']}, {entry.produced.get('date', 'not dated')}; [what a "
+        f"clone weighs](docs/results/{CLONE}.md))."
     )
 
 
@@ -111,10 +110,9 @@ def headline_table(root: Path, manifest: Manifest) -> str:
     caveat = "" if manifest.current(entry) else f" **From older code (commit {p.get('commit')}).**"
     lines += [
         "",
-        f"Final evaluation return, mean over seeds {entry.seeds} [95% bootstrap CI], each algo at its "
-        f"preset's budget; `{entry.command}` on {p.get('machine', 'an unrecorded machine')}, "
-        f"{p.get('date', 'undated')}, commit {p.get('commit', 'not recorded')}.{caveat} "
-        f"[Every result](docs/results/index.md).",
+        f"Final evaluation return, mean over seeds {entry.seeds} [95% bootstrap CI], each algo at its preset's budget; "
+        f"`{entry.command}` on {p.get('machine', 'an unrecorded machine')}, {p.get('date', 'undated')}, commit "
+        f"{p.get('commit', 'not recorded')}.{caveat} [Every result](docs/results/index.md).",
     ]
     return "\n".join(lines)
 
@@ -159,8 +157,8 @@ def scale_table(root: Path, manifest: Manifest) -> str:
     if not envs or not all(x in scores and y in scores for scores in iqm):
         names = " ".join(entry.name for entry in entries)
         raise BadInput(
-            f"{entries[0].folder}/report.md and {entries[1].folder}/report.md need the IQM table and "
-            f"P({x} > {y}) by env; rebuild them with `testbed results run {names}`"
+            f"{entries[0].folder}/report.md and {entries[1].folder}/report.md need the IQM table and P({x} > {y}) by "
+            f"env; rebuild them with `testbed results run {names}`"
         )
 
     def mean(k: int, env: str, algo: str) -> str:
@@ -182,8 +180,8 @@ def scale_table(root: Path, manifest: Manifest) -> str:
         table_text(["task", "ours", "ours at SB3's scale", "SB3's"], table) + "\n\n"
         f"Mean final return over seeds {entries[1].seeds} and P({x} > {y}) on each task [95% CI]"
         + ("; IQM across the tasks [95% CI]." if done else f". In progress: {len(envs)} tasks so far.")
-        + f" [Ours and SB3's](results/{entries[0].name}.md), [ours at SB3's scale]"
-        f"(results/{entries[1].name}.md), {made.get('date', 'undated')}."
+        + f" [Ours and SB3's](results/{entries[0].name}.md), [ours at SB3's scale](results/{entries[1].name}.md), "
+        f"{made.get('date', 'undated')}."
     )
 
 
@@ -214,8 +212,8 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
     comparison = iqm_and_improvement(report)
     if not met or comparison is None:
         raise BadInput(
-            f"{entry.folder}/report.md lacks the figures met, the IQM table or P({' > '.join(REFERENCE)}); "
-            f"rebuild it with `testbed results run {SUITE}`"
+            f"{entry.folder}/report.md lacks the figures met, the IQM table or P({' > '.join(REFERENCE)}); rebuild it "
+            f"with `testbed results run {SUITE}`"
         )
     # The figures missed are named where they are few; the report lists them all.
     figures = ", ".join(
@@ -225,9 +223,8 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
     scores, better = comparison
     text = (
         f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
-        f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's "
-        f"protocol: {figures}. IQM normalized score across the envs [95% CI]: {scores}; {better}. "
-        f"Mean final return by task: "
+        f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's protocol: "
+        f"{figures}. IQM normalized score across the envs [95% CI]: {scores}; {better}. Mean final return by task: "
         f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}."
     )
     for name, label in CHECKS:
@@ -237,8 +234,8 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
         more = iqm_and_improvement((root / check.folder / "report.md").read_text())
         if more is None:
             raise BadInput(
-                f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it "
-                f"with `testbed results run {name}`"
+                f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it with `testbed "
+                f"results run {name}`"
             )
         text += (
             f" {label.format(seeds=check.seeds)} ([results](docs/results/{name}.md), "
@@ -263,9 +260,8 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
             else f"Not timed yet: `testbed results run quick` times it ({BUSY})."
         ),
         "first-screen-tests": (
-            f"With `.ci/run` (a fresh virtual environment, the install, a dozen kill points of the "
-            f"fault probe, then the tests), {tests_text} on {tp['machine']} "
-            f"({tp['date']}); {BUSY}."
+            f"With `.ci/run` (a fresh virtual environment, the install, a dozen kill points of the fault probe, then "
+            f"the tests), {tests_text} on {tp['machine']} ({tp['date']}); {BUSY}."
             if counted
             else f"Not timed yet: `testbed results run tests` times it ({BUSY})."
         ),
@@ -328,8 +324,8 @@ def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
         p = entry.produced
         caveat = ", **older code**" if manifest.older(entry) else ""
         sources.append(
-            f"[{entry.name}](results/{entry.name}.md): `{entry.command}`, seeds {entry.seeds}, "
-            f"commit {p.get('commit', 'not recorded')}{caveat}"
+            f"[{entry.name}](results/{entry.name}.md): `{entry.command}`, seeds {entry.seeds}, commit "
+            f"{p.get('commit', 'not recorded')}{caveat}"
         )
     return (
         f"{table_text(['algo', *variants], table)}\n\nFinal evaluation return, the mean over seeds (their number in "
@@ -395,8 +391,8 @@ def guide_blocks(root: Path, manifest: Manifest, text: str) -> dict[str, str]:
             source = root / FIGURES / figure.group(1)
             if not source.exists():
                 raise BadInput(
-                    f"{GUIDE}: the block {name!r} names {source.relative_to(root)}, which `testbed docs` "
-                    "did not write; name one of docs/figures/*.md"
+                    f"{GUIDE}: the block {name!r} names {source.relative_to(root)}, which `testbed docs` did not "
+                    "write; name one of docs/figures/*.md"
                 )
             tables = figure_tables(source.read_text())
             k = int(figure.group(2) or 0)
@@ -409,8 +405,8 @@ def guide_blocks(root: Path, manifest: Manifest, text: str) -> dict[str, str]:
             blocks[name] = audit_table(root, manifest, *name.split()[1:])
         else:
             raise BadInput(
-                f"{GUIDE}: unknown generated block {name!r}; use `figures/NAME.md [table K]`, "
-                "`credit STUDY …` or `audit STUDY SCORE CHECKPOINT`"
+                f"{GUIDE}: unknown generated block {name!r}; use `figures/NAME.md [table K]`, `credit STUDY …` or "
+                "`audit STUDY SCORE CHECKPOINT`"
             )
     return blocks
 

@@ -54,8 +54,8 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 TRUST_HELP = (
-    "import the module of a run's env id MODULE:ENV_ID, which runs its code; without it such a run is "
-    "refused, as a shared run folder is data"
+    "import the module of a run's env id MODULE:ENV_ID, which runs its code; without it such a run is refused, as a "
+    "shared run folder is data"
 )
 
 
@@ -85,8 +85,8 @@ def execution_options(what: str, workers_default: int | None, workers_help: str)
         type=count,
         default=DEFAULT_STACK,
         metavar="N",
-        help="the most seeds of one (algo, env) trained side by side in one process (default: "
-        "%(default)s, the fastest measured; 1: one process per seed)",
+        help="the most seeds of one (algo, env) trained side by side in one process (default: %(default)s, the fastest "
+        "measured; 1: one process per seed)",
     )
     options.add_argument("--backend", choices=["local", "ray"], default="local", help=f"where the {what} execute")
     options.add_argument(
@@ -110,8 +110,8 @@ def grid_options(seeds_default: int | None, seeds_help: str) -> argparse.Argumen
         "--budget-seconds",
         type=float,
         default=None,
-        help="also end each run once its wall time "
-        "reaches this (config key budget_seconds); compare algos at equal time",
+        help="also end each run once its wall time reaches this (config key budget_seconds); compare algos at equal "
+        "time",
     )
     options.add_argument(
         "--set",
@@ -170,15 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds",
         default=None,
         metavar="N|S1,S2,…",
-        help=f"train several seeds side by side in one process: a count, from --seed on, or a list, "
-        f"of at most {MAX_SEEDS}; each seed writes an ordinary run directory, "
-        "RUN_DIR/seed<k>",
+        help=f"train several seeds side by side in one process: a count, from --seed on, or a list, of at most "
+        f"{MAX_SEEDS}; each seed writes an ordinary run directory, RUN_DIR/seed<k>",
     )
     train.add_argument(
         "--run-dir",
         default=None,
-        help="output directory (default: runs/ALGO/ENV/seedN-TIME); "
-        "with --seeds, the folder holding seed<k>/ (default: runs/ALGO/ENV/seedsN-M-TIME)",
+        help="output directory (default: runs/ALGO/ENV/seedN-TIME); with --seeds, the folder holding seed<k>/ "
+        "(default: runs/ALGO/ENV/seedsN-M-TIME)",
     )
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     train.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="network device (default cpu)")
@@ -195,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="KEY:VALUE",
-        help="env keyword arguments for this evaluation, on top of the run's (config key "
-        "eval_env_kwargs), e.g. contact_cost_weight:0 to score without a reward term",
+        help="env keyword arguments for this evaluation, on top of the run's (config key eval_env_kwargs), e.g. "
+        "contact_cost_weight:0 to score without a reward term",
     )
     evaluate.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
 
@@ -222,9 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="BENCH_DIR",
-        help="first copy in the completed runs of another bench that this one asks for, with the same "
-        "settings (e.g. PPO's runs, beside GRPO's at PPO's wall time); give it again to reuse "
-        "from several benches, the first that holds a run giving it",
+        help="first copy in the completed runs of another bench that this one asks for, with the same settings (e.g. "
+        "PPO's runs, beside GRPO's at PPO's wall time); give it again to reuse from several benches, the first that "
+        "holds a run giving it",
     )
 
     study = sub.add_parser(
@@ -244,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="H",
-        help="episode lengths of chain/keydoor (default 10 30 100 300 1000); reward delays k of "
-        "delayed:ENV_ID, integers or end (default 1 20 100 end)",
+        help="episode lengths of chain/keydoor (default 10 30 100 300 1000); reward delays k of delayed:ENV_ID, "
+        "integers or end (default 1 20 100 end)",
     )
     study.add_argument("--algos", nargs="+", default=["ppo", "grpo", "grpo-vine"], help=f"of: {algos}")
     study.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE", help="more env keyword arguments")
@@ -270,8 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=count,
         default=0,
         metavar="K_MAX",
-        help="add K rollouts of each kind at a time while the truth's noise share (mean SE² / Var[A]) "
-        "exceeds a quarter, up to K_MAX per sample; 0: K only",
+        help="add K rollouts of each kind at a time while the truth's noise share (mean SE² / Var[A]) exceeds a "
+        "quarter, up to K_MAX per sample; 0: K only",
     )
     auditor.add_argument("--groups", type=count, default=4, help="B: start states of the trajectories sampled from")
     auditor.add_argument(
@@ -315,8 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--total-steps",
         type=count,
         default=None,
-        help="env steps per seed of a trial (default: the preset's); PPO rounds it up to a multiple of "
-        "every n_steps·n_envs the space allows, so that every trial trains the same",
+        help="env steps per seed of a trial (default: the preset's); PPO rounds it up to a multiple of every "
+        "n_steps·n_envs the space allows, so that every trial trains the same",
     )
     tuner.add_argument(
         "--seeds",
@@ -386,14 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--metric",
         choices=["eval", "train", "both"],
         default="both",
-        help="eval: the deterministic evaluations (every eval_interval steps); train: the return of "
-        "the episodes that ended in each iteration; both: side by side",
+        help="eval: the deterministic evaluations (every eval_interval steps); train: the return of the episodes that "
+        "ended in each iteration; both: side by side",
     )
     plot.add_argument(
         "--out",
         default=None,
-        help="image file (PNG; an SVG is written beside it). Default, for one "
-        "path: PATH/plots/curves-X.png (curves-METRIC-X.png for one metric); several paths need --out",
+        help="image file (PNG; an SVG is written beside it). Default, for one path: PATH/plots/curves-X.png "
+        "(curves-METRIC-X.png for one metric); several paths need --out",
     )
 
     report = sub.add_parser(
@@ -404,9 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--against",
         default=None,
         metavar="RESULT",
-        help="set the bench beside a committed result (a name of `testbed results list`, or a folder "
-        "of runs) on the envs both hold, in BENCH_DIR/against-RESULT/: the same report, the "
-        "result's algos named ALGO@RESULT; refused where budgets or evaluation differ",
+        help="set the bench beside a committed result (a name of `testbed results list`, or a folder of runs) on the "
+        "envs both hold, in BENCH_DIR/against-RESULT/: the same report, the result's algos named ALGO@RESULT; refused "
+        "where budgets or evaluation differ",
     )
 
     results = sub.add_parser(
@@ -417,13 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument(
         "action",
         choices=["list", "run", "save", "restore", "pages"],
-        help="list: every result "
-        "with its command and provenance; run: rerun results (resumable), keep their files, rebuild "
-        "the pages; save: keep the runs of a result that have ended so far in its folder, to commit "
-        "them while the rest still run; restore: copy the kept runs back under runs/ (run does it "
-        "first), to go on with part of a result by hand; pages: rebuild docs/results/ and the "
-        "README's tables from the committed "
-        "files",
+        help="list: every result with its command and provenance; run: rerun results (resumable), keep their files, "
+        "rebuild the pages; save: keep the runs of a result that have ended so far in its folder, to commit them while "
+        "the rest still run; restore: copy the kept runs back under runs/ (run does it first), to go on with part of a "
+        "result by hand; pages: rebuild docs/results/ and the README's tables from the committed files",
     )
     results.add_argument("names", nargs="*", help="results to rerun, save or restore (see `testbed results list`)")
     results.add_argument("--all", action="store_true", help="rerun every result (long: hours to days on 2 cores)")

@@ -135,15 +135,15 @@ def plan_train(args: argparse.Namespace) -> TrainPlan:
         check_folder(Path(args.run_dir), "--run-dir")
     if args.resume and not Path(args.run_dir).exists():
         raise BadInput(
-            f"--run-dir {plain(args.run_dir)} does not exist, so there is no run to resume; check the "
-            "path (ls runs/), or drop --resume to start a new run there"
+            f"--run-dir {plain(args.run_dir)} does not exist, so there is no run to resume; check the path (ls runs/), "
+            "or drop --resume to start a new run there"
         )
     seeds = parse_seeds(args.seeds, args.seed) if args.seeds is not None else None
     if seeds is not None and algo.train_stack is None:
         stackable = ", ".join(name for name, a in registry.algos().items() if a.train_stack is not None)
         raise BadInput(
-            f"--seeds trains seeds side by side, which {args.algo} does not support yet (only {stackable}). "
-            f"Train one seed per process with --seed, or use `testbed bench`."
+            f"--seeds trains seeds side by side, which {args.algo} does not support yet (only {stackable}). Train one "
+            f"seed per process with --seed, or use `testbed bench`."
         )
 
     if seeds is None:
@@ -179,8 +179,8 @@ def check_path(value: str, option: str) -> None:
     """BadInput for a path option that is empty or holds control characters (a newline, say)."""
     if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise BadInput(
-            f"{option} {brief(value, 80)} is not a usable path: give a non-empty path without control "
-            "characters (newlines, tabs)"
+            f"{option} {brief(value, 80)} is not a usable path: give a non-empty path without control characters "
+            "(newlines, tabs)"
         )
 
 
@@ -195,19 +195,19 @@ def check_folder(path: Path, option: str) -> None:
             linked = part.is_symlink()
             if error.errno == errno.ELOOP and linked:
                 raise BadInput(
-                    f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a loop of symbolic links "
-                    "that never reaches a folder; remove the link or choose another folder"
+                    f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a loop of symbolic links that never "
+                    "reaches a folder; remove the link or choose another folder"
                 ) from None
             if error.errno == errno.ENOENT and linked:
                 raise BadInput(
                     f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a symbolic link to "
-                    f"{brief(os.readlink(part), 80)}, which does not exist; make that folder, remove the "
-                    "link or choose another folder"
+                    f"{brief(os.readlink(part), 80)}, which does not exist; make that folder, remove the link or "
+                    "choose another folder"
                 ) from None
             continue  # absent (or below a link or file found higher up): look above it
         raise BadInput(
-            f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a file where a folder is wanted; "
-            "choose another path, or move the file away"
+            f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a file where a folder is wanted; choose "
+            "another path, or move the file away"
         )
 
 
@@ -225,8 +225,8 @@ def check_run_folder(run_dir: Path) -> None:
         return
     if not run_dir.exists():
         raise BadInput(
-            f"{plain(str(run_dir))} does not exist; give a run folder, such as one listed by "
-            "ls runs/*/*/ (runs/ALGO/ENV/seedN-TIME)"
+            f"{plain(str(run_dir))} does not exist; give a run folder, such as one listed by ls runs/*/*/ "
+            "(runs/ALGO/ENV/seedN-TIME)"
         )
     runs = sorted(
         {str(path.parent) for depth in range(1, 5) for path in run_dir.glob("/".join(["*"] * depth + ["config.yaml"]))}
@@ -234,8 +234,8 @@ def check_run_folder(run_dir: Path) -> None:
     if runs:
         few = ", ".join(plain(r, 240) for r in runs[:3])
         raise BadInput(
-            f"{plain(str(run_dir))} holds {len(runs)} runs (a bench's or a study's folder), not one "
-            f"run; pick one, e.g. {few}"
+            f"{plain(str(run_dir))} holds {len(runs)} runs (a bench's or a study's folder), not one run; pick one, "
+            f"e.g. {few}"
         )
 
 
@@ -246,8 +246,8 @@ def stack_template(parent: Path, seeds: list[int]) -> dict[str, Any]:
         if (parent / f"seed{seed}" / "config.yaml").exists():
             return rundir.read_config(parent / f"seed{seed}")
     raise BadInput(
-        f"--resume: no seed under {parent} has started (none holds a config.yaml), so there is nothing "
-        "to continue. Run the same command without --resume."
+        f"--resume: no seed under {parent} has started (none holds a config.yaml), so there is nothing to continue. "
+        "Run the same command without --resume."
     )
 
 
@@ -265,15 +265,15 @@ def parse_seeds(spec: str, first: int | None) -> list[int]:
             seeds = [int(part) for part in spec.split(",")]
     except ValueError:
         raise BadInput(
-            f"--seeds takes a count from 1 to {MAX_STACK} (5) or a list (0,1,2), got {brief(spec, 80)}; "
-            "one seed is --seed K"
+            f"--seeds takes a count from 1 to {MAX_STACK} (5) or a list (0,1,2), got {brief(spec, 80)}; one seed is "
+            "--seed K"
         ) from None
     if len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
         raise BadInput(f"--seeds must be distinct seeds in [0, 2**32 - 1], got {brief(spec, 80)}")
     if len(seeds) > MAX_STACK:
         raise BadInput(
-            f"--seeds lists {len(seeds)} seeds; one process trains at most {MAX_STACK}. Spread more over "
-            "processes with `testbed bench --seeds N --stack K`."
+            f"--seeds lists {len(seeds)} seeds; one process trains at most {MAX_STACK}. Spread more over processes "
+            "with `testbed bench --seeds N --stack K`."
         )
     return seeds
 
@@ -302,9 +302,8 @@ def plan_run(
     if saved.get("algo") != args.algo or saved.get("env_id") != args.env:
         had_algo, had_env = plain(saved.get("algo")), plain(saved.get("env_id"))
         raise BadInput(
-            f"{run_dir} holds a run of another algo or env: {had_algo} on {had_env}, not {args.algo} "
-            f"on {args.env}; resume it with --algo {had_algo} --env {had_env}, or give another "
-            "--run-dir"
+            f"{run_dir} holds a run of another algo or env: {had_algo} on {had_env}, not {args.algo} on {args.env}; "
+            f"resume it with --algo {had_algo} --env {had_env}, or give another --run-dir"
         )
     saved = {k: v for k, v in saved.items() if k != "algo"}
     cfg = build_config(algo.config, {**saved, **overrides})

@@ -258,8 +258,8 @@ def default_out(paths: Sequence[Path], x: XAxis, metric: str) -> Path:
     folders belongs to none of them: it needs ``out``."""
     if len(paths) != 1:
         raise BadInput(
-            f"{len(paths)} paths make one figure that belongs to none of them: say where it goes with "
-            "--out FILE, e.g. --out plots/compare.png (one path writes into PATH/plots/)."
+            f"{len(paths)} paths make one figure that belongs to none of them: say where it goes with --out FILE, e.g. "
+            "--out plots/compare.png (one path writes into PATH/plots/)."
         )
     return Path(paths[0]) / "plots" / (f"curves-{x}.png" if metric == "both" else f"curves-{metric}-{x}.png")
 

@@ -153,9 +153,9 @@ def published_section(runs: Sequence[Run], figures: dict[str, tuple[Published, .
             "(`lab/published.yaml`, cited by the presets), and every algo of this bench scored the way each figure's "
             "source scored its runs: by the final return (the mean over seeds of each run's final evaluation, 95% "
             "bootstrap CI) or by the best point of the mean-over-seeds evaluation curve, on the steps every run "
-            "reached. Only completed runs count. The figures are for older env versions than v5, with their own "
-            "seeds and evaluation: a guide, not a controlled comparison; with fewer seeds than a source's, a best "
-            "point is more optimistic still."
+            "reached. Only completed runs count. The figures are for older env versions than v5, with their own seeds "
+            "and evaluation: a guide, not a controlled comparison; with fewer seeds than a source's, a best point is "
+            "more optimistic still."
         ),
         Table(["env", "published", "measure; source", *algos], rows),
         Para(f"{summary}." if summary else "No algo has a completed run on these envs yet."),

@@ -237,17 +237,16 @@ def _what_was_run(runs: Sequence[Run], bench_dir: Path | None) -> list[Block]:
         *([wall] if bench_dir is not None and (wall := wall_clock_text(bench_dir, runs)) else []),
         *([machine] if (machine := machine_text(runs)) else []),
         (
-            f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. "
-            "A run's score is its final evaluation."
+            f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. A run's score is its final "
+            "evaluation."
         ),
         (
-            "CI: 95% percentile bootstrap over seeds (2000 resamples, fixed resampling seed). "
-            "IQM: interquartile mean over seeds (mean of the middle 50%)."
+            "CI: 95% percentile bootstrap over seeds (2000 resamples, fixed resampling seed). IQM: interquartile mean "
+            "over seeds (mean of the middle 50%)."
         ),
         (
-            "Threshold: gymnasium's spec `reward_threshold`; a seed reaches it at its first evaluation whose "
-            "mean return is at least the threshold. Steps and core time to it are medians over the seeds "
-            "that reached it."
+            "Threshold: gymnasium's spec `reward_threshold`; a seed reaches it at its first evaluation whose mean "
+            "return is at least the threshold. Steps and core time to it are medians over the seeds that reached it."
         ),
     ]
     return [
@@ -316,8 +315,8 @@ def build_report(
         if same_time is not None:
             blocks.append(
                 Para(
-                    f"Equal core time: {fmt_seconds(same_time[0])}, the median run time of {same_time[1]}, "
-                    "whose runs ended soonest; each completed run's last evaluation by then."
+                    f"Equal core time: {fmt_seconds(same_time[0])}, the median run time of {same_time[1]}, whose runs "
+                    "ended soonest; each completed run's last evaluation by then."
                 )
             )
         counts = ", ".join(f"{a} {sum(r.algo == a for r in env_runs)}" for a in sorted({r.algo for r in env_runs}))

@@ -111,8 +111,8 @@ def scores_section(root: Path, entry: Entry) -> list[str]:
         score_table(rows),
         "",
         (
-            "The final evaluation return of each completed run (`summary.csv`): mean over seeds [95% bootstrap CI "
-            "over seeds]. How each run was scored, and the rest of the report, follow."
+            "The final evaluation return of each completed run (`summary.csv`): mean over seeds [95% bootstrap CI over "
+            "seeds]. How each run was scored, and the rest of the report, follow."
         ),
         "",
     ]
@@ -147,8 +147,8 @@ def _compute(root: Path, entry: Entry, report: str) -> list[tuple[str, str]]:
                 (
                     "runs' wall time",
                     (
-                        f"{sum(times) / 3600:.3g} h, the sum over its {len(times)} runs "
-                        "(seeds trained side by side in one process each count the whole process)"
+                        f"{sum(times) / 3600:.3g} h, the sum over its {len(times)} runs (seeds trained side by side in "
+                        "one process each count the whole process)"
                     ),
                 )
             )

@@ -28,8 +28,8 @@ from agents.rundir import read_summary
 from envs.errors import BadInput
 
 RUN_DIR_CONTENTS = (
-    "a run directory holds config.yaml (with keys algo and env_id), and, once it has started, progress.csv "
-    "and, once it has ended, summary.json"
+    "a run directory holds config.yaml (with keys algo and env_id), and, once it has started, progress.csv and, once "
+    "it has ended, summary.json"
 )
 EVAL_COLUMN = "eval/return_mean"
 KEPT_PROGRESS = "progress.csv.gz"

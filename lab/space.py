@@ -108,8 +108,8 @@ def parse_space(text: str, source: str) -> dict[str, Param]:
             or set(entry) - {"low", "high", "log", "int"}
         ):
             raise BadInput(
-                f"{where} must be a list of choices or a mapping with low and high (and optionally log, int); "
-                f"got {entry!r}"
+                f"{where} must be a list of choices or a mapping with low and high (and optionally log, int); got "
+                f"{entry!r}"
             )
         low, high, log, integer = (
             entry["low"],
@@ -121,8 +121,8 @@ def parse_space(text: str, source: str) -> dict[str, Param]:
             raise BadInput(f"{where}: low and high must be finite numbers; got {low!r} and {high!r}")
         if not low < high:
             raise BadInput(
-                f"{where}: the range is empty, low ({low}) must be below high ({high}); for one value, "
-                f"fix it with --set {name}={low} instead"
+                f"{where}: the range is empty, low ({low}) must be below high ({high}); for one value, fix it with "
+                f"--set {name}={low} instead"
             )
         if log and low <= 0:
             raise BadInput(f"{where}: a log range needs low > 0; got {low}")
@@ -147,8 +147,8 @@ def with_ranges(text: str, varies: list[str] | tuple[str, ...], source: str) -> 
         key, sep, value = (part.strip() for part in pair.partition("="))
         if not sep or not key or not value:
             raise BadInput(
-                f"--vary {pair!r}: give KEY=RANGE, RANGE a YAML list of choices or {{low: …, high: …}}, "
-                "e.g. --vary 'reward_offset=[0.0, 5.0]'"
+                f"--vary {pair!r}: give KEY=RANGE, RANGE a YAML list of choices or {{low: …, high: …}}, e.g. --vary "
+                "'reward_offset=[0.0, 5.0]'"
             )
         entry = load_yaml(value, f"--vary {key}")
         parse_space(yaml.safe_dump({key: entry}), "--vary")  # BadInput naming the flag, not the file
@@ -255,15 +255,15 @@ def iteration_sizes(
     for param in shaping:
         if param.choices is None:
             raise BadInput(
-                f"{source}: {param.name} changes n_steps · n_envs, the env steps of one iteration, and is a "
-                "range, so trials could not train equal budgets; give it as a list of choices, e.g. "
-                f"{param.name}: [{int(param.low)}, {int(param.high)}]"
+                f"{source}: {param.name} changes n_steps · n_envs, the env steps of one iteration, and is a range, so "
+                f"trials could not train equal budgets; give it as a list of choices, e.g. {param.name}: "
+                f"[{int(param.low)}, {int(param.high)}]"
             )
     combinations = math.prod(len(p.choices or ()) for p in shaping)
     if combinations > MAX_SHAPES:
         raise BadInput(
-            f"{source}: {' × '.join(p.name for p in shaping)} make {combinations:,} iteration shapes, more "
-            f"than {MAX_SHAPES:,}; list fewer choices"
+            f"{source}: {' × '.join(p.name for p in shaping)} make {combinations:,} iteration shapes, more than "
+            f"{MAX_SHAPES:,}; list fewer choices"
         )
     sizes: set[int] = set()
     for values in itertools.product(*(p.choices or () for p in shaping)):
@@ -275,8 +275,8 @@ def iteration_sizes(
     if math.lcm(*sizes) > SPREAD * max(sizes):
         listed = ", ".join(map(str, sorted(sizes)))
         raise BadInput(
-            f"{source}: {' × '.join(p.name for p in shaping)} give iterations of {listed} env steps, so "
-            f"every trial's budget would be a multiple of {math.lcm(*sizes):,}; choose values whose "
-            "n_steps · n_envs divide one another (powers of two do)"
+            f"{source}: {' × '.join(p.name for p in shaping)} give iterations of {listed} env steps, so every trial's "
+            f"budget would be a multiple of {math.lcm(*sizes):,}; choose values whose n_steps · n_envs divide one "
+            "another (powers of two do)"
         )
     return tuple(sorted(sizes))

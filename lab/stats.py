@@ -350,6 +350,6 @@ def few_seeds_note(n: int) -> str:
     """The footnote of :data:`FEW_MARK`; ``n``: the fewest seeds behind a marked CI."""
     seeds = "1 seed" if n == 1 else f"{n} seeds"
     return (
-        f"{FEW_MARK} CI from {seeds}, fewer than {FEW_SEEDS}: a bootstrap resamples only those values, so the "
-        "interval spans at most them; read it as their range, not as a 95% interval."
+        f"{FEW_MARK} CI from {seeds}, fewer than {FEW_SEEDS}: a bootstrap resamples only those values, so the interval "
+        "spans at most them; read it as their range, not as a 95% interval."
     )

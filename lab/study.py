@@ -54,8 +54,7 @@ def storage_for(url: str | None, tune_dir: Path) -> Any:
         raise BadInput(
             f"cannot open the study storage {brief(url, 120)} ({type(error).__name__}: "
             f"{brief(str(error).splitlines()[0], 160) if str(error) else 'no detail'}). Give a database URL Optuna "
-            "accepts, e.g. sqlite:///tune.db or postgresql://user@host/db, or leave --storage out for a "
-            "local file."
+            "accepts, e.g. sqlite:///tune.db or postgresql://user@host/db, or leave --storage out for a local file."
         ) from None
 
 
@@ -66,9 +65,9 @@ def read_tune_yaml(tune_dir: Path, needed: tuple[str, ...] = ()) -> dict[str, An
     saved = read_yaml(path)
     if not isinstance(saved, dict):
         raise BadInput(
-            f"{path} holds {type(saved).__name__ if saved is not None else 'nothing'} where a study's "
-            "settings belong (a mapping of name, algo, env_id, seeds, ... as `testbed tune` writes it). "
-            "Restore the file from a copy of the study folder or the result it came from"
+            f"{path} holds {type(saved).__name__ if saved is not None else 'nothing'} where a study's settings belong "
+            "(a mapping of name, algo, env_id, seeds, ... as `testbed tune` writes it). Restore the file from a copy "
+            "of the study folder or the result it came from"
         )
     kinds = {"name": str, "algo": str, "env_id": str, "seeds": list, "storage": (str, type(None)), STUDY_ID: str}
     for key in needed:
@@ -82,8 +81,8 @@ def read_tune_yaml(tune_dir: Path, needed: tuple[str, ...] = ()) -> dict[str, An
     for key, kind in kinds.items():
         if key in saved and not isinstance(saved[key], kind):
             raise BadInput(
-                f"{path}: `{key}` is {brief(saved[key], 60)}, not a {'text' if kind is str else 'list'} "
-                f"as `testbed tune` writes it; restore it from a copy of the study folder"
+                f"{path}: `{key}` is {brief(saved[key], 60)}, not a {'text' if kind is str else 'list'} as `testbed "
+                f"tune` writes it; restore it from a copy of the study folder"
             )
     return saved
 
@@ -126,9 +125,9 @@ def sqlite_file(url: str, tune_dir: Path) -> Path:
     found = next((place for place in places if place.is_file()), None)
     if found is None:
         raise BadInput(
-            f"the study's storage {brief(url, 120)} (in {tune_dir / TUNE_FILE}) is not a file here: "
-            "run this from the folder `testbed tune` ran in, or set `storage` in tune.yaml to the "
-            "database's path (sqlite:////absolute/path.db); nothing was written"
+            f"the study's storage {brief(url, 120)} (in {tune_dir / TUNE_FILE}) is not a file here: run this from the "
+            "folder `testbed tune` ran in, or set `storage` in tune.yaml to the database's path "
+            "(sqlite:////absolute/path.db); nothing was written"
         )
     return found
 
@@ -147,8 +146,8 @@ def reading_storage(url: str | None, tune_dir: Path) -> Iterator[Any]:
             journal = tune_dir / STUDY_FILE
             if not journal.is_file():
                 raise BadInput(
-                    f"{tune_dir} holds no {STUDY_FILE}, the journal of its study: give the study folder "
-                    "`testbed tune` wrote, or restore its study.log; nothing was written"
+                    f"{tune_dir} holds no {STUDY_FILE}, the journal of its study: give the study folder `testbed tune` "
+                    "wrote, or restore its study.log; nothing was written"
                 )
             check_journal(journal)
             shutil.copyfile(journal, copy)
@@ -185,8 +184,8 @@ def _refused_storage(url: str) -> Iterator[None]:
     except Exception as error:  # noqa: BLE001  SQLAlchemy and drivers raise many kinds; all mean "not a study"
         detail = brief(str(error).splitlines()[0], 160) if str(error) else "no detail"
         raise BadInput(
-            f"the study storage {brief(url, 120)} holds no study Optuna can read ({type(error).__name__}: "
-            f"{detail}); check `storage` in the study's tune.yaml; nothing was written"
+            f"the study storage {brief(url, 120)} holds no study Optuna can read ({type(error).__name__}: {detail}); "
+            f"check `storage` in the study's tune.yaml; nothing was written"
         ) from None
 
 
@@ -206,16 +205,16 @@ def check_journal(path: Path, repair: bool = False) -> None:
             record = None
         if not isinstance(record, dict):
             raise BadInput(
-                f"{path} is damaged at line {number} ({brief(line[:60])}), which is not a journal record. "
-                "Restore the file from a backup, or start the study again under another --name."
+                f"{path} is damaged at line {number} ({brief(line[:60])}), which is not a journal record. Restore the "
+                "file from a backup, or start the study again under another --name."
             )
     if repair and whole < len(data):
         with open(path, "r+b") as f:
             f.truncate(whole)
             os.fsync(f.fileno())
         print(
-            f"{path}: dropped its last record, cut short by a stop mid-write ({len(data) - whole} bytes); the "
-            "trial it concerned resumes from its runs",
+            f"{path}: dropped its last record, cut short by a stop mid-write ({len(data) - whole} bytes); the trial it "
+            "concerned resumes from its runs",
             flush=True,
         )
 
@@ -237,7 +236,7 @@ def set_aside_stale(bench_dir: Path, cells: list[Cell]) -> None:
         attempt += 1
     bench_dir.rename(aside)
     print(
-        f"{bench_dir} held runs trained with other settings than its trial's ({stale[0]}): moved to {aside.name}; "
-        "the trial trains afresh",
+        f"{bench_dir} held runs trained with other settings than its trial's ({stale[0]}): moved to {aside.name}; the "
+        "trial trains afresh",
         flush=True,
     )

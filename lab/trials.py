@@ -221,10 +221,10 @@ def known_costs(trials: list[optuna.trial.FrozenTrial], tune_dir: Path) -> dict[
     if unknown:
         shown = ", ".join(map(str, unknown[:8])) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
         raise BadInput(
-            f"{tune_dir} lacks the runs of trials {shown} (folders trialNNNN), and the study ran before "
-            "trials recorded their cost in it, so a report from here would count their env steps as 0. "
-            "Restore the folders (`testbed results restore NAME` where the result carries them), or "
-            "keep the report built where they are; nothing was run or written"
+            f"{tune_dir} lacks the runs of trials {shown} (folders trialNNNN), and the study ran before trials "
+            "recorded their cost in it, so a report from here would count their env steps as 0. Restore the folders "
+            "(`testbed results restore NAME` where the result carries them), or keep the report built where they are; "
+            "nothing was run or written"
         )
     return {number: cost for number, cost in costs.items() if cost is not None}
 

@@ -175,8 +175,8 @@ def plan_tune(
     name = name or f"{algo}-{env_id.replace('/', '_')}"
     if not BENCH_NAME.fullmatch(name):
         raise BadInput(
-            f"--name {name!r} is not a study name: give one folder name (it becomes runs/tune/NAME) made "
-            "of letters, digits, '.', '_' and '-', not starting with '.'"
+            f"--name {name!r} is not a study name: give one folder name (it becomes runs/tune/NAME) made of letters, "
+            "digits, '.', '_' and '-', not starting with '.'"
         )
     if trials < 1:
         raise BadInput(f"--trials must be at least 1, got {trials}")
@@ -210,8 +210,8 @@ def plan_tune(
         space = parse_space(text, source)
     elif fixed:
         raise BadInput(
-            f"{source}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} "
-            "from the space, or tune the algo it varies"
+            f"{source}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} from the space, "
+            "or tune the algo it varies"
         )
     text, space = for_action_space(text, space, continuous)  # no σ to tune on discrete actions
     set_keys = {pair.partition("=")[0].strip() for pair in sets}
@@ -296,9 +296,8 @@ def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:
             )
         if saved.get("steps_per_seed", plan.steps_per_seed) != plan.steps_per_seed:  # same settings, other presets
             raise BadInput(
-                f"{tune_dir} holds a study whose trials trained {saved['steps_per_seed']:,} env steps per "
-                f"seed, and the same settings now give {plan.steps_per_seed:,} (the presets changed); use "
-                "another --name"
+                f"{tune_dir} holds a study whose trials trained {saved['steps_per_seed']:,} env steps per seed, and "
+                f"the same settings now give {plan.steps_per_seed:,} (the presets changed); use another --name"
             )
 
 

@@ -66,15 +66,15 @@ def budget_text(requested: int | None, steps: int, sizes: Sequence[int] | None) 
     asked = f"--total-steps {requested:,}" if requested is not None else "the preset's budget"
     if sizes is None:
         return (
-            f"{steps:,} env steps per seed ({asked}); a run stops after the iteration that reaches it, and this "
-            "algo's iterations vary in length, so a trial may train up to one iteration more: the trial history "
-            "gives each trial's steps per seed"
+            f"{steps:,} env steps per seed ({asked}); a run stops after the iteration that reaches it, and this algo's "
+            "iterations vary in length, so a trial may train up to one iteration more: the trial history gives each "
+            "trial's steps per seed"
         )
     listed = ", ".join(f"{n:,}" for n in sizes) if len(sizes) <= SEEDS_LISTED else f"{sizes[0]:,} … {sizes[-1]:,}"
     why = f"{asked}, rounded up to" if steps != requested else f"{asked}:"
     return (
-        f"{steps:,} env steps per seed in every trial ({why} a multiple of every iteration size n_steps · n_envs "
-        f"the space allows: {listed})"
+        f"{steps:,} env steps per seed in every trial ({why} a multiple of every iteration size n_steps · n_envs the "
+        f"space allows: {listed})"
     )
 
 
@@ -106,8 +106,8 @@ def reading_study(tune_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
             study = optuna.load_study(study_name=saved["name"], storage=storage)
         except KeyError:
             raise BadInput(
-                f"the study's storage holds no study named {brief(saved['name'], 80)}: check `name` "
-                f"and `storage` in {tune_dir / TUNE_FILE}; nothing was written"
+                f"the study's storage holds no study named {brief(saved['name'], 80)}: check `name` and `storage` in "
+                f"{tune_dir / TUNE_FILE}; nothing was written"
             ) from None
         yield study, saved
 
@@ -326,10 +326,9 @@ def _write_report(study: Any, saved: dict[str, Any], tune_dir: Path) -> dict[str
         Table(["parameter", "value"], best_rows),
         Heading(2, "Preset block"),
         Para(
-            "Also in `preset.yaml`, with the values in full (here to 4 significant digits): "
-            f"`testbed train --algo {saved['algo']} --env {saved['env_id']} --preset "
-            f"{tune_dir.as_posix()}/preset.yaml` trains with it. Validate it on seeds the study never used "
-            "(`testbed bench` runs seeds 0 …) before you commit it."
+            f"Also in `preset.yaml`, with the values in full (here to 4 significant digits): `testbed train --algo "
+            f"{saved['algo']} --env {saved['env_id']} --preset {tune_dir.as_posix()}/preset.yaml` trains with it. "
+            f"Validate it on seeds the study never used (`testbed bench` runs seeds 0 …) before you commit it."
         ),
         Code(preset_block(study, saved, best, spent, digits=4), "yaml"),
     ]
@@ -340,8 +339,8 @@ def _write_report(study: Any, saved: dict[str, Any], tune_dir: Path) -> dict[str
         importances, evaluator = param_importances(study)
         blocks.append(
             Para(
-                f"Optuna's {evaluator} over the completed trials: the share of the score's variation "
-                "that each parameter explains."
+                f"Optuna's {evaluator} over the completed trials: the share of the score's variation that each "
+                "parameter explains."
             )
         )
         blocks.append(Table(["parameter", "importance"], [[k, fmt_sig(v, 3)] for k, v in importances.items()]))
@@ -370,12 +369,11 @@ def _write_report(study: Any, saved: dict[str, Any], tune_dir: Path) -> dict[str
     blocks.append(Heading(2, "Trial history"))
     blocks.append(
         Para(
-            "Score: the mean final return over the trial's seeds. A pruned trial stopped at the step shown, "
-            "where its mean evaluation fell below the median of earlier trials at that step (an evaluation "
-            "counts at the multiple of eval_interval its run had just passed, so that trials whose "
-            "iterations differ are compared at the same steps). Steps per "
-            "seed: what one seed of the trial trained; env steps: all the trial spent, over its seeds and "
-            "failed attempts."
+            "Score: the mean final return over the trial's seeds. A pruned trial stopped at the step shown, where its "
+            "mean evaluation fell below the median of earlier trials at that step (an evaluation counts at the "
+            "multiple of eval_interval its run had just passed, so that trials whose iterations differ are compared at "
+            "the same steps). Steps per seed: what one seed of the trial trained; env steps: all the trial spent, over "
+            "its seeds and failed attempts."
         )
     )
     blocks.append(

@@ -165,8 +165,8 @@ def test_another_env_is_refused_in_one_line_through_the_command_line(tmp_path: P
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr == (
-        f"testbed report: error: {mine} and baseline share no env: {mine} has Acrobot-v1; "
-        "baseline has CartPole-v1. Run your bench on one of baseline's envs\n"
+        f"testbed report: error: {mine} and baseline share no env: {mine} has Acrobot-v1; baseline has CartPole-v1. "
+        "Run your bench on one of baseline's envs\n"
     )
     assert not (mine / "against-baseline").exists()
 

@@ -466,8 +466,8 @@ def test_a_stop_signal_right_after_the_checkpoint_decision_still_checkpoints_whe
 
 def test_mujoco_warnings_are_not_repeated_for_every_env(tmp_path: Path) -> None:
     code = (
-        "from envs import EnvOptions, make_vector\n"
-        "for _ in range(3): make_vector('HalfCheetah-v5', 4, EnvOptions(vectorization='sync')).close()"
+        "from envs import EnvOptions, make_vector\nfor _ in range(3): make_vector('HalfCheetah-v5', 4, "
+        "EnvOptions(vectorization='sync')).close()"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],

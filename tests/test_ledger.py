@@ -141,8 +141,8 @@ def test_failed_trials_count_refused_ones_do_not_and_a_stopped_study_plans_what_
     assert [(s.done, s.planned, s.so_far) for s in ledger.spends(tmp_path, found)] == [(4, 12, 4000)]  # 2 trials
     # The kept report counts the failed trial at the steps it reached: 2 × 1,000 + 2 × 300.
     (tmp_path / "benchmarks/results/s/tune.md").write_text(
-        "- Trials: 3 of 6 (1 complete, 2 fail)\n"
-        "- Env steps spent by the whole study, pruned and failed trials included: 2,600\n"
+        "- Trials: 3 of 6 (1 complete, 2 fail)\n- Env steps spent by the whole study, pruned and failed trials "
+        "included: 2,600\n"
     )
     assert [(s.so_far, s.in_all) for s in ledger.spends(tmp_path, found)] == [(2600, 12000)]
     assert "study, 6 trials × 2 seeds, 4/12 runs of 1,000 steps (2,600 spent) | 2,600 | 12,000 |" in ledger.ledger_page(

@@ -406,8 +406,8 @@ def test_the_report_counts_a_stack_of_seeds_as_one_process_in_its_core_hours(ben
     markdown = build_report(bench)["markdown"].read_text()
     steps = 2 * 4096 + 2 * 4096 + 2048
     assert (
-        f"- Compute: {steps:,} env steps in 0.00403 core-hours: the wall time of 4 trainer processes "
-        "of one thread each, up to 2 seeds side by side in one"
+        f"- Compute: {steps:,} env steps in 0.00403 core-hours: the wall time of 4 trainer processes of one thread "
+        "each, up to 2 seeds side by side in one"
     ) in markdown
 
 
@@ -584,8 +584,8 @@ def test_the_report_scores_each_algo_by_the_measure_of_the_published_figure(tmp_
         ["—", "750.00 [500.00, 1000.00]: below by 1660.40"],
     ]
     assert blocks[-1].text == (
-        "grpo at or above 1 of 1 figures; ppo at or above 1 of 3 figures "
-        "(below: HalfCheetah-v5 (final), Hopper-v5 (final))."
+        "grpo at or above 1 of 1 figures; ppo at or above 1 of 3 figures (below: HalfCheetah-v5 (final), Hopper-v5 "
+        "(final))."
     )
     assert "## Against the published PPO figures" in build_report(bench)["markdown"].read_text()
 
@@ -602,8 +602,8 @@ def test_published_figures_refuse_malformed_entries(tmp_path: Path) -> None:
         with pytest.raises(BadInput, match=why):
             load_published(path)
     path.write_text(
-        "Hopper-v5: [{score: null, note: none yet}]\n"
-        "Swimmer-v5: [{score: 2, measure: final, source: s}, {score: 3, measure: best_point, source: t}]"
+        "Hopper-v5: [{score: null, note: none yet}]\nSwimmer-v5: [{score: 2, measure: final, source: s}, {score: 3, "
+        "measure: best_point, source: t}]"
     )
     read = {env: [(f.score, f.measure, f.source) for f in figures] for env, figures in load_published(path).items()}
     assert read == {
@@ -638,8 +638,8 @@ def test_the_wall_clock_sums_the_invocations_that_ended(tmp_path: Path) -> None:
         run = make_run(tmp_path / name, "CartPole-v1", "ppo", seed, linear_evals(2))
         (run / "meta.json").write_text(json.dumps({"start_time": start}))
     assert wall_clock_text(tmp_path, find_runs([tmp_path])).endswith(
-        "; 1 run trained outside every invocation, by a cell's own `testbed train` command: in the core-hours, "
-        "not in this wall-clock"
+        "; 1 run trained outside every invocation, by a cell's own `testbed train` command: in the core-hours, not in "
+        "this wall-clock"
     )
 
 
@@ -657,9 +657,9 @@ def test_the_report_names_the_cpus_and_versions_the_runs_trained_under(tmp_path:
     assert machine_text(find_runs([tmp_path])) == "Machine and software: python 3.11.7; torch 2.13.0; mujoco 4.0.0"
     (second / "meta.resume1796000000.json").write_text(meta("Xeon", "4.0.1"))  # resumed on another machine
     assert machine_text(find_runs([tmp_path])) == (
-        "Machine and software: cpu Xeon (1 run), not recorded (2 runs); python 3.11.7; torch 2.13.0; "
-        "mujoco 4.0.0 (2 runs), 4.0.1 (1 run) (a run resumed under another counts under both; where the CPU "
-        "model or the physics engine's version differs, runs of the same seed and settings differ too)"
+        "Machine and software: cpu Xeon (1 run), not recorded (2 runs); python 3.11.7; torch 2.13.0; mujoco 4.0.0 (2 "
+        "runs), 4.0.1 (1 run) (a run resumed under another counts under both; where the CPU model or the physics "
+        "engine's version differs, runs of the same seed and settings differ too)"
     )
 
 

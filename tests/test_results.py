@@ -72,8 +72,8 @@ def test_the_kept_runs_give_back_every_row_of_every_committed_summary() -> None:
             row["run_dir"] for row in rows if not any(_same_numbers(row, folder / row["run_dir"]) for folder in folders)
         ]
         assert not lost, (
-            f"{entry.name}: no result keeps these runs; put them back under its output folder (from the commit "
-            f"that kept them) and `testbed results save` it: {lost}"
+            f"{entry.name}: no result keeps these runs; put them back under its output folder (from the commit that "
+            f"kept them) and `testbed results save` it: {lost}"
         )
         checked += len(rows)
     assert checked > 700
@@ -160,11 +160,10 @@ def test_a_bench_that_adopts_another_s_runs_is_recorded_as_reusing_runs(tmp_path
 def test_a_rerun_keeps_what_was_added_to_the_manifest_while_its_command_ran(tmp_path: Path) -> None:
     # The command itself adds an entry, as a person editing the file or another `results run` would.
     add = (
-        "python -c \"import pathlib, yaml; p = pathlib.Path('benchmarks/manifest.yaml'); "
-        "m = yaml.safe_load(p.read_text()); "
-        "m['results'].append({**m['results'][0], 'name': 'added'}); p.write_text(yaml.safe_dump(m)); "
-        "pathlib.Path('out').mkdir(); pathlib.Path('out/report.md').write_text('# R'); "
-        "pathlib.Path('out/plots').mkdir()\""
+        "python -c \"import pathlib, yaml; p = pathlib.Path('benchmarks/manifest.yaml'); m = "
+        "yaml.safe_load(p.read_text()); m['results'].append({**m['results'][0], 'name': 'added'}); "
+        "p.write_text(yaml.safe_dump(m)); pathlib.Path('out').mkdir(); pathlib.Path('out/report.md').write_text('# "
+        "R'); pathlib.Path('out/plots').mkdir()\""
     )
     found = _toy(tmp_path, add)
     manifest.rerun(tmp_path, found, found.entry("toy"))
@@ -258,12 +257,11 @@ def test_a_run_trained_for_its_checkpoints_is_kept_but_not_restored(tmp_path: Pa
 
 
 STOPPABLE = (
-    "python -c \"import pathlib, signal, sys, time; b = pathlib.Path('runs/bench/toy'); "
-    "[((b / s).mkdir(parents=True), (b / s / 'config.yaml').write_text('algo: ppo')) for s in ('seed0', 'seed1')]; "
-    "(b / 'seed0/summary.json').write_text('{\\\"status\\\": \\\"completed\\\"}'); "
-    "signal.signal(signal.SIGINT, lambda *a: ("
-    "(b / 'seed1/summary.json').write_text('{\\\"status\\\": \\\"interrupted\\\"}'), "
-    "sys.exit(1))); print('ready', flush=True); time.sleep(60)\""
+    "python -c \"import pathlib, signal, sys, time; b = pathlib.Path('runs/bench/toy'); [((b / s).mkdir(parents=True), "
+    "(b / s / 'config.yaml').write_text('algo: ppo')) for s in ('seed0', 'seed1')]; (b / "
+    "'seed0/summary.json').write_text('{\\\"status\\\": \\\"completed\\\"}'); signal.signal(signal.SIGINT, lambda *a: "
+    "((b / 'seed1/summary.json').write_text('{\\\"status\\\": \\\"interrupted\\\"}'), sys.exit(1))); print('ready', "
+    'flush=True); time.sleep(60)"'
 )
 
 
@@ -297,8 +295,8 @@ def test_runs_adopted_with_reuse_from_are_not_kept_twice(tmp_path: Path) -> None
 def test_a_stopped_rerun_passes_the_stop_on_once_and_keeps_the_runs_that_ended(tmp_path: Path) -> None:
     _toy(tmp_path, STOPPABLE, keep_runs=True, output="runs/bench/toy")
     code = (
-        "from pathlib import Path; from lab import manifest; m = manifest.load(Path('.')); "
-        "manifest.rerun(Path('.'), m, m.entry('toy'))"
+        "from pathlib import Path; from lab import manifest; m = manifest.load(Path('.')); manifest.rerun(Path('.'), "
+        "m, m.entry('toy'))"
     )
     driver = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -440,10 +438,10 @@ def test_the_readme_mujoco_sentence_reads_the_suite_report(tmp_path: Path) -> No
         )
     assert pages.suite_summary(tmp_path, manifest.load(tmp_path)).endswith(
         f"sb3-ppo on 2 of 3 (all but B-v5). Both PPOs on seeds 0–7 ([results](docs/results/{seeds_check}.md), "
-        "2026-12-04): IQM ppo 1.2 [1.1, 1.3], sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.55 [0.45, 0.65]. "
-        "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one hyperparameter in which the pair's "
-        f"runs differ), seeds 0–7 ([results](docs/results/{scale_check}.md), 2026-12-04): IQM ppo 1.3 [1.2, 1.4], "
-        "sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.60 [0.45, 0.65]."
+        "2026-12-04): IQM ppo 1.2 [1.1, 1.3], sb3-ppo 1.1 [1.0, 1.2]; P(ppo > sb3-ppo) = 0.55 [0.45, 0.65]. Ours at "
+        f"SB3's reward scale (`ppo.reward_norm_restart=done`, the one hyperparameter in which the pair's runs differ), "
+        f"seeds 0–7 ([results](docs/results/{scale_check}.md), 2026-12-04): IQM ppo 1.3 [1.2, 1.4], sb3-ppo 1.1 [1.0, "
+        "1.2]; P(ppo > sb3-ppo) = 0.60 [0.45, 0.65]."
     )
     (tmp_path / "benchmarks/results" / scale_check / "report.md").write_text("# A report from before the comparison\n")
     with pytest.raises(BadInput, match=f"rebuild it with `testbed results run {scale_check}`"):
