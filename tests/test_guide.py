@@ -113,8 +113,8 @@ def test_quick_length_bias_table_holds_the_hand_computed_pushes(quick_figures: P
     [
         ("trajectory", [1 / 80, 1 / 80, -1 / 800, -1 / 800]),  # 1/(M·L_i), M = 4, L = 20, 20, 200, 200
         ("step", [1 / 440] * 2 + [-1 / 440] * 2),  # 1/ΣL, ΣL = 440
-        ("constant", [1 / 800] * 2 + [-1 / 800] * 2),
-    ],  # 1/(M·H), H = 200
+        ("constant", [1 / 800] * 2 + [-1 / 800] * 2),  # 1/(M·H), H = 200
+    ],
 )
 def test_token_push_is_the_advantage_times_the_aggregation_weight(mode: str, per_token: list[float]) -> None:
     lengths = [20, 20, 200, 200]

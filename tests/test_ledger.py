@@ -130,12 +130,12 @@ def test_failed_trials_count_refused_ones_do_not_and_a_stopped_study_plans_what_
     (tmp_path / "benchmarks/results/s").mkdir(parents=True)
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/benchmarks/results/s/study.db")
     study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0))
-    study.add_trial(
+    study.add_trial(  # it trained until then
         optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"error": "the run diverged"})
-    )  # it trained until then
-    study.add_trial(
+    )
+    study.add_trial(  # it never trained
         optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"error": "config refused: n_steps"})
-    )  # it never trained
+    )
     command = STUDY.format(algo="ppo", trials=6, name="s") + f" --storage {storage}"
     found = _write(tmp_path, [_entry("s", command)])
     assert [(s.done, s.planned, s.so_far) for s in ledger.spends(tmp_path, found)] == [(4, 12, 4000)]  # 2 trials
@@ -150,8 +150,8 @@ def test_failed_trials_count_refused_ones_do_not_and_a_stopped_study_plans_what_
     )
     stopped = _write(tmp_path, [_entry("s", command, stopped="its trials observed what the presets no longer do.")])
     assert [(s.done, s.planned, s.what, s.in_all) for s in ledger.spends(tmp_path, stopped)] == [
-        (4, 4, "study, 6 trials × 2 seeds, stopped at 2", 2600)
-    ]  # it plans what it spent
+        (4, 4, "study, 6 trials × 2 seeds, stopped at 2", 2600)  # it plans what it spent
+    ]
     (tmp_path / "benchmarks/results/s/tune.md").unlink()
     assert "- Hopper-v5: only ppo tuned here (4,000 planned, 4,000 so far)" in ledger.ledger_page(tmp_path, stopped)
     # Running it on would resume trials that no longer match: refused by name, passed over by --all and --cheap.

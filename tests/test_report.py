@@ -501,8 +501,8 @@ def test_env_kwargs_that_only_choose_the_observation_keep_the_reference_scores(t
     found = {run.env_id: reference_for(run, refs) for run in find_runs([tmp_path])}
     assert found == {
         "Ant-v5[include_cfrc_ext_in_observation=False]": refs["Ant-v5"],
-        "Hopper-v5[healthy_reward=0]": None,
-    }  # another reward: another scale
+        "Hopper-v5[healthy_reward=0]": None,  # another reward: another scale
+    }
 
 
 def test_build_report_refuses_a_dir_without_runs(tmp_path: Path) -> None:

@@ -557,8 +557,8 @@ def test_an_audit_block_averages_one_score_over_seeds_by_estimator_and_variant(t
         "testbed/Chain-v0[horizon=100],ppo,1,5000,checkpoint-at-5000.pt,gae(1),1–9,0.9",  # a bin: not counted
         "testbed/Chain-v0[horizon=20],ppo,0,5000,checkpoint-at-5000.pt,gae(1),all,",  # no score: a dash
         "testbed/Chain-v0[horizon=20],grpo,0,5000,checkpoint-at-5000.pt,outcome,all,-0.125",
-        "testbed/Chain-v0[horizon=20],grpo,0,9000,checkpoint.pt,outcome,all,1.0",
-    ]  # another checkpoint
+        "testbed/Chain-v0[horizon=20],grpo,0,9000,checkpoint.pt,outcome,all,1.0",  # another checkpoint
+    ]
     (tmp_path / "benchmarks/results/audit/scores.csv").write_text(header + "\n".join(rows) + "\n")
     name = "audit toy rank_correlation checkpoint-at-5000"
     block = pages.guide_blocks(tmp_path, found, f"<!-- BEGIN generated: {name} -->")[name]
