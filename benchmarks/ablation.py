@@ -21,19 +21,32 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweeps import table_text, write_page  # noqa: E402
+from sweeps import table_text, write_page
 
-from agents import registry  # noqa: E402
-from envs.errors import BadInput  # noqa: E402
-from lab.plan import resolve_run  # noqa: E402
-from lab.plot import X_LABELS, Y_LABELS, new_figure, save_figure  # noqa: E402
-from lab.results import find_runs  # noqa: E402
+from agents import registry
+from envs.errors import BadInput
+from lab.plan import resolve_run
+from lab.plot import X_LABELS, Y_LABELS, new_figure, save_figure
+from lab.results import find_runs
 
 
 def bench_command(algo: str, env_id: str, seeds: int, workers: int, name: str, settings: list[str]) -> list[str]:
     """The ``testbed bench`` argv of one row, as the page lists it."""
-    return ["testbed", "bench", "--algos", algo, "--envs", env_id, "--seeds", str(seeds), "--workers", str(workers),
-            "--name", name, *(part for s in settings for part in ("--set", s))]  # fmt: skip
+    return [
+        "testbed",
+        "bench",
+        "--algos",
+        algo,
+        "--envs",
+        env_id,
+        "--seeds",
+        str(seeds),
+        "--workers",
+        str(workers),
+        "--name",
+        name,
+        *(part for s in settings for part in ("--set", s)),
+    ]
 
 
 def check_rows(algo: str, env_id: str, rows: list[list[str]]) -> None:
@@ -92,8 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", required=True, help="gymnasium id")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per row (default: 3)")
     parser.add_argument("--workers", type=int, default=1, help="processes at a time within a row (default: 1)")
-    parser.add_argument("--row", nargs="+", action="append", required=True, metavar="ITEM",
-                        help="NAME, then its KEY=VALUE settings (none: the preset); repeatable, in the table's order")
+    parser.add_argument(
+        "--row",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="ITEM",
+        help="NAME, then its KEY=VALUE settings (none: the preset); repeatable, in the table's order",
+    )
     parser.add_argument("--title", required=True)
     parser.add_argument("--out", type=Path, default=None, help="Markdown file (default: print)")
     args = parser.parse_args(argv)
@@ -108,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"── row {name}: {' '.join(argv_row)}", flush=True)
         code = run_row([sys.executable, "-m", "lab.cli", *argv_row[1:]])
         if code != 0:
-            print(f"ablation: row {name} exited with status {code}; rerun the same command to continue",
-                  file=sys.stderr)
+            print(
+                f"ablation: row {name} exited with status {code}; rerun the same command to continue", file=sys.stderr
+            )
             return code
         # The page after every row, so that a stop keeps the rows already finished.
         title = args.title if done == len(args.row) else f"{args.title} ({done} of {len(args.row)} rows so far)"

@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/clone-size")
     args = parser.parse_args(argv)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory() as scratch:
         full = clone(REPO, Path(scratch) / "full", shallow=False)
         shallow = clone(REPO, Path(scratch) / "shallow", shallow=True)
@@ -46,11 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "clone.json").write_text(json.dumps(sizes, indent=2) + "\n")
     mb = {k: (v["git_bytes"] + v["tree_bytes"]) / 1e6 for k, v in sizes.items() if isinstance(v, dict)}
-    lines = ["# What a clone weighs", "",
-             f"At commit {head}, on disk (`.git` and the checked-out tree):", "",
-             "| clone | `.git` | tree | total |", "|---|---|---|---|",
-             *(f"| {'`git clone --depth 1`' if k == 'shallow' else '`git clone`'} | {sizes[k]['git_bytes'] / 1e6:.1f} MB "
-               f"| {sizes[k]['tree_bytes'] / 1e6:.1f} MB | {mb[k]:.1f} MB |" for k in ("full", "shallow")), ""]  # fmt: skip
+    lines = [
+        "# What a clone weighs",
+        "",
+        f"At commit {head}, on disk (`.git` and the checked-out tree):",
+        "",
+        "| clone | `.git` | tree | total |",
+        "|---|---|---|---|",
+        *(
+            f"| {'`git clone --depth 1`' if k == 'shallow' else '`git clone`'} | {sizes[k]['git_bytes'] / 1e6:.1f} MB "
+            f"| {sizes[k]['tree_bytes'] / 1e6:.1f} MB | {mb[k]:.1f} MB |"
+            for k in ("full", "shallow")
+        ),
+        "",
+    ]
     (args.out / "clone.md").write_text("\n".join(lines))
     print(f"full clone {mb['full']:.1f} MB, shallow {mb['shallow']:.1f} MB (commit {head})")
     return 0

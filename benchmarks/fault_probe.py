@@ -33,6 +33,7 @@ Exits 1 if any kill point failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import importlib.util
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script, sys.path[0] is benchmarks/; our packages live one level up
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import speed
+from benchmarks import speed  # noqa: E402  (after the sys.path line above, run as a script)
 
 ENV, NAME = "CartPole-v1", "probe"  # every bench and study is runs/bench/probe or runs/tune/probe in its folder
 FLAGS = ("--set", "eval_episodes=2", "--set", "checkpoint_interval=512")
@@ -89,22 +90,71 @@ def train_variant(label: str, algo: str, steps: int, *extra: str, seeds: tuple[i
     """``testbed train`` into runs/LABEL: one run, or with ``seeds`` a stack (runs/LABEL/seed<k>)."""
     run_dir = f"runs/{label}"
     which = ("--seeds", ",".join(map(str, seeds))) if seeds else ()
-    argv = ("train", "--algo", algo, "--env", ENV, *which, "--total-steps", str(steps), *FLAGS, *extra,
-            "--run-dir", run_dir)  # fmt: skip
+    argv = (
+        "train",
+        "--algo",
+        algo,
+        "--env",
+        ENV,
+        *which,
+        "--total-steps",
+        str(steps),
+        *FLAGS,
+        *extra,
+        "--run-dir",
+        run_dir,
+    )
     runs = tuple(f"{run_dir}/seed{s}" for s in seeds) or (run_dir,)
     return Variant("stack" if seeds else "train", label, argv, runs)
 
 
 def bench_variant(label: str, *extra: str) -> Variant:
     """``testbed bench`` of PPO and GRPO, 2 seeds each, on 2 workers."""
-    argv = ("bench", "--algos", "ppo", "grpo", "--envs", ENV, "--seeds", "2", "--total-steps", "4096", *FLAGS,
-            "--name", NAME, "--workers", "2", *extra)  # fmt: skip
-    return Variant(label, label, argv, tuple(f"runs/bench/{NAME}/{ENV}/{a}/seed{s}" for a in ("ppo", "grpo")
-                                             for s in (0, 1)))  # fmt: skip
+    argv = (
+        "bench",
+        "--algos",
+        "ppo",
+        "grpo",
+        "--envs",
+        ENV,
+        "--seeds",
+        "2",
+        "--total-steps",
+        "4096",
+        *FLAGS,
+        "--name",
+        NAME,
+        "--workers",
+        "2",
+        *extra,
+    )
+    return Variant(
+        label, label, argv, tuple(f"runs/bench/{NAME}/{ENV}/{a}/seed{s}" for a in ("ppo", "grpo") for s in (0, 1))
+    )
 
 
-TUNE = Variant("tune", "tune", ("tune", "--algo", "ppo", "--env", ENV, "--trials", str(TUNE_TRIALS), "--total-steps",
-                               "4096", "--seeds", str(TUNE_SEEDS), *FLAGS, "--name", NAME, "--workers", "1"))  # fmt: skip
+TUNE = Variant(
+    "tune",
+    "tune",
+    (
+        "tune",
+        "--algo",
+        "ppo",
+        "--env",
+        ENV,
+        "--trials",
+        str(TUNE_TRIALS),
+        "--total-steps",
+        "4096",
+        "--seeds",
+        str(TUNE_SEEDS),
+        *FLAGS,
+        "--name",
+        NAME,
+        "--workers",
+        "1",
+    ),
+)
 VARIANTS = (
     train_variant("train-ppo", "ppo", 4096),
     train_variant("train-grpo", "grpo", 4096),
@@ -160,9 +210,17 @@ def plan(kills: int, scenarios: list[str], seed: int) -> list[KillPoint]:
         sig = rng.choices((signal.SIGKILL, signal.SIGINT, signal.SIGTERM), (3, 1, 1))[0]
         target = rng.choices(TARGETS, TARGET_WEIGHTS)[0] if scenario in DRIVEN else "command"
         fraction, solo = rng.random(), scenario == "stack" and rng.random() < 1 / 3
-        points.append(KillPoint(i, variants[(i // len(scenarios)) % len(variants)],
-                                signal.SIGKILL if target == "trainer" else sig, target, fraction, solo,
-                                rng.random() < MOVED_SHARE))  # fmt: skip
+        points.append(
+            KillPoint(
+                i,
+                variants[(i // len(scenarios)) % len(variants)],
+                signal.SIGKILL if target == "trainer" else sig,
+                target,
+                fraction,
+                solo,
+                rng.random() < MOVED_SHARE,
+            )
+        )
     return points
 
 
@@ -174,17 +232,22 @@ def start(argv: tuple[str, ...], folder: Path, log_name: str) -> subprocess.Pope
     Ctrl-C's default action even where this probe runs as a background job; its output in ``folder/log_name``."""
     env = {**speed.child_env(), MARKER: str(folder)}
     with open(folder / log_name, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "lab", *argv], cwd=folder, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip  # noqa: PLW1509 (one thread)
+        return subprocess.Popen(
+            [sys.executable, "-m", "lab", *argv],
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # safe: the probe has one thread
+        )
 
 
 def send(process: subprocess.Popen[bytes], sig: signal.Signals, group: bool) -> None:
     """``sig`` to the process, or to its process group; nothing if they are gone."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig) if group else process.send_signal(sig)
-    except ProcessLookupError:
-        pass
 
 
 def finish(process: subprocess.Popen[bytes], timeout_s: float) -> int | None:
@@ -262,10 +325,8 @@ def wait_for_exit(folder: Path, timeout_s: float) -> list[str]:
 
 def kill(procs: list[tuple[int, str, str]]) -> None:
     for pid, _, _ in procs:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 # ── checks ─────────────────────────────────────────────────────────────────────────────────────────
@@ -344,8 +405,9 @@ def differences(reference: Path, run_dir: Path) -> list[str]:
         problems.append(f"progress.csv: {len(ours)} rows against {len(theirs)}, first difference at step {step}")
     if not (run_dir / "checkpoint.pt").exists():
         return [*problems, "no checkpoint.pt"]
-    a, b = (torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
-            for d in (run_dir, reference))  # fmt: skip
+    a, b = (
+        torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=True)["model"] for d in (run_dir, reference)
+    )
     same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     return problems + ([] if same else ["model differs"])
 
@@ -356,8 +418,11 @@ def leftovers(folder: Path, grace_s: float) -> list[str]:
     from agents.rundir import LOCK, lock_holder
 
     found = leftovers_of(folder, grace_s)
-    found += [f"lock of {path.parent.relative_to(folder)} held by {holder[:60]}" for path in sorted(folder.rglob(LOCK))
-              if (holder := lock_holder(path.parent)) is not None]  # fmt: skip
+    found += [
+        f"lock of {path.parent.relative_to(folder)} held by {holder[:60]}"
+        for path in sorted(folder.rglob(LOCK))
+        if (holder := lock_holder(path.parent)) is not None
+    ]
     return found + [f"stray {path.relative_to(folder)}" for path in sorted(folder.rglob(".stack-*.log"))]
 
 
@@ -440,51 +505,98 @@ def probe(point: KillPoint, folder: Path, reference: Path, duration: float) -> t
         left += [f"(old folder) {what}" for what in leftovers_of(old)]
         left += [f"the old folder {old.name} was written again after the move"] * old.exists()
     reason = "; ".join(p for p in [*problems, why, *missing, *diffs, *left] if p)
-    return Row(point.index, variant.scenario, variant.label + (f" (seed {SOLO_SEED} alone)" if alone else ""),
-               point.signal.name, point.target, point.moved, round(delay, 2), killed, code, rerun_code, not missing,
-               None if variant.scenario == "tune" else not diffs, "; ".join(left), reason,
-               round(time.monotonic() - began, 1)), folder  # fmt: skip
+    return Row(
+        point.index,
+        variant.scenario,
+        variant.label + (f" (seed {SOLO_SEED} alone)" if alone else ""),
+        point.signal.name,
+        point.target,
+        point.moved,
+        round(delay, 2),
+        killed,
+        code,
+        rerun_code,
+        not missing,
+        None if variant.scenario == "tune" else not diffs,
+        "; ".join(left),
+        reason,
+        round(time.monotonic() - began, 1),
+    ), folder
 
 
 # ── output ─────────────────────────────────────────────────────────────────────────────────────────
 
 
 def markdown(rows: list[Row], durations: dict[str, float], notes: list[str], command: str, machine: str) -> str:
-    lines = ["# Fault probe: commands killed at random moments, then rerun", "", f"Command: `{command}`", "",
-             f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}", "", f"Machine: {machine}", "",
-             "\n\n".join(__doc__.split("\n\n")[2:4]), "",  # what a kill point checks, and the scenarios
-             *[f"Note: {note}\n" for note in notes],
-             "## The uninterrupted runs (the references, whose durations the delays are drawn over)", "",
-             "| label | command | seconds |", "|---|---|---|",
-             *[f"| {v.label} | `testbed {' '.join(v.argv)}` | {durations[v.label]:.1f} |" for v in VARIANTS
-               if v.label in durations],
-             "", "## Kill points by scenario", "",
-             ("| scenario | kill points | killed while running | to the group | a trainer alone | folder moved "
-              "| passed | failed |"), "|" + "---|" * 8]  # fmt: skip
+    lines = [
+        "# Fault probe: commands killed at random moments, then rerun",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
+        "",
+        f"Machine: {machine}",
+        "",
+        "\n\n".join(__doc__.split("\n\n")[2:4]),
+        "",  # what a kill point checks, and the scenarios
+        *[f"Note: {note}\n" for note in notes],
+        "## The uninterrupted runs (the references, whose durations the delays are drawn over)",
+        "",
+        "| label | command | seconds |",
+        "|---|---|---|",
+        *[
+            f"| {v.label} | `testbed {' '.join(v.argv)}` | {durations[v.label]:.1f} |"
+            for v in VARIANTS
+            if v.label in durations
+        ],
+        "",
+        "## Kill points by scenario",
+        "",
+        (
+            "| scenario | kill points | killed while running | to the group | a trainer alone | folder moved | passed "
+            "| failed |"
+        ),
+        "|" + "---|" * 8,
+    ]
     for scenario in dict.fromkeys(r.scenario for r in rows):
         mine = [r for r in rows if r.scenario == scenario]
         failed = sum(bool(r.reason) for r in mine)
         alone = [r for r in mine if r.target == "trainer"]
-        lines.append(f"| {scenario} | {len(mine)} | {sum(r.killed for r in mine)} | "
-                     f"{sum(r.target == 'group' for r in mine)} | {len(alone)} | {sum(r.moved for r in mine)} | "
-                     f"{len(mine) - failed} | {failed} |")  # fmt: skip
+        lines.append(
+            f"| {scenario} | {len(mine)} | {sum(r.killed for r in mine)} | {sum(r.target == 'group' for r in mine)} | "
+            f"{len(alone)} | {sum(r.moved for r in mine)} | {len(mine) - failed} | {failed} |"
+        )
     alone = [r for r in rows if r.target == "trainer" and r.killed]
     if alone:
         ended = sum(r.command_rc == 0 for r in alone)
-        lines += ["", (f"A trainer was killed alone at {len(alone)} kill points; its command then went on and ended "
-                       f"with exit 0 at {ended} of them (its driver retried the cell from the checkpoint), before the "
-                       "rerun.")]  # fmt: skip
+        lines += [
+            "",
+            (
+                f"A trainer was killed alone at {len(alone)} kill points; its command then went on and ended with exit "
+                f"0 at {ended} of them (its driver retried the cell from the checkpoint), before the rerun."
+            ),
+        ]
     failing = [r for r in rows if r.reason]
     lines += ["", f"## Failures: {len(failing)} of {len(rows)}", ""]
-    lines += ["| # | command | signal | to | moved | delay (s) | killed | its exit | rerun exit | reason |",
-              "|" + "---|" * 10,
-              *[f"| {r.index} | {r.variant} | {r.signal} | {r.target} | {r.moved} | {r.delay_s} | {r.killed} | "
-                f"{r.command_rc} | {r.rerun_rc} | {r.reason.replace('|', '/')} |" for r in failing]] if failing else ["None."]  # fmt: skip
+    lines += (
+        [
+            "| # | command | signal | to | moved | delay (s) | killed | its exit | rerun exit | reason |",
+            "|" + "---|" * 10,
+            *[
+                f"| {r.index} | {r.variant} | {r.signal} | {r.target} | {r.moved} | {r.delay_s} | {r.killed} | "
+                f"{r.command_rc} | {r.rerun_rc} | {r.reason.replace('|', '/')} |"
+                for r in failing
+            ],
+        ]
+        if failing
+        else ["None."]
+    )
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out: Path, rows: list[Row], durations: dict[str, float], notes: list[str], command: str,
-                  machine: str) -> None:  # fmt: skip
+def write_outputs(
+    out: Path, rows: list[Row], durations: dict[str, float], notes: list[str], command: str, machine: str
+) -> None:
     with open(out / "probe.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[field.name for field in dataclasses.fields(Row)])
         writer.writeheader()
@@ -497,8 +609,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=100, help="kill points, spread evenly over the scenarios")
     parser.add_argument("--seed", type=int, default=0, help="draws the signals, their targets and the delays")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
-    parser.add_argument("--work", type=Path, default=None, help="folder for the runs (default: a temporary one, "
-                        "removed at the end if every kill point passed)")  # fmt: skip
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="folder for the runs (default: a temporary one, removed at the end if every kill point passed)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fault-probe")
     args = parser.parse_args(argv)
     scenarios = list(dict.fromkeys(s for s in args.scenarios.split(",") if s))
@@ -529,8 +645,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"reference {variant.label}: {seconds:.1f} s" + (f", FAILED: {why}" if why else ""), flush=True)
             duration, why = references[variant.label]
             if why:
-                row = Row(point.index, variant.scenario, variant.label, point.signal.name, point.target, point.moved,
-                          0.0, False, None, None, False, None, "", f"the uninterrupted run failed: {why}", 0.0)  # fmt: skip
+                row = Row(
+                    point.index,
+                    variant.scenario,
+                    variant.label,
+                    point.signal.name,
+                    point.target,
+                    point.moved,
+                    0.0,
+                    False,
+                    None,
+                    None,
+                    False,
+                    None,
+                    "",
+                    f"the uninterrupted run failed: {why}",
+                    0.0,
+                )
             else:
                 row, ended_in = probe(point, folder, work / f"reference-{variant.label}", duration)
                 if not row.reason:
@@ -538,8 +669,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             to = {"command": "", "group": " to its group", "trainer": " to a trainer alone"}[row.target]
             what = f"{row.signal}{to} at {row.delay_s:.1f} s{', folder moved' if row.moved else ''}"
-            print(f"[{len(rows)}/{len(points)}] {row.variant}, {what}{'' if row.killed else ' (it had ended)'}: "
-                  f"{'FAIL: ' + row.reason if row.reason else 'pass'} ({row.seconds:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"[{len(rows)}/{len(points)}] {row.variant}, {what}{'' if row.killed else ' (it had ended)'}: "
+                f"{'FAIL: ' + row.reason if row.reason else 'pass'} ({row.seconds:.0f} s)",
+                flush=True,
+            )
             write_outputs(args.out, rows, {k: s for k, (s, _) in references.items()}, notes, command, machine)
     finally:  # what the probe's commands left (say, Ray's processes when the probe is stopped): by process id
         kill(started_in(work))

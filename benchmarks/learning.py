@@ -30,10 +30,20 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the machine line and the command come from speed.py
-from speed import ROOT, child_env, machine_line, public_command  # noqa: E402
+from speed import ROOT, child_env, machine_line, public_command
 
-FIELDS = ["algo", "env_id", "seed", "status", "total_steps", "final_eval_return_mean", "final_eval_return_std",
-          "final_eval_episodes", "wall_time_s", "sps"]  # fmt: skip
+FIELDS = [
+    "algo",
+    "env_id",
+    "seed",
+    "status",
+    "total_steps",
+    "final_eval_return_mean",
+    "final_eval_return_std",
+    "final_eval_episodes",
+    "wall_time_s",
+    "sps",
+]
 Key = tuple[str, str, str]  # (algo, env_id, seed), as text the way the CSV holds it
 
 
@@ -84,8 +94,10 @@ def plan(args: argparse.Namespace) -> tuple[list[Job], list[dict[str, Any]]]:
                     planned = yaml.safe_load((run_dir / "config.yaml").read_text()).get("total_steps")
                     if args.total_steps is not None and planned != args.total_steps:
                         # Skipping would mix budgets in one table; extending would change its schedules.
-                        raise Refused(f"{run_dir} holds a completed run of {planned} steps, not --total-steps "
-                                      f"{args.total_steps}. Choose another --root, or move that run away.")  # fmt: skip
+                        raise Refused(
+                            f"{run_dir} holds a completed run of {planned} steps, not --total-steps "
+                            f"{args.total_steps}. Choose another --root, or move that run away."
+                        )
                     print(f"{env_id} {algo} seed {seed}: completed already, skipped")
                     done.append(row_from(algo, env_id, seed, summary))
                 elif (run_dir / "checkpoint.pt").exists():
@@ -100,8 +112,10 @@ def set_aside(run_dir: Path) -> None:
     """Rename a run that ended before its first checkpoint, so that a new one can start; nothing is deleted."""
     aside = run_dir.with_name(f"{run_dir.name}.incomplete-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(aside)
-    print(f"{run_dir.name} of {run_dir.parent.parent.name} {run_dir.parent.name} ended before its first checkpoint; "
-          f"moved to {aside.name}, starting again")  # fmt: skip
+    print(
+        f"{run_dir.name} of {run_dir.parent.parent.name} {run_dir.parent.name} ended before its first checkpoint; "
+        f"moved to {aside.name}, starting again"
+    )
 
 
 def train_command(job: Job, total_steps: int | None) -> list[str]:
@@ -170,27 +184,35 @@ def _number(text: str, digits: int = 1) -> str:
 
 def group_markdown(env_id: str, algo: str, rows: list[dict[str, str]]) -> list[str]:
     """One env × algo: a row per seed, then the statistics over the completed seeds."""
-    lines = [f"## {env_id} · {algo}", "",
-             "| seed | status | env steps | final eval return (± over episodes) | episodes | wall time (s) | steps/s |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"## {env_id} · {algo}",
+        "",
+        "| seed | status | env steps | final eval return (± over episodes) | episodes | wall time (s) | steps/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         mean, std = r["final_eval_return_mean"], r["final_eval_return_std"]
         ret = f"{_number(mean)} ± {_number(std)}" if mean else "–"
-        lines.append(f"| {r['seed']} | {r['status']} | {_number(r['total_steps'], 0)} | {ret} "
-                     f"| {r['final_eval_episodes'] or '–'} | {_number(r['wall_time_s'])} "
-                     f"| {_number(r['sps'], 0)} |")  # fmt: skip
-    finals = [float(r["final_eval_return_mean"]) for r in rows
-              if r["status"] == "completed" and r["final_eval_return_mean"]]  # fmt: skip
+        lines.append(
+            f"| {r['seed']} | {r['status']} | {_number(r['total_steps'], 0)} | {ret} | "
+            f"{r['final_eval_episodes'] or '–'} | {_number(r['wall_time_s'])} | {_number(r['sps'], 0)} |"
+        )
+    finals = [
+        float(r["final_eval_return_mean"]) for r in rows if r["status"] == "completed" and r["final_eval_return_mean"]
+    ]
     lines.append("")
     if finals:
         spread = statistics.pstdev(finals)
         others = len(rows) - len(finals)
-        lines.append(f"**Over seeds: {statistics.mean(finals):,.1f} ± {spread:,.1f}** (mean ± std over seeds), "
-                     f"min {min(finals):,.1f}, {len(finals)} seed{'s' if len(finals) > 1 else ''}"
-                     + (f"; {others} more not completed, left out" if others else "") + ".")  # fmt: skip
+        lines.append(
+            f"**Over seeds: {statistics.mean(finals):,.1f} ± {spread:,.1f}** (mean ± std over seeds), min "
+            f"{min(finals):,.1f}, {len(finals)} seed{'s' if len(finals) > 1 else ''}"
+            + (f"; {others} more not completed, left out" if others else "")
+            + "."
+        )
     else:
         lines.append("No completed seed yet.")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def markdown(rows: dict[Key, dict[str, str]], commands: list[str], machine: str) -> str:
@@ -198,16 +220,20 @@ def markdown(rows: dict[Key, dict[str, str]], commands: list[str], machine: str)
     for r in sorted(rows.values(), key=_order):
         groups[(r["env_id"], r["algo"])].append(r)
     lines = [
-        "# Final returns over seeds", "",
+        "# Final returns over seeds",
+        "",
         "Evaluation convention: the final policy of each run, deterministic (the mode of the action "
         "distribution), one episode on each of the fixed seeds 1000000+i (10 episodes unless the table says "
         "otherwise), the raw env return (no reward scaling). In the per-seed rows, ± is the std over those "
-        "episodes; in \"Over seeds\", ± is the population std (ddof=0) over seeds of the per-seed means.", "",
-        f"Machine: {machine}.", "",
-        "Each seed is one `python -m lab train --algo ALGO --env ENV --seed S [--total-steps N] "
-        "--run-dir ROOT/ENV/ALGO/seedS` process (one torch thread); wall time and steps/s are its training "
-        "loop's, from summary.json.", "",
-    ]  # fmt: skip
+        'episodes; in "Over seeds", ± is the population std (ddof=0) over seeds of the per-seed means.',
+        "",
+        f"Machine: {machine}.",
+        "",
+        "Each seed is one `python -m lab train --algo ALGO --env ENV --seed S [--total-steps N] --run-dir "
+        "ROOT/ENV/ALGO/seedS` process (one torch thread); wall time and steps/s are its training loop's, from "
+        "summary.json.",
+        "",
+    ]
     for (env_id, algo), group in groups.items():
         lines += group_markdown(env_id, algo, group)
     lines += ["## Commands", "", "The invocations of this script that wrote the table:", ""]
@@ -228,8 +254,9 @@ def previous_commands(md_path: Path) -> list[str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--env", nargs="+", required=True, help="gymnasium ids, e.g. CartPole-v1")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="training seeds")
     parser.add_argument("--total-steps", type=int, default=None, help="env steps per run; None: the preset's")
@@ -278,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         finished.append(row["status"])
         final = row["final_eval_return_mean"]
         result = f"final eval {final:.1f}" if final is not None else f"exit {code}, see {job.run_dir.name}.log"
-        print(f"[{len(finished)}/{len(jobs)}] {job.env_id} {job.algo} seed {job.seed}: {row['status']}, {result}",
-              flush=True)  # fmt: skip
+        print(
+            f"[{len(finished)}/{len(jobs)}] {job.env_id} {job.algo} seed {job.seed}: {row['status']}, {result}",
+            flush=True,
+        )
 
     pool = ThreadPoolExecutor(max_workers=args.workers)
     futures = {pool.submit(run_job, job, args.total_steps): job for job in jobs}

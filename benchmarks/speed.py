@@ -193,8 +193,11 @@ def describe(cfg: Any, continuous: bool) -> str:
     for key, value in arguments["policy_kwargs"].items():
         parts.append(f"{key}={value.__name__ if isinstance(value, type) else value}")
     normalize = cfg.normalize_obs or cfg.normalize_reward
-    parts.append(f"VecNormalize(norm_obs={cfg.normalize_obs}, norm_reward={cfg.normalize_reward}, "
-                 f"clip 10, gamma={cfg.gamma})" if normalize else "no VecNormalize")  # fmt: skip
+    parts.append(
+        f"VecNormalize(norm_obs={cfg.normalize_obs}, norm_reward={cfg.normalize_reward}, clip 10, gamma={cfg.gamma})"
+        if normalize
+        else "no VecNormalize"
+    )
     return ", ".join(parts)
 
 
@@ -214,8 +217,20 @@ def time_process(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str
 
 def train_argv(case: Case, run_dir: Path) -> list[str]:
     """Our ``lab train`` arguments for a case."""
-    return ["train", "--algo", "ppo", "--env", case.env_id, "--seed", str(SEED),
-            "--total-steps", str(case.total_steps), *OURS_FLAGS, "--run-dir", str(run_dir)]  # fmt: skip
+    return [
+        "train",
+        "--algo",
+        "ppo",
+        "--env",
+        case.env_id,
+        "--seed",
+        str(SEED),
+        "--total-steps",
+        str(case.total_steps),
+        *OURS_FLAGS,
+        "--run-dir",
+        str(run_dir),
+    ]
 
 
 def checkpoint_gradient_steps(run_dir: Path) -> int | None:
@@ -238,8 +253,18 @@ def run_ours(case: Case, repeat: int) -> Timed:
         ok = proc.returncode == 0 and summary.get("status") == "completed"
         optimizer_steps = checkpoint_gradient_steps(run_dir) if ok else None
     steps = summary.get("total_steps") if ok else None
-    return Timed(case.name, case.env_id, "ours", repeat, wall, steps, steps / wall if steps else None,
-                 summary.get("wall_time_s") if ok else None, proc.returncode, optimizer_steps)  # fmt: skip
+    return Timed(
+        case.name,
+        case.env_id,
+        "ours",
+        repeat,
+        wall,
+        steps,
+        steps / wall if steps else None,
+        summary.get("wall_time_s") if ok else None,
+        proc.returncode,
+        optimizer_steps,
+    )
 
 
 def sb3_argv(cfg: Any) -> list[str]:
@@ -255,8 +280,18 @@ def run_sb3(case: Case, cfg: Any, repeat: int) -> Timed:
     if proc.returncode == 0 and proc.stdout.strip():
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     steps = result.get("total_steps")
-    return Timed(case.name, case.env_id, "sb3", repeat, wall, steps, steps / wall if steps else None,
-                 result.get("loop_s"), proc.returncode, result.get("gradient_steps"))  # fmt: skip
+    return Timed(
+        case.name,
+        case.env_id,
+        "sb3",
+        repeat,
+        wall,
+        steps,
+        steps / wall if steps else None,
+        result.get("loop_s"),
+        proc.returncode,
+        result.get("gradient_steps"),
+    )
 
 
 # ── the ceiling: raw env step rate ─────────────────────────────────────────────────────────────────
@@ -292,8 +327,12 @@ def ceiling(cfg: Any, seconds: float) -> tuple[dict[str, float], str]:
                 single.reset()
         return block
 
-    options = envs.EnvOptions(normalize_obs=cfg.normalize_obs, normalize_reward=cfg.normalize_reward,
-                              gamma=cfg.gamma, vectorization=cfg.vectorization)  # fmt: skip
+    options = envs.EnvOptions(
+        normalize_obs=cfg.normalize_obs,
+        normalize_reward=cfg.normalize_reward,
+        gamma=cfg.gamma,
+        vectorization=cfg.vectorization,
+    )
     vector = envs.make_vector(cfg.env_id, cfg.n_envs, options)  # as agents.plumbing.open_envs builds it
     vector.action_space.seed(SEED)
     vector_actions = [vector.action_space.sample() for _ in range(max(1, block // cfg.n_envs))]  # (N, ...) each
@@ -355,8 +394,13 @@ def profile_ours(case: Case) -> tuple[Timed, dict[str, float]]:
     """One more process of ours, with phase timers; the phases in seconds, and the whole process."""
     with tempfile.TemporaryDirectory(prefix="speed-profile-") as tmp:
         report = Path(tmp) / "profile.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-child", str(report),
-               *train_argv(case, Path(tmp) / "run")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--profile-child",
+            str(report),
+            *train_argv(case, Path(tmp) / "run"),
+        ]
         wall, proc = time_process(cmd)
         totals = json.loads(report.read_text()) if report.exists() else {}
     timed = Timed(case.name, case.env_id, "ours_profiled", 1, wall, None, None, None, proc.returncode)
@@ -424,12 +468,18 @@ def case_markdown(result: CaseResult) -> str:
     """The section of speed.md for one case."""
     case = result.case
     steps = next((t.total_steps for t in result.timed if t.total_steps), case.total_steps)
-    lines = [f"## {case.name}: {case.env_id}, {steps:,} steps, seed {SEED}", "",
-             f"Hyperparameters (our preset, as SB3 arguments): {result.hyperparameters}. "
-             f"Ours also runs its final evaluation, {result.eval_episodes} episodes, inside the measured time.", "",
-             ("| implementation | process times (s) | median (s) | steps/s, whole process | steps/s, training loop "
-              "| gradient steps |"),
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"## {case.name}: {case.env_id}, {steps:,} steps, seed {SEED}",
+        "",
+        f"Hyperparameters (our preset, as SB3 arguments): {result.hyperparameters}. Ours also runs its final "
+        f"evaluation, {result.eval_episodes} episodes, inside the measured time.",
+        "",
+        (
+            "| implementation | process times (s) | median (s) | steps/s, whole process | steps/s, training loop | "
+            "gradient steps |"
+        ),
+        "|---|---|---|---|---|---|",
+    ]
     medians: dict[str, float | None] = {}  # steps/s of the whole process
     loops: dict[str, float | None] = {}  # steps/s of the training loop
     work: dict[str, set[int | None]] = {}  # the gradient steps each implementation's processes took
@@ -441,8 +491,10 @@ def case_markdown(result: CaseResult) -> str:
         loops[impl] = _median([t.total_steps / t.loop_s for t in good if t.loop_s])  # type: ignore[operator]
         work[impl] = {t.gradient_steps for t in good}
         counts = ", ".join("–" if n is None else f"{n:,}" for n in sorted(work[impl], key=lambda n: n or 0))
-        lines.append(f"| {label} | {times or '–'} | {_fmt(_median([t.wall_s for t in good]))} "
-                     f"| {_fmt(medians[impl], 0)} | {_fmt(loops[impl], 0)} | {counts or '–'} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {times or '–'} | {_fmt(_median([t.wall_s for t in good]))} | {_fmt(medians[impl], 0)} | "
+            f"{_fmt(loops[impl], 0)} | {counts or '–'} |"
+        )
     r = ratio(result)
     verdict = "–" if r is None else (f"ours is ×{r:.2f} faster" if r >= 1 else f"ours is ×{1 / r:.2f} slower")
     lines += ["", f"SB3 / ours, median process times: {_fmt(r)} ({verdict}).", ""]
@@ -452,16 +504,26 @@ def case_markdown(result: CaseResult) -> str:
     if result.ceiling:
         vector = result.ceiling["vector"]
         fraction, loop_fraction = (f"{100 * v / vector:.1f}%" if v else "–" for v in (medians["ours"], loops["ours"]))
-        lines += ["Ceiling: random actions, pre-sampled, no policy.", "",
-                  "| env | steps/s |", "|---|---|",
-                  f"| one plain `gym.make` env | {_fmt(result.ceiling['single'], 0)} |",
-                  f"| our preset's vector env ({result.ceiling_vector}) | {_fmt(vector, 0)} |", "",
-                  f"Our training runs at {fraction} of the vector env's ceiling counting the whole process, "
-                  f"{loop_fraction} counting its training loop only (medians).", ""]  # fmt: skip
+        lines += [
+            "Ceiling: random actions, pre-sampled, no policy.",
+            "",
+            "| env | steps/s |",
+            "|---|---|",
+            f"| one plain `gym.make` env | {_fmt(result.ceiling['single'], 0)} |",
+            f"| our preset's vector env ({result.ceiling_vector}) | {_fmt(vector, 0)} |",
+            "",
+            f"Our training runs at {fraction} of the vector env's ceiling counting the whole process, {loop_fraction} "
+            f"counting its training loop only (medians).",
+            "",
+        ]
     if result.profile:
         whole = result.profile["whole process"]
-        lines += ["Where our time goes (one extra process of ours, with timers around the phases):", "",
-                  "| part | s | % of the process |", "|---|---|---|"]  # fmt: skip
+        lines += [
+            "Where our time goes (one extra process of ours, with timers around the phases):",
+            "",
+            "| part | s | % of the process |",
+            "|---|---|---|",
+        ]
         labels = {
             "rollout": "rollout (`ppo.Learner.collect`)",
             "update": "update (`ppo.Learner.learn`: GAE and the epochs)",
@@ -478,22 +540,28 @@ def case_markdown(result: CaseResult) -> str:
         env_s = steps / result.ceiling["vector"]
         floor = result.fixed["import torch"] + result.profile["update"] + env_s
         per_step = 1000 * result.profile["update"] / result.gradient_steps
-        lines += [f"A bound on the ratio. Three costs no faster code around the update removes: (1) what every torch "
-                  f"process pays (fresh processes, medians of 3): `import torch`, {_fmt(result.fixed['import torch'])}"
-                  f" s (SB3 also builds a torch optimizer, which imports torch's compiler stack, "
-                  f"{_fmt(result.fixed['first torch optimizer'])} s; ours does not); (2) the update: "
-                  f"{result.gradient_steps:,} gradient steps at {per_step:.2f} ms each, {_fmt(result.profile['update'])}"
-                  f" s; (3) {steps:,} steps of the preset's vector env at its ceiling rate, {_fmt(env_s)} s. With "
-                  f"acting, logging, evaluation and everything else free, our process would take {_fmt(floor)} s: "
-                  f"SB3 / that = {_fmt(sb3 / floor if sb3 else None)}, the most this update allows.", ""]  # fmt: skip
+        lines += [
+            f"A bound on the ratio. Three costs no faster code around the update removes: (1) what every torch process "
+            f"pays (fresh processes, medians of 3): `import torch`, {_fmt(result.fixed['import torch'])} s (SB3 also "
+            f"builds a torch optimizer, which imports torch's compiler stack, "
+            f"{_fmt(result.fixed['first torch optimizer'])} s; ours does not); (2) the update: "
+            f"{result.gradient_steps:,} gradient steps at {per_step:.2f} ms each, {_fmt(result.profile['update'])} s; "
+            f"(3) {steps:,} steps of the preset's vector env at its ceiling rate, {_fmt(env_s)} s. With acting, "
+            f"logging, evaluation and everything else free, our process would take {_fmt(floor)} s: SB3 / that = "
+            f"{_fmt(sb3 / floor if sb3 else None)}, the most this update allows.",
+            "",
+        ]
     return "\n".join(lines)
 
 
 def markdown(results: list[CaseResult], command: str, machine: str) -> str:
     head = [
-        "# Training speed: our PPO beside Stable-Baselines3's PPO", "",
-        f"Command: `{command}`", "",
-        f"Machine: {machine}. Date: {time.strftime('%Y-%m-%d')}.", "",
+        "# Training speed: our PPO beside Stable-Baselines3's PPO",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine}. Date: {time.strftime('%Y-%m-%d')}.",
+        "",
         "Conventions: each time is a whole process, wall clock from spawn to exit, interpreter start and imports "
         "included; both sides single-threaded (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, torch.set_num_threads(1)); "
         "identical hyperparameters, resolved from our preset; ours and SB3 alternate. "
@@ -503,10 +571,11 @@ def markdown(results: list[CaseResult], command: str, machine: str) -> str:
         "Both sides take the same env steps and the same gradient steps: SB3's PPO trains as `--algo sb3-ppo` "
         "trains it (`agents.sb3.Learner`: `collect_rollouts`, then `train()`, once per epoch where the preset "
         "recomputes advantages every epoch); the gradient steps column counts each process's optimizer steps. "
-        "\"Training loop\" steps/s: ours excludes its final evaluation; SB3's is its collect/train loop. "
+        '"Training loop" steps/s: ours excludes its final evaluation; SB3\'s is its collect/train loop. '
         "Envs: ours through `envs.make_vector` (gymnasium's native vector env where it exists); SB3 through "
-        "`make_vec_env` (a DummyVecEnv of Monitor-wrapped envs).", "",
-    ]  # fmt: skip
+        "`make_vec_env` (a DummyVecEnv of Monitor-wrapped envs).",
+        "",
+    ]
     return "\n".join(head + [case_markdown(r) for r in results])
 
 
@@ -533,14 +602,16 @@ def write_outputs(out: Path, results: list[CaseResult], command: str, machine: s
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES), help="cases to time")
     parser.add_argument("--repeats", type=int, default=3, help="timed processes per implementation and case")
     parser.add_argument("--out", default="benchmarks/results/speed", help="folder for speed.csv and speed.md")
     parser.add_argument("--cartpole-steps", type=int, default=CASES["cartpole"].total_steps, help="steps (testing)")
-    parser.add_argument("--halfcheetah-steps", type=int, default=CASES["halfcheetah"].total_steps,
-                        help="steps (testing)")  # fmt: skip
+    parser.add_argument(
+        "--halfcheetah-steps", type=int, default=CASES["halfcheetah"].total_steps, help="steps (testing)"
+    )
     parser.add_argument("--ceiling-seconds", type=float, default=2.0, help="measurement time of each env rate")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.cartpole_steps < 1 or args.halfcheetah_steps < 1 or args.ceiling_seconds <= 0:

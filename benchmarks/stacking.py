@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import speed
+from benchmarks import speed  # noqa: E402  (after the sys.path line above, run as a script)
 
 CASES = {
     "cartpole": speed.Case("cartpole", "CartPole-v1", 100_000),
@@ -106,8 +106,9 @@ def timed(cmd: list[str], core: int | None) -> tuple[float, Any]:
     import subprocess
 
     start = time.perf_counter()
-    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=speed.child_env(), capture_output=True, text=True,
-                          preexec_fn=pinned(core))  # fmt: skip
+    proc = subprocess.run(
+        cmd, check=False, cwd=ROOT, env=speed.child_env(), capture_output=True, text=True, preexec_fn=pinned(core)
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         print(f"process failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}", file=sys.stderr)
@@ -116,8 +117,22 @@ def timed(cmd: list[str], core: int | None) -> tuple[float, Any]:
 
 def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int], algo: str = "ppo") -> list[str]:
     which = ["--seed", str(seeds[0])] if len(seeds) == 1 else ["--seeds", ",".join(map(str, seeds))]
-    return [sys.executable, "-m", "lab", "train", "--algo", algo, "--env", case.env_id, *which,
-            "--total-steps", str(steps), *speed.OURS_FLAGS, "--run-dir", str(run_dir)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "lab",
+        "train",
+        "--algo",
+        algo,
+        "--env",
+        case.env_id,
+        *which,
+        "--total-steps",
+        str(steps),
+        *speed.OURS_FLAGS,
+        "--run-dir",
+        str(run_dir),
+    ]
 
 
 def total_gradient_steps(rows: list[Row]) -> int | None:
@@ -144,19 +159,31 @@ def profile_argv(cfg: Any, seeds: list[int], run_dir: Path, algo: str) -> list[s
     return [sys.executable, "-c", PROFILE_SCRIPT, json.dumps(cfgs), str(run_dir), algo]
 
 
-def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed.Case], steps: dict[str, int],
-             algo: str = "ppo") -> str:  # fmt: skip
-    lines = ["# Seeds side by side in one process, against one process per seed", "",
-             f"Command: `{command}`", "", f"Machine: {machine}", "",
-             ("Each time is a whole process pinned to one core, wall clock from spawn to exit, imports included; "
-              "processes ran one after another. Ours: no periodic evaluation or intermediate checkpoint, its final "
-              "evaluation and checkpoint included; SB3: its collect and train() phases only, nothing evaluated or saved, "
-              "with the same gradient steps as ours (its train() once per epoch where the preset recomputes advantages "
-              "every epoch). Gradient steps: each process's optimizer steps, summed over its seeds."), ""]  # fmt: skip
+def markdown(
+    rows: list[Row], command: str, machine: str, cases: dict[str, speed.Case], steps: dict[str, int], algo: str = "ppo"
+) -> str:
+    lines = [
+        "# Seeds side by side in one process, against one process per seed",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine}",
+        "",
+        (
+            "Each time is a whole process pinned to one core, wall clock from spawn to exit, imports included; "
+            "processes ran one after another. Ours: no periodic evaluation or intermediate checkpoint, its final "
+            "evaluation and checkpoint included; SB3: its collect and train() phases only, nothing evaluated or saved, "
+            "with the same gradient steps as ours (its train() once per epoch where the preset recomputes advantages "
+            "every epoch). Gradient steps: each process's optimizer steps, summed over its seeds."
+        ),
+        "",
+    ]
     for name in dict.fromkeys(r.case for r in rows):
         case_rows = [r for r in rows if r.case == name]
-        by = {impl: [r for r in case_rows if r.impl == impl and r.returncode == 0] for impl in
-              ("stacked", "ours", "sb3", "turns", "stacked_profiled", "size")}  # fmt: skip
+        by = {
+            impl: [r for r in case_rows if r.impl == impl and r.returncode == 0]
+            for impl in ("stacked", "ours", "sb3", "turns", "stacked_profiled", "size")
+        }
         lines += [f"## {name}: {algo.upper()}, {cases[name].env_id}, {steps[name]:,} steps per seed", ""]
         if by["size"]:
             lines += ["| seeds in the process | wall (s) | s per seed |", "|---|---|---|"]
@@ -169,9 +196,12 @@ def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed
             "| how | processes | seeds | total wall (s) | s per seed | gradient steps |",
             "|---|---|---|---|---|---|",
         ]
-        for impl, label in (("stacked", "ours, stacked (`train --seeds`)"), ("ours", "ours, one process per seed"),
-                            ("sb3", "Stable-Baselines3, one process per seed"),
-                            ("turns", "ours, one process, seeds taking turns unbatched")):  # fmt: skip
+        for impl, label in (
+            ("stacked", "ours, stacked (`train --seeds`)"),
+            ("ours", "ours, one process per seed"),
+            ("sb3", "Stable-Baselines3, one process per seed"),
+            ("turns", "ours, one process, seeds taking turns unbatched"),
+        ):
             seeds = sum(r.seeds for r in by[impl])
             if seeds:
                 counted = "–" if work[impl] is None else f"{work[impl]:,}"
@@ -190,20 +220,33 @@ def markdown(rows: list[Row], command: str, machine: str, cases: dict[str, speed
         if total["turns"] and by["stacked_profiled"]:
             # Both started the same way (PROFILE_SCRIPT, no command line): batched against unbatched alone.
             batched = by["stacked_profiled"][0].wall_s
-            lines.append(f"\nseeds taking turns / batched, both started by the same script ({total['turns']:.1f} s against "
-                         f"{batched:.1f} s): **{total['turns'] / batched:.2f}×**")  # fmt: skip
+            lines.append(
+                f"\nseeds taking turns / batched, both started by the same script ({total['turns']:.1f} s against "
+                f"{batched:.1f} s): **{total['turns'] / batched:.2f}×**"
+            )
         if by["stacked_profiled"]:
             r = by["stacked_profiled"][0]
             assert r.collect_s is not None and r.update_s is not None
             rest = r.wall_s - r.collect_s - r.update_s
-            lines += ["", "Where the stacked process's time goes (one more process, with timers):", "",
-                      "| part | s | % |", "|---|---|---|",
-                      (f"| collect: acting (one batched forward pass) and stepping each seed's envs | {r.collect_s:.1f} | "
-                       f"{100 * r.collect_s / r.wall_s:.0f} |"),
-                      (f"| update: {'group advantages' if algo == 'grpo' else 'GAE'} and the batched gradient steps | "
-                       f"{r.update_s:.1f} | {100 * r.update_s / r.wall_s:.0f} |"),
-                      (f"| rest: start, imports, envs, logging, evaluation, checkpoints | {rest:.1f} | "
-                       f"{100 * rest / r.wall_s:.0f} |")]  # fmt: skip
+            lines += [
+                "",
+                "Where the stacked process's time goes (one more process, with timers):",
+                "",
+                "| part | s | % |",
+                "|---|---|---|",
+                (
+                    f"| collect: acting (one batched forward pass) and stepping each seed's envs | {r.collect_s:.1f} | "
+                    f"{100 * r.collect_s / r.wall_s:.0f} |"
+                ),
+                (
+                    f"| update: {'group advantages' if algo == 'grpo' else 'GAE'} and the batched gradient steps | "
+                    f"{r.update_s:.1f} | {100 * r.update_s / r.wall_s:.0f} |"
+                ),
+                (
+                    f"| rest: start, imports, envs, logging, evaluation, checkpoints | {rest:.1f} | "
+                    f"{100 * rest / r.wall_s:.0f} |"
+                ),
+            ]
         lines.append("")
     return "\n".join(lines)
 
@@ -248,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="stacking-") as tmp:
             if args.sizes:
                 for size in [int(s) for s in args.sizes.split(",")]:
-                    wall, proc = timed(ours_argv(case, case.total_steps, Path(tmp) / f"size{size}", list(range(size)),
-                                                 args.algo), args.core)  # fmt: skip
+                    wall, proc = timed(
+                        ours_argv(case, case.total_steps, Path(tmp) / f"size{size}", list(range(size)), args.algo),
+                        args.core,
+                    )
                     record(Row(name, "size", size, f"0-{size - 1}", wall, proc.returncode))
                 continue
             stacked_dir = Path(tmp) / "stacked"
@@ -270,8 +315,18 @@ def main(argv: list[str] | None = None) -> int:
                     record(Row(name, "sb3", 1, str(seed), wall, proc.returncode, gradient_steps=work))
             wall, proc = timed(profile_argv(cfg, seeds, Path(tmp) / "profiled", args.algo), args.core)
             timers = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
-            record(Row(name, "stacked_profiled", len(seeds), f"0-{seeds[-1]}", wall, proc.returncode,
-                       timers.get("collect"), timers.get("update")))  # fmt: skip
+            record(
+                Row(
+                    name,
+                    "stacked_profiled",
+                    len(seeds),
+                    f"0-{seeds[-1]}",
+                    wall,
+                    proc.returncode,
+                    timers.get("collect"),
+                    timers.get("update"),
+                )
+            )
     print(f"wrote {args.out / 'stacking.md'}")
     return 0 if all(r.returncode == 0 for r in rows) else 1
 

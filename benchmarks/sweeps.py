@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the machine line comes from speed.py
-from speed import machine_line  # noqa: E402
+from speed import machine_line
 
-from lab.results import Run, find_runs  # noqa: E402
+from lab.results import Run, find_runs
 
 
 def first_reach(run: Run, threshold: float) -> tuple[int, float] | None:
@@ -38,20 +38,36 @@ def row(label: str, overrides: list[str], runs: list[Run], threshold: float | No
     mean = statistics.fmean(finals) if finals else float("nan")
     spread = statistics.pstdev(finals) if len(finals) > 1 else 0.0
     per_seed = ", ".join(f"{r.final_return:.0f}" for r in runs if r.final_return is not None)
-    cells = [f"`{label}`", "<br>".join(f"`{o}`" for o in overrides) or "(preset)", ", ".join(str(r.seed) for r in runs),
-             f"**{mean:.1f}** ± {spread:.1f} ({per_seed})"]  # fmt: skip
+    cells = [
+        f"`{label}`",
+        "<br>".join(f"`{o}`" for o in overrides) or "(preset)",
+        ", ".join(str(r.seed) for r in runs),
+        f"**{mean:.1f}** ± {spread:.1f} ({per_seed})",
+    ]
     if threshold is not None:
         reached = [first_reach(r, threshold) for r in runs]
         hits = [x for x in reached if x is not None]
-        cells.append(f"{len(hits)}/{len(runs)}" + (f": median {statistics.median(s for s, _ in hits):,.0f} steps, "
-                                                   f"{statistics.median(t for _, t in hits):.0f} s" if hits else ""))  # fmt: skip
+        cells.append(
+            f"{len(hits)}/{len(runs)}"
+            + (
+                f": median {statistics.median(s for s, _ in hits):,.0f} steps, "
+                f"{statistics.median(t for _, t in hits):.0f} s"
+                if hits
+                else ""
+            )
+        )
     cells.append(f"{statistics.fmean(r.last_step for r in runs):,.0f}")
     cells.append(f"{statistics.fmean(r.last_wall_time_s for r in runs):.0f}")
     return "| " + " | ".join(cells) + " |"
 
 
-def table_text(benches: list[Path], title: str, threshold: float | None = None, seeds: list[int] | None = None,
-               envs: list[str] | None = None) -> str:
+def table_text(
+    benches: list[Path],
+    title: str,
+    threshold: float | None = None,
+    seeds: list[int] | None = None,
+    envs: list[str] | None = None,
+) -> str:
     """The Markdown page: one table per env, a row per bench in the order given, then the benches' commands."""
     by_env: dict[str, list[str]] = {}
     commands: list[str] = []
@@ -59,8 +75,11 @@ def table_text(benches: list[Path], title: str, threshold: float | None = None, 
         spec = yaml.safe_load((bench / "bench.yaml").read_text())
         overrides = [o for values in (spec.get("overrides") or {}).values() for o in values]
         commands += spec.get("commands", [])[:1]
-        runs = [r for r in find_runs([bench]) if r.status == "completed" and (seeds is None or r.seed in seeds)
-                and (envs is None or r.env_id in envs)]  # fmt: skip
+        runs = [
+            r
+            for r in find_runs([bench])
+            if r.status == "completed" and (seeds is None or r.seed in seeds) and (envs is None or r.env_id in envs)
+        ]
         for env_id in sorted({r.env_id for r in runs}):
             mine = [r for r in runs if r.env_id == env_id]
             by_env.setdefault(env_id, []).append(row(bench.name, overrides, mine, threshold))
@@ -68,10 +87,16 @@ def table_text(benches: list[Path], title: str, threshold: float | None = None, 
     if threshold is not None:
         header.append(f"first eval ≥ {threshold:g}")
     header += ["env steps", "wall s"]
-    lines = [f"# {title}", "", f"Machine: {machine_line()}.", "",
-             "Final eval: the final deterministic policy, 10 episodes on the fixed seeds 1000000…, the raw env "
-             "return; mean ± population std over seeds, then each seed's. Wall seconds come from runs that shared "
-             "the machine's cores with other runs: they order settings, they are not a speed benchmark.", ""]  # fmt: skip
+    lines = [
+        f"# {title}",
+        "",
+        f"Machine: {machine_line()}.",
+        "",
+        "Final eval: the final deterministic policy, 10 episodes on the fixed seeds 1000000…, the raw env return; mean "
+        "± population std over seeds, then each seed's. Wall seconds come from runs that shared the machine's cores "
+        "with other runs: they order settings, they are not a speed benchmark.",
+        "",
+    ]
     for env_id, rows in by_env.items():
         lines += [f"## {env_id}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows, ""]
     lines += ["Commands:", "", "```bash", *commands, "```", ""]

@@ -42,8 +42,8 @@ def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict
 
 
 def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, float, dict[str, int]]:
-    """GRPO's collection (``grpo.Learner.collect``, a stack of one) with the untrained policy: the rate of the steps that
-    produce samples, the fraction of idle steps, and memory."""
+    """GRPO's collection (``grpo.Learner.collect``, a stack of one) with the untrained policy: the rate of the steps
+    that produce samples, the fraction of idle steps, and memory."""
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", env_id, continuous, {})
     stack = grpo.Learner([cfg])
     steps, idle, iteration, started = 0, 0, 0, time.perf_counter()
@@ -75,24 +75,26 @@ def main() -> None:
     lines = [
         "# Collection throughput and memory: GRPO beside PPO",
         "",
-        f"Command: `python benchmarks/throughput.py --envs {' '.join(args.envs)} --seconds {args.seconds:g}`. "
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch thread, torch {torch.__version__}, "
-        f"gymnasium {gym.__version__}. Presets of each agent, untrained policies; GRPO counts the steps that "
-        "produce samples, as its budget does.",
+        f"Command: `python benchmarks/throughput.py --envs {' '.join(args.envs)} --seconds {args.seconds:g}`. Machine: "
+        f"{platform.machine()}, {torch.get_num_threads()} torch thread, torch {torch.__version__}, gymnasium "
+        f"{gym.__version__}. Presets of each agent, untrained policies; GRPO counts the steps that produce samples, as "
+        "its budget does.",
         "",
-        "| env | PPO rollout steps/s | GRPO sample steps/s | GRPO / PPO | GRPO idle steps (not counted) | "
-        "PPO parameters (actor+critic) | GRPO parameters (actor + reference) | PPO bytes (nets + Adam) | "
-        "GRPO bytes (actor + reference + Adam) |",
+        "| env | PPO rollout steps/s | GRPO sample steps/s | GRPO / PPO | GRPO idle steps (not counted) | PPO "
+        "parameters (actor+critic) | GRPO parameters (actor + reference) | PPO bytes (nets + Adam) | GRPO bytes (actor "
+        "+ reference + Adam) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for env_id in args.envs:
         continuous = isinstance(action_space_of(env_id), gym.spaces.Box)
         ppo_sps, ppo_mem = ppo_rate(env_id, continuous, args.seconds)
         grpo_sps, idle, grpo_mem = grpo_rate(env_id, continuous, args.seconds)
-        row = (f"| {env_id} | {ppo_sps:,.0f} | {grpo_sps:,.0f} | {grpo_sps / ppo_sps:.2f} | {idle:.0%} | "
-               f"{ppo_mem['parameters_actor_critic']:,} | {grpo_mem['parameters_actor']:,} + "
-               f"{grpo_mem['parameters_reference']:,} | {ppo_mem['model_memory_bytes']:,} | "
-               f"{grpo_mem['model_memory_bytes']:,} |")  # fmt: skip
+        row = (
+            f"| {env_id} | {ppo_sps:,.0f} | {grpo_sps:,.0f} | {grpo_sps / ppo_sps:.2f} | {idle:.0%} | "
+            f"{ppo_mem['parameters_actor_critic']:,} | {grpo_mem['parameters_actor']:,} + "
+            f"{grpo_mem['parameters_reference']:,} | {ppo_mem['model_memory_bytes']:,} | "
+            f"{grpo_mem['model_memory_bytes']:,} |"
+        )
         print(row, flush=True)
         lines.append(row)
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -99,8 +99,8 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     closest = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
     hint = f"Closest registered ids: {', '.join(closest)}." if closest else "No registered id is close."
     raise BadInput(
-        f"Unknown environment id {env_id!r}. {hint} "
-        "List them all with: python -c 'import gymnasium; gymnasium.pprint_registry()'"
+        f"Unknown environment id {env_id!r}. {hint} List them all with: python -c 'import gymnasium; "
+        "gymnasium.pprint_registry()'"
     )
 
 
@@ -122,8 +122,10 @@ def check_saved_env_id(env_id: Any, source: str, trust_module: bool = False) -> 
         raise BadInput(f"{source} has no env_id (a gymnasium id such as CartPole-v1); restore it")
     module, colon, _ = env_id.rpartition(":")
     if colon and not trust_module:
-        raise BadInput(f"{source} names the env {brief(env_id, 80)}, which would import and run the module "
-                       f"{brief(module, 60)}; if you trust that code, add {TRUST_FLAG}")  # fmt: skip
+        raise BadInput(
+            f"{source} names the env {brief(env_id, 80)}, which would import and run the module {brief(module, 60)}; "
+            f"if you trust that code, add {TRUST_FLAG}"
+        )
     check_env_id(env_id)
     return env_id
 
@@ -160,16 +162,21 @@ def mujoco_gl_problem(
     value = environ.get("MUJOCO_GL", "").strip().lower()
     fix = video_fix(find_library)
     if value not in _GL_VALUES:
-        return f"MUJOCO_GL={brief(value, 40)} is not a MuJoCo GL back-end (egl, osmesa, glfw). Fix: unset MUJOCO_GL " \
-               f"to train; to record videos {fix}"  # fmt: skip
+        return (
+            f"MUJOCO_GL={brief(value, 40)} is not a MuJoCo GL back-end (egl, osmesa, glfw). Fix: unset MUJOCO_GL to "
+            f"train; to record videos {fix}"
+        )
     if value in _GL_LIBRARIES and not find_library(_GL_LIBRARIES[value][0]):
         library, install = _GL_LIBRARIES[value]
         if render:
-            return f"MUJOCO_GL={value}, but the {library} library is not installed, so MuJoCo cannot draw. Fix: " \
-                   f"install {library} ({install}), or {fix}"  # fmt: skip
-        return f"MUJOCO_GL={value}, but the {library} library is not installed, and MuJoCo loads it as it is " \
-               f"imported, even to train. Fix: unset MUJOCO_GL to train (training renders nothing); to record " \
-               f"videos {fix}"  # fmt: skip
+            return (
+                f"MUJOCO_GL={value}, but the {library} library is not installed, so MuJoCo cannot draw. Fix: install "
+                f"{library} ({install}), or {fix}"
+            )
+        return (
+            f"MUJOCO_GL={value}, but the {library} library is not installed, and MuJoCo loads it as it is imported, "
+            f"even to train. Fix: unset MUJOCO_GL to train (training renders nothing); to record videos {fix}"
+        )
     if not render:
         return None
     if value in _GL_OFF:
@@ -209,8 +216,10 @@ def check_can_render(env_id: str) -> None:
         except BadInput:
             raise
         except Exception as error:  # noqa: BLE001  rendering back-ends fail in many ways; all need the same fix
-            raise BadInput(f"{env_id} cannot render here ({type(error).__name__}: {brief(str(error), 160)}). Fix: for "
-                           f"MuJoCo on a machine without a display, {video_fix()}") from None  # fmt: skip
+            raise BadInput(
+                f"{env_id} cannot render here ({type(error).__name__}: {brief(str(error), 160)}). Fix: for MuJoCo on a "
+                f"machine without a display, {video_fix()}"
+            ) from None
 
 
 @functools.cache
@@ -227,9 +236,11 @@ def quiet_mujoco_warnings() -> None:
         return
     except Exception as error:  # noqa: BLE001  a GL back-end that fails to load raises anything (AttributeError)
         # mujoco imports the GL back-end MUJOCO_GL names as it is imported; mujoco_gl_problem catches the known cases.
-        raise BadInput(f"MuJoCo cannot be imported with MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r} "
-                       f"({type(error).__name__}: {brief(str(error), 120)}). Fix: unset MUJOCO_GL to train (training "
-                       f"renders nothing); to record videos {video_fix()}") from None  # fmt: skip
+        raise BadInput(
+            f"MuJoCo cannot be imported with MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r} ({type(error).__name__}: "
+            f"{brief(str(error), 120)}). Fix: unset MUJOCO_GL to train (training renders nothing); to record videos "
+            f"{video_fix()}"
+        ) from None
     seen: set[str] = set()
 
     def warn(message: str) -> None:
@@ -281,8 +292,12 @@ class ClipAction(vector_wrappers.TransformAction):
     def __init__(self, env: VectorEnv) -> None:
         space = env.single_action_space
         unbounded = gym.spaces.Box(-np.inf, np.inf, space.shape, space.dtype)
-        super().__init__(env, lambda actions: np.clip(actions, space.low, space.high).astype(space.dtype, copy=False),
-                         batch_space(unbounded, env.num_envs), unbounded)  # fmt: skip
+        super().__init__(
+            env,
+            lambda actions: np.clip(actions, space.low, space.high).astype(space.dtype, copy=False),
+            batch_space(unbounded, env.num_envs),
+            unbounded,
+        )
 
 
 class RewardOffset(VectorWrapper):
@@ -359,8 +374,13 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     if options.reward_offset:
         env = RewardOffset(env, options.reward_offset)
     if options.normalize_reward:
-        env = NormalizeReward(env, gamma=options.gamma, clip=options.clip_reward, groups=options.stacked_seeds,
-                              restart=options.reward_norm_restart)  # fmt: skip
+        env = NormalizeReward(
+            env,
+            gamma=options.gamma,
+            clip=options.clip_reward,
+            groups=options.stacked_seeds,
+            restart=options.reward_norm_restart,
+        )
     if env.metadata.get("autoreset_mode") != AutoresetMode.NEXT_STEP:
         raise RuntimeError("a wrapper changed the autoreset mode")
     return env

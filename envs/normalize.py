@@ -152,9 +152,14 @@ class NormalizeReward(vector_wrappers.NormalizeReward):
     """
 
     def __init__(
-        self, env: VectorEnv, gamma: float = 0.99, clip: float | None = None, epsilon: float = 1e-8, groups: int = 1,
+        self,
+        env: VectorEnv,
+        gamma: float = 0.99,
+        clip: float | None = None,
+        epsilon: float = 1e-8,
+        groups: int = 1,
         restart: Literal["terminated", "done"] = "terminated",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(env, gamma=gamma, epsilon=epsilon)
         self.return_rms = running_statistics(env, groups, (), np.float64)
         self.clip = clip

@@ -93,8 +93,8 @@ def snapshot(env: gym.Env) -> dict[str, Any]:
         state["task"] = copy.deepcopy(base.get_state())
     else:
         raise NotRestorable(
-            f"{env.spec.id if env.spec else type(base).__name__} has no state that can be set directly; "
-            "only MuJoCo, classic-control and get_state/set_state environments are restorable by state"
+            f"{env.spec.id if env.spec else type(base).__name__} has no state that can be set directly; only MuJoCo, "
+            "classic-control and get_state/set_state environments are restorable by state"
         )
     return state
 

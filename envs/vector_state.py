@@ -18,10 +18,10 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import SyncVectorEnv, VectorEnv
 from gymnasium.wrappers import vector as vector_wrappers
 
-from envs.snapshot import is_restorable, restore, snapshot
 from envs.errors import BadInput
 from envs.factory import find_wrapper
 from envs.normalize import seed_statistics
+from envs.snapshot import is_restorable, restore, snapshot
 
 
 def _rms_state(rms: Any) -> dict[str, Any]:
@@ -75,8 +75,10 @@ def load_normalizer_state(env: VectorEnv, state: dict[str, Any], seed: int = 0, 
     obs_norm = find_wrapper(env, vector_wrappers.NormalizeObservation)
     reward_norm = find_wrapper(env, vector_wrappers.NormalizeReward)
     if (obs_norm is not None) != ("obs_rms" in state) or (reward_norm is not None) != ("return_rms" in state):
-        raise BadInput("the checkpoint's normalizer statistics do not match the normalization settings of the run's "
-                       "config.yaml (normalize_obs, normalize_reward): restore the settings it was trained with")
+        raise BadInput(
+            "the checkpoint's normalizer statistics do not match the normalization settings of the run's config.yaml "
+            "(normalize_obs, normalize_reward): restore the settings it was trained with"
+        )
     if obs_norm is not None:
         _load_rms(_stats(obs_norm, "obs_rms", seed, seeds), state["obs_rms"])
     if reward_norm is not None:

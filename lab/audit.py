@@ -84,8 +84,10 @@ def plan(paths: Sequence[Path], which: str, out: Path, trust_env_module: bool = 
         for name in checkpoint_files(run.run_dir, which):
             targets.append(Target(run.run_dir, name, out / relative / name.removesuffix(".pt")))
     if not targets:
-        raise BadInput(f"no {which} checkpoint under {', '.join(map(str, paths))}: runs keep earlier checkpoints only "
-                       "with --set keep_checkpoints=STEP,…; use --checkpoints final")  # fmt: skip
+        raise BadInput(
+            f"no {which} checkpoint under {', '.join(map(str, paths))}: runs keep earlier checkpoints only with --set "
+            "keep_checkpoints=STEP,…; use --checkpoints final"
+        )
     return targets
 
 
@@ -101,7 +103,9 @@ def done_record(target: Target, settings: AuditSettings) -> dict[str, Any] | Non
     return None
 
 
-def measure(config_text: str, checkpoint: bytes, name: str, settings: AuditSettings) -> tuple[dict[str, Any], list[dict]]:
+def measure(
+    config_text: str, checkpoint: bytes, name: str, settings: AuditSettings
+) -> tuple[dict[str, Any], list[dict]]:
     """One checkpoint's audit, in a worker process on any machine: the run's config.yaml and checkpoint travel
     as data, and (the record of audit.json, the rows of samples.csv) come back."""
     import tempfile
@@ -129,11 +133,20 @@ def measure(config_text: str, checkpoint: bytes, name: str, settings: AuditSetti
         shape_env.close()
     started = time.perf_counter()
     result = audit.audit(audit_env, model, cfg.gamma, settings)
-    record = {"checkpoint": name, "algo": algo, "seed": cfg.seed, "env": env_label({**values, "env_id": cfg.env_id}),
-              "global_step": ckpt["global_step"], "gamma": cfg.gamma, "value_scale": audit_env.reward_scale,
-              "restore": audit_env.mode, "settings": asdict(settings), "branches": result.branches,
-              "env_steps": result.env_steps,
-              "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    record = {
+        "checkpoint": name,
+        "algo": algo,
+        "seed": cfg.seed,
+        "env": env_label({**values, "env_id": cfg.env_id}),
+        "global_step": ckpt["global_step"],
+        "gamma": cfg.gamma,
+        "value_scale": audit_env.reward_scale,
+        "restore": audit_env.mode,
+        "settings": asdict(settings),
+        "branches": result.branches,
+        "env_steps": result.env_steps,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     return record, result.rows()
 
 
@@ -169,17 +182,28 @@ def heartbeat_line(elapsed_s: float, done: int, total: int, workers: int, second
     return f"[{fmt_duration(elapsed_s)}] audits {done}/{total} done · ETA {eta}"
 
 
-def run_audits(targets: list[Target], settings: AuditSettings, workers: int, backend: str = "local",
-               ray_address: str | None = None, heartbeat_s: float = HEARTBEAT_S,
-               ) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
+def run_audits(
+    targets: list[Target],
+    settings: AuditSettings,
+    workers: int,
+    backend: str = "local",
+    ray_address: str | None = None,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Every target's audit not yet on disk, ``workers`` at a time on this machine (``local``) or as Ray tasks
     of one CPU each (``ray``). Each is written as soon as it finishes, with a line printed, and a heartbeat
     line comes every ``heartbeat_s`` seconds; one that fails is reported and the others go on. Returns the
     records of the audits done (in the targets' order) and a line for each failure."""
     records = {i: done_record(target, settings) for i, target in enumerate(targets)}
     todo = [i for i, record in records.items() if record is None]
-    jobs = {i: ((targets[i].run_dir / "config.yaml").read_text(), (targets[i].run_dir / targets[i].checkpoint).read_bytes(),
-                targets[i].checkpoint) for i in todo}  # fmt: skip
+    jobs = {
+        i: (
+            (targets[i].run_dir / "config.yaml").read_text(),
+            (targets[i].run_dir / targets[i].checkpoint).read_bytes(),
+            targets[i].checkpoint,
+        )
+        for i in todo
+    }
     failures: list[str] = []
     seconds_each: list[float] = []  # the audits finished by this invocation: the ETA's basis
 
@@ -195,9 +219,12 @@ def run_audits(targets: list[Target], settings: AuditSettings, workers: int, bac
             print(f"failed: {failures[-1]}", file=sys.stderr, flush=True)
             return
         seconds_each.append(record["seconds"])
-        print(f"[{sum(r is not None for r in records.values())}/{len(targets)}] {record['env']} {record['algo']} seed "
-              f"{record['seed']} at step {record['global_step']:,}: {record['env_steps']:,} env steps, "
-              f"{record['seconds']:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"[{sum(r is not None for r in records.values())}/{len(targets)}] {record['env']} {record['algo']} seed "
+            f"{record['seed']} at step {record['global_step']:,}: {record['env_steps']:,} env steps, "
+            f"{record['seconds']:.0f} s",
+            flush=True,
+        )
 
     with Heartbeat(beat, heartbeat_s):
         if backend == "ray":
@@ -226,9 +253,10 @@ def checkpoint_scores(record: dict[str, Any], samples: list[dict[str, str]]) -> 
 
     estimators = [name for name in samples[0] if name not in SAMPLE_COLUMNS]
     rows = []
-    bins = [("all", samples)] + [(f"{low}–{high - 1}" if high < 10**9 else f"≥{low}",
-                                  [s for s in samples if low <= int(s["steps_left"]) < high])
-                                 for low, high in DISTANCE_BINS]  # fmt: skip
+    bins = [("all", samples)] + [
+        (f"{low}–{high - 1}" if high < 10**9 else f"≥{low}", [s for s in samples if low <= int(s["steps_left"]) < high])
+        for low, high in DISTANCE_BINS
+    ]
     for bin_name, chosen in bins:
         if not chosen:
             continue
@@ -240,9 +268,18 @@ def checkpoint_scores(record: dict[str, Any], samples: list[dict[str, str]]) -> 
             score = scores(estimate, truth, se)
             score["relative_mse"] = score["mse"] / spread if spread > 0 else None
             score["noise_share"] = share
-            rows.append({"env": record["env"], "algo": record["algo"], "seed": record["seed"],
-                         "global_step": record["global_step"], "checkpoint": record["checkpoint"],
-                         "estimator": name, "steps_left": bin_name, **score})  # fmt: skip
+            rows.append(
+                {
+                    "env": record["env"],
+                    "algo": record["algo"],
+                    "seed": record["seed"],
+                    "global_step": record["global_step"],
+                    "checkpoint": record["checkpoint"],
+                    "estimator": name,
+                    "steps_left": bin_name,
+                    **score,
+                }
+            )
     return rows
 
 
@@ -256,12 +293,21 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[(row["env"], row["algo"], row["checkpoint"], row["estimator"], row["steps_left"])].append(row)
-    return [{"env": env, "algo": algo, "checkpoint": checkpoint, "estimator": estimator, "steps_left": bin_name,
-             "seeds": len(members), "samples": sum(m["samples"] for m in members),
-             "signed": sum(m["signed"] for m in members),
-             "global_step": round(statistics.fmean(m["global_step"] for m in members)),
-             **{score: mean_or_none([m[score] for m in members]) for score in SCORES}}
-            for (env, algo, checkpoint, estimator, bin_name), members in groups.items()]  # fmt: skip
+    return [
+        {
+            "env": env,
+            "algo": algo,
+            "checkpoint": checkpoint,
+            "estimator": estimator,
+            "steps_left": bin_name,
+            "seeds": len(members),
+            "samples": sum(m["samples"] for m in members),
+            "signed": sum(m["signed"] for m in members),
+            "global_step": round(statistics.fmean(m["global_step"] for m in members)),
+            **{score: mean_or_none([m[score] for m in members]) for score in SCORES},
+        }
+        for (env, algo, checkpoint, estimator, bin_name), members in groups.items()
+    ]
 
 
 def _fmt(value: float | None) -> str:
@@ -278,8 +324,11 @@ def plot_scores(summary: list[dict[str, Any]], out: Path) -> Path:
     rows = [r for r in summary if r["steps_left"] == "all"]
     envs = sorted({r["env"] for r in rows}, key=natural_key)
     policies = sorted({(r["algo"], r["checkpoint"]) for r in rows})
-    panels = [("rank_correlation", "Spearman ρ(Â, A)"), ("sign_agreement", "sign agreement"),
-              ("relative_mse", "MSE / Var[A]")]  # fmt: skip
+    panels = [
+        ("rank_correlation", "Spearman ρ(Â, A)"),
+        ("sign_agreement", "sign agreement"),
+        ("relative_mse", "MSE / Var[A]"),
+    ]
     fig, axes = new_figure(len(panels) * len(policies), ncols=len(panels), panel_size=(4.6, 3.2))
     # One colour per estimator across every panel; up to 20 estimators stay apart.
     palette = matplotlib.colormaps["tab20"]
@@ -288,10 +337,16 @@ def plot_scores(summary: list[dict[str, Any]], out: Path) -> Path:
         mine = [r for r in rows if (r["algo"], r["checkpoint"]) == (algo, checkpoint)]
         for (score, label), ax in zip(panels, axes[p * len(panels) : (p + 1) * len(panels)]):
             for estimator in sorted({r["estimator"] for r in mine}):
-                points = [(envs.index(r["env"]), r[score]) for r in mine if r["estimator"] == estimator and r[score] is not None]
+                points = [
+                    (envs.index(r["env"]), r[score])
+                    for r in mine
+                    if r["estimator"] == estimator and r[score] is not None
+                ]
                 if points:
                     ax.plot(*zip(*sorted(points)), marker="o", label=estimator, color=colours[estimator])
-            ax.set_xticks(range(len(envs)), [e.partition("[")[2].rstrip("]") or e for e in envs], rotation=30, fontsize=7)
+            ax.set_xticks(
+                range(len(envs)), [e.partition("[")[2].rstrip("]") or e for e in envs], rotation=30, fontsize=7
+            )
             ax.set_title(f"{algo}, {checkpoint}: {label}", fontsize=9)
             if score == "relative_mse":
                 ax.set_yscale("symlog", linthresh=0.1)
@@ -339,46 +394,99 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
     K, reached = settings["branches"], sorted({record.get("branches", settings["branches"]) for record in records})
     rollouts = f"{K} Q- and {K} V-rollouts each"
     if settings.get("max_branches"):
-        rollouts += (f", {K} more of each at a time while the truth's noise share exceeded "
-                     f"{settings['noise_target']:.0%}, up to {settings['max_branches']} (reached: "
-                     f"{', '.join(map(str, reached))})")  # fmt: skip
+        rollouts += (
+            f", {K} more of each at a time while the truth's noise share exceeded {settings['noise_target']:.0%}, up "
+            f"to {settings['max_branches']} (reached: {', '.join(map(str, reached))})"
+        )
     blocks: list[Block] = [
         Heading(1, "Advantage estimators against the Monte-Carlo truth"),
-        Para(f"Command: `{command}`. {len(records)} checkpoints; per checkpoint {settings['samples']} sampled steps of "
-             f"{settings['groups']}×{settings['group_size']} trunk episodes, the truth from {rollouts} "
-             "(common random numbers), vine values from "
-             f"{settings['vine_branches']} rollouts. Audit seed {settings['seed']}. Cost: "
-             f"{sum(r['env_steps'] for r in records):,} env steps; the checkpoints' audits took {cost:,.0f} s "
-             "together (each one's wall time, in one process)."),
-        Para("Sign agreement counts samples whose truth is more than 2 standard errors from 0. ρ is Spearman's rank "
-             "correlation. Bias, variance and MSE are in the estimator's own units; outcome, process and step_alive "
-             "are normalized, so compare them by ρ and sign. MSE / Var[A] is 0 for a perfect estimate and 1 for one "
-             "as far off as the truth's own spread. Truth noise is the mean SE², the part of the MSE the truth adds. "
-             "Noise share is truth noise / Var[A]: near 0, the truth is sharp against what it measures. Scores are means "
-             "over seeds."),
-        Image("plots/audit-scores.png", "scores against the env", "Rank correlation, sign agreement and MSE / Var[A] "
-              "per estimator (all samples), for each algo and checkpoint"),
-    ]  # fmt: skip
+        Para(
+            f"Command: `{command}`. {len(records)} checkpoints; per checkpoint {settings['samples']} sampled steps of "
+            f"{settings['groups']}×{settings['group_size']} trunk episodes, the truth from {rollouts} (common random "
+            f"numbers), vine values from {settings['vine_branches']} rollouts. Audit seed {settings['seed']}. Cost: "
+            f"{sum(r['env_steps'] for r in records):,} env steps; the checkpoints' audits took {cost:,.0f} s together "
+            "(each one's wall time, in one process)."
+        ),
+        Para(
+            "Sign agreement counts samples whose truth is more than 2 standard errors from 0. ρ is Spearman's rank "
+            "correlation. Bias, variance and MSE are in the estimator's own units; outcome, process and step_alive are "
+            "normalized, so compare them by ρ and sign. MSE / Var[A] is 0 for a perfect estimate and 1 for one as far "
+            "off as the truth's own spread. Truth noise is the mean SE², the part of the MSE the truth adds. Noise "
+            "share is truth noise / Var[A]: near 0, the truth is sharp against what it measures. Scores are means over "
+            "seeds."
+        ),
+        Image(
+            "plots/audit-scores.png",
+            "scores against the env",
+            "Rank correlation, sign agreement and MSE / Var[A] per estimator (all samples), for each algo and "
+            "checkpoint",
+        ),
+    ]
     plot_scores(summary, out)
-    header = ["algo", "checkpoint (mean step)", "estimator", "seeds", "samples", "clearly signed", "sign agr.", "ρ",
-              "bias", "variance", "MSE", "MSE / Var[A]", "truth noise", "noise share"]  # fmt: skip
-    noisy = sorted({(r["env"], r["algo"], r["checkpoint"]) for r in summary
-                    if r["steps_left"] == "all" and r["noise_share"] is not None and r["noise_share"] > NOISE_TARGET})  # fmt: skip
+    header = [
+        "algo",
+        "checkpoint (mean step)",
+        "estimator",
+        "seeds",
+        "samples",
+        "clearly signed",
+        "sign agr.",
+        "ρ",
+        "bias",
+        "variance",
+        "MSE",
+        "MSE / Var[A]",
+        "truth noise",
+        "noise share",
+    ]
+    noisy = sorted(
+        {
+            (r["env"], r["algo"], r["checkpoint"])
+            for r in summary
+            if r["steps_left"] == "all" and r["noise_share"] is not None and r["noise_share"] > NOISE_TARGET
+        }
+    )
     if noisy:
-        blocks.append(Para(f"**Too few rollouts** for {len(noisy)} of the audited (env, algo, checkpoint) cells: there the "
-                           f"truth's noise is more than {NOISE_TARGET:.0%} of its spread (noise share = mean SE² / Var[A]), so "
-                           "its scores measure the noise as much as the estimators. More `--branches` shrink SE² in "
-                           "proportion; `--max-branches` adds them where needed: " + "; ".join(f"{e} {a} {c}" for e, a, c in noisy) + "."))  # fmt: skip
+        blocks.append(
+            Para(
+                f"**Too few rollouts** for {len(noisy)} of the audited (env, algo, checkpoint) cells: there the "
+                f"truth's noise is more than {NOISE_TARGET:.0%} of its spread (noise share = mean SE² / Var[A]), so "
+                "its scores measure the noise as much as the estimators. More `--branches` shrink SE² in proportion; "
+                "`--max-branches` adds them where needed: " + "; ".join(f"{e} {a} {c}" for e, a, c in noisy) + "."
+            )
+        )
     for env in sorted({r["env"] for r in summary}, key=natural_key):
-        mine = sorted((r for r in summary if r["env"] == env and r["steps_left"] == "all"),
-                      key=lambda r: (r["algo"], r["global_step"], r["estimator"]))  # fmt: skip
-        blocks += [Heading(2, env), Table(header, [[r["algo"], f"{r['checkpoint']} ({r['global_step']:,})", r["estimator"],
-                   str(r["seeds"]), str(r["samples"]), str(r["signed"]), *(_fmt(r[s]) for s in SCORES)]
-                   for r in mine])]  # fmt: skip
+        mine = sorted(
+            (r for r in summary if r["env"] == env and r["steps_left"] == "all"),
+            key=lambda r: (r["algo"], r["global_step"], r["estimator"]),
+        )
+        blocks += [
+            Heading(2, env),
+            Table(
+                header,
+                [
+                    [
+                        r["algo"],
+                        f"{r['checkpoint']} ({r['global_step']:,})",
+                        r["estimator"],
+                        str(r["seeds"]),
+                        str(r["samples"]),
+                        str(r["signed"]),
+                        *(_fmt(r[s]) for s in SCORES),
+                    ]
+                    for r in mine
+                ],
+            ),
+        ]
         image = plot_scatter(out, [samples for record, samples in audits if record["env"] == env], env)
         shown = env.replace("[", " (").replace("]", ")")  # brackets would end a Markdown image's alt text
-        blocks.append(Image(str(image.relative_to(out)), f"estimate against truth on {shown}",
-                            f"Every sample of {shown}, all algos and checkpoints"))  # fmt: skip
+        blocks.append(
+            Image(
+                str(image.relative_to(out)),
+                f"estimate against truth on {shown}",
+                f"Every sample of {shown}, all algos and checkpoints",
+            )
+        )
     paths = {"md": out / "audit.md", "html": out / "audit.html", "csv": out / "scores.csv"}
     rundir.atomic_write_text(paths["md"], render_markdown(blocks))
     rundir.atomic_write_text(paths["html"], render_html(blocks, "Advantage audit", out))

@@ -6,9 +6,10 @@ starts; ``lab.executor`` runs its cells, on this machine or on a Ray cluster, ea
 
 A bench is idempotent: a finished cell is skipped, an interrupted one resumes from its checkpoint (as does one
 whose trainer alone was killed, in the retry and on a rerun), and a failed one is recorded with its error, set
-aside and retried once from scratch, without stopping the others; a finished run is reused only if it was trained with the settings the grid asks for. Ctrl-C stops
-every cell at its next iteration, with a checkpoint, so rerunning the same command continues. One writer
-at a time: the driver locks the bench directory for the whole grid, and each trainer its run directory.
+aside and retried once from scratch, without stopping the others; a finished run is reused only if it was
+trained with the settings the grid asks for. Ctrl-C stops every cell at its next iteration, with a checkpoint,
+so rerunning the same command continues. One writer at a time: the driver locks the bench directory for the
+whole grid, and each trainer its run directory.
 The report (``lab.report``) is rebuilt from disk at the end.
 """
 
@@ -28,9 +29,9 @@ import yaml
 from agents import registry, rundir
 from agents.config import SEED_LIMIT, parse_overrides, read_yaml
 from envs.errors import BadInput, brief
+from lab.board import HEARTBEAT_S, Heartbeat
 from lab.cells import Cell, Outcome, log_path, read_status, reused_elsewhere
 from lab.document import counted, fmt_duration
-from lab.board import HEARTBEAT_S, Heartbeat
 from lab.executor import connect_ray, execute
 from lab.kept import copy_run_into
 from lab.plan import resolve_run
@@ -52,9 +53,13 @@ class Grid:
     variants: dict[str, list[str]] = field(default_factory=lambda: {"": []})  # label → pairs for every algo
 
     def cells(self) -> list[Cell]:
-        return [Cell(a, e, s, self.total_steps, tuple(self.overrides.get(a, []) + pairs), v)
-                for e in self.envs for v, pairs in self.variants.items() for a in self.algos
-                for s in self.seeds]  # fmt: skip
+        return [
+            Cell(a, e, s, self.total_steps, tuple(self.overrides.get(a, []) + pairs), v)
+            for e in self.envs
+            for v, pairs in self.variants.items()
+            for a in self.algos
+            for s in self.seeds
+        ]
 
     def definition(self) -> dict[str, Any]:
         """What makes two runs of a bench the same grid: a rerun with another definition is refused."""
@@ -84,8 +89,10 @@ def plan_grid(
     ``first_seed``: a sweep on seeds 100 … leaves 0 … unseen for the results it chooses between."""
     name = name if name is not None else suite or "custom"
     if not BENCH_NAME.fullmatch(name):
-        raise BadInput(f"--name {brief(name, 80)} is not a bench name: give one folder name (it becomes runs/bench/NAME) made "
-                       "of letters, digits, '.', '_' and '-', not starting with '.'")  # fmt: skip
+        raise BadInput(
+            f"--name {brief(name, 80)} is not a bench name: give one folder name (it becomes runs/bench/NAME) made of "
+            "letters, digits, '.', '_' and '-', not starting with '.'"
+        )
     if suite is not None and suite not in SUITES:
         raise BadInput(f"unknown suite {brief(suite, 80)}; choose one of {', '.join(SUITES)}")
     base = SUITES[suite] if suite else Suite(envs=())
@@ -101,7 +108,7 @@ def plan_grid(
         raise BadInput(f"no environments: pass --envs ENV_ID ... or --suite {'|'.join(SUITES)}")
     if not grid.seeds:
         raise BadInput("--seeds must be at least 1")
-    if not (0 <= first_seed and grid.seeds[-1] < SEED_LIMIT):
+    if not (first_seed >= 0 and grid.seeds[-1] < SEED_LIMIT):
         raise BadInput(f"--first-seed must leave every seed in [0, 2**32 - 1], got {first_seed}")
     if grid.total_steps is not None and grid.total_steps < 1:
         raise BadInput(f"--total-steps must be positive, got {grid.total_steps}")
@@ -117,13 +124,16 @@ def plan_grid(
         algo, _, rest = pair.partition(".")
         if algo not in registry.entries():
             choices = ", ".join(registry.NAMES)
-            raise BadInput(f"--set in a bench takes ALGO.key=value (ALGO one of {choices}) or key=value; "
-                           f"got {brief(pair)}")  # fmt: skip
+            raise BadInput(
+                f"--set in a bench takes ALGO.key=value (ALGO one of {choices}) or key=value; got {brief(pair)}"
+            )
         grid.overrides.setdefault(algo, []).append(rest)
     for algo, pairs in grid.overrides.items():
         if "seed" in parse_overrides(pairs):
-            raise BadInput(f"--set seed would give every seed of {algo} one seed; choose the seeds with --seeds N and "
-                           "--first-seed K")  # fmt: skip
+            raise BadInput(
+                f"--set seed would give every seed of {algo} one seed; choose the seeds with --seeds N and "
+                "--first-seed K"
+            )
     for env_id in grid.envs:
         for algo in grid.algos:
             for pairs in grid.variants.values():
@@ -141,9 +151,8 @@ def check_bench_dir(bench_dir: Path, grid: Grid) -> None:
         saved = read_yaml(path) or {}
         if {k: saved.get(k) for k in definition} != definition:
             raise BadInput(
-                f"{bench_dir} was run with total_steps={saved.get('total_steps')}, overrides="
-                f"{saved.get('overrides')} and variants={saved.get('variants')}; use another --name for different "
-                "settings"
+                f"{bench_dir} was run with total_steps={saved.get('total_steps')}, overrides={saved.get('overrides')} "
+                f"and variants={saved.get('variants')}; use another --name for different settings"
             )
 
 
@@ -288,9 +297,11 @@ def run_grid(
         # Before any cell starts: BadInput naming an unreadable summary.json, or a run trained with other settings.
         others = [why for cell in cells if (why := reused_elsewhere(cell, bench_dir))]
         if others:
-            raise BadInput(f"{len(others)} run(s) of {bench_dir} were trained with other settings than this bench asks "
-                           f"for (the presets changed?): {'; '.join(others[:3])}{' …' if len(others) > 3 else ''}. "
-                           "Use another --name, or move those runs away to train them again.")  # fmt: skip
+            raise BadInput(
+                f"{len(others)} run(s) of {bench_dir} were trained with other settings than this bench asks for (the "
+                f"presets changed?): {'; '.join(others[:3])}{' …' if len(others) > 3 else ''}. Use another --name, or "
+                "move those runs away to train them again."
+            )
         if prepare is not None:
             prepare(bench_dir)
         started = write_bench_yaml(bench_dir, grid, workers)

@@ -58,9 +58,12 @@ class Board:
     """
 
     def __init__(
-        self, cells: list[Cell], slots: int | None, probe: Callable[[], list[tuple[int, float]]] | None = None,
+        self,
+        cells: list[Cell],
+        slots: int | None,
+        probe: Callable[[], list[tuple[int, float]]] | None = None,
         stack: int = 1,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cells, self.total, self.slots, self.probe, self.stack = cells, len(cells), slots, probe, stack
         self.done = self.failed = self.interrupted = self.running = self.processes = self.trained = 0
         self.ended: set[Cell] = set()
@@ -104,8 +107,10 @@ class Board:
         self.ended.add(outcome.cell)
         skipped = outcome.attempts == 0 and outcome.status == "completed"
         how = "skipped (done)" if skipped else outcome.status + (" (resumed)" if outcome.resumed else "")
-        self._show(f"{how:<21} {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}"
-                   + (f": {outcome.error}" if outcome.error and outcome.status == "failed" else ""))  # fmt: skip
+        self._show(
+            f"{how:<21} {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}"
+            + (f": {outcome.error}" if outcome.error and outcome.status == "failed" else "")
+        )
         if self.interactive:
             self.bar.update(1)
 
@@ -160,8 +165,10 @@ class Board:
         failed = f" ({self.failed} failed)" if self.failed else ""
         failed += f", {self.interrupted} interrupted" if self.interrupted else ""
         rate = f"{self.rate:,.0f} steps/s" if self.rate is not None else "steps/s n/a"
-        return (f"{where} · runs {self.running} running, {self.done}/{self.total} done{failed} · {rate} · "
-                f"ETA {fmt_duration(eta) if eta is not None else 'n/a'}")  # fmt: skip
+        return (
+            f"{where} · runs {self.running} running, {self.done}/{self.total} done{failed} · {rate} · ETA "
+            f"{fmt_duration(eta) if eta is not None else 'n/a'}"
+        )
 
     def beat(self) -> None:
         """One heartbeat: the bar's text on a terminal, and a plain line where stdout is not one."""
@@ -175,8 +182,10 @@ class Board:
     def _show(self, line: str) -> None:
         interrupted = f", {self.interrupted} interrupted" if self.interrupted else ""
         processes = f"{self.processes} process{'es' if self.processes != 1 else ''}"
-        self._print(f"[{self.done}/{self.total} done, {self.running} running in {processes}, {self.failed} failed"
-                    f"{interrupted}] {line}")  # fmt: skip
+        self._print(
+            f"[{self.done}/{self.total} done, {self.running} running in {processes}, {self.failed} "
+            f"failed{interrupted}] {line}"
+        )
 
     def _print(self, line: str) -> None:
         with self.lock:  # the heartbeat's thread prints too

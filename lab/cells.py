@@ -56,8 +56,20 @@ class Cell:
         return (env_dir / self.variant if self.variant else env_dir) / self.algo / f"seed{self.seed}"
 
     def command(self, run_dir: Path, resume: bool) -> list[str]:
-        argv = [sys.executable, "-m", "lab", "train", "--algo", self.algo, "--env", self.env_id, "--seed",
-                str(self.seed), "--run-dir", str(run_dir)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "lab",
+            "train",
+            "--algo",
+            self.algo,
+            "--env",
+            self.env_id,
+            "--seed",
+            str(self.seed),
+            "--run-dir",
+            str(run_dir),
+        ]
         if self.total_steps is not None:
             argv += ["--total-steps", str(self.total_steps)]
         for pair in self.overrides:
@@ -179,14 +191,25 @@ def wait_for_writer(run_dir: Path, timeout_s: float | None = None) -> str | None
 
 def kept_diverged(cell: Cell, run_dir: Path, error: str | None) -> Outcome:
     """The outcome of a cell whose run diverged before: failed, kept as it is, and not trained again."""
-    return Outcome(cell, "failed", f"{error} Not rerun: on the CPU the same config and seed diverge at the same "
-                   f"step. Change the config, or delete {run_dir} to train it again.", attempts=0, diverged=True)
+    return Outcome(
+        cell,
+        "failed",
+        f"{error} Not rerun: on the CPU the same config and seed diverge at the same step. Change the config, or "
+        f"delete {run_dir} to train it again.",
+        attempts=0,
+        diverged=True,
+    )
 
 
 def still_written(cell: Cell, run_dir: Path, holder: str) -> Outcome:
     """The outcome of a cell whose run directory another process still writes: failed, and left as it is."""
-    return Outcome(cell, "failed", f"{run_dir} is still being written by {holder}; stop that process (it saves a "
-                                   "checkpoint), then rerun the bench to continue the cell", attempts=0)  # fmt: skip
+    return Outcome(
+        cell,
+        "failed",
+        f"{run_dir} is still being written by {holder}; stop that process (it saves a checkpoint), then rerun the "
+        "bench to continue the cell",
+        attempts=0,
+    )
 
 
 def set_aside(run_dir: Path) -> None:
@@ -246,8 +269,13 @@ class Attempt(NamedTuple):
 def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list[Attempt]:
     """One ``testbed train`` process for the cells (seeds side by side when there are several); returns how
     each cell's attempt ended. The process's output goes to every cell's log."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           rundir.PARENT_PID: str(os.getpid())}  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        rundir.PARENT_PID: str(os.getpid()),
+    }
     run_dirs = [cell.run_dir(bench_dir) for cell in cells]
     before = [summary_stamp(run_dir) for run_dir in run_dirs]  # a summary still there afterwards is an older one
     command = stack_command(cells, bench_dir, resume)
@@ -259,8 +287,7 @@ def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list
             log.write(f"# {' '.join(log_path(run_dir).name for run_dir in run_dirs)}\n")
         log.write(f"$ {' '.join(command[1:])}\n")
         log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         stop.children[process] = tuple(run_dirs)
         stop.logs[process] = (shared_log, log.tell())
         if stop.stopped & set(run_dirs):  # stopped while this process was starting
@@ -393,13 +420,20 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop |
     if todo:
         results = _train([cells[i] for i in todo], bench_dir, any(resumed.values()), stop)
         for i, attempt in zip(todo, results, strict=True):
-            outcomes[i] = Outcome(cells[i], attempt.status, attempt.error, resumed=resumed[i],
-                                  diverged=attempt.diverged)  # fmt: skip
+            outcomes[i] = Outcome(
+                cells[i], attempt.status, attempt.error, resumed=resumed[i], diverged=attempt.diverged
+            )
             resumable[i] = attempt.resumable
 
     def to_retry() -> list[int]:
-        return [i for i in todo if outcomes[i].status == "failed" and not outcomes[i].diverged
-                and outcomes[i].attempts <= retries and not stop.halted(run_dirs[i])]  # fmt: skip
+        return [
+            i
+            for i in todo
+            if outcomes[i].status == "failed"
+            and not outcomes[i].diverged
+            and outcomes[i].attempts <= retries
+            and not stop.halted(run_dirs[i])
+        ]
 
     while retry := to_retry():
         for i in retry:
@@ -409,7 +443,13 @@ def run_cells(cells: list[Cell], bench_dir: Path, retries: int = 1, stop: Stop |
         kept = {i: resumable[i] and outcomes[i].resumed for i in retry}
         results = _train([cells[i] for i in retry], bench_dir, any(resumable[i] for i in retry), stop)
         for i, attempt in zip(retry, results, strict=True):
-            outcomes[i] = Outcome(cells[i], attempt.status, attempt.error, attempts=outcomes[i].attempts + 1,
-                                  resumed=kept[i], diverged=attempt.diverged)  # fmt: skip
+            outcomes[i] = Outcome(
+                cells[i],
+                attempt.status,
+                attempt.error,
+                attempts=outcomes[i].attempts + 1,
+                resumed=kept[i],
+                diverged=attempt.diverged,
+            )
             resumable[i] = attempt.resumable
     return [outcomes[i] for i in range(len(cells))]

@@ -1,4 +1,5 @@
-"""The ``testbed`` command line: ``train``, ``eval``, ``bench``, ``credit``, ``tune``, ``docs``, ``plot`` and ``report``.
+"""The ``testbed`` command line: ``train``, ``eval``, ``bench``, ``credit``, ``tune``, ``docs``, ``plot`` and
+``report``.
 
 Bad input exits with status 2 and a one-paragraph message, before any work starts.
 
@@ -58,24 +59,32 @@ def cmd_train(args: argparse.Namespace) -> int:
                 rundir.write_meta(r.run_dir, {"preset": r.preset, "resumed": r.mode == "resume"})
         first = runs[0]
         if seeds is None:
-            print(f"{args.algo} on {first.cfg.env_id}, seed {first.cfg.seed}, {first.cfg.total_steps} steps, preset {first.preset}")
+            print(
+                f"{args.algo} on {first.cfg.env_id}, seed {first.cfg.seed}, {first.cfg.total_steps} steps, preset "
+                f"{first.preset}"
+            )
         else:
-            print(f"{args.algo} on {first.cfg.env_id}, seeds {', '.join(map(str, seeds))} side by side, "
-                  f"{first.cfg.total_steps} steps each, preset {first.preset}")  # fmt: skip
+            print(
+                f"{args.algo} on {first.cfg.env_id}, seeds {', '.join(map(str, seeds))} side by side, "
+                f"{first.cfg.total_steps} steps each, preset {first.preset}"
+            )
         for r in runs:
             if r.mode == "done":
                 print(f"{r.run_dir} completed its {r.cfg.total_steps} steps already: nothing to do")
             elif r.mode == "new" and r.saved:
                 print(f"{r.run_dir} stopped before its first checkpoint: it starts again from its config.yaml")
-        print(f"run directory: {first.run_dir}" if seeds is None else f"run directories: {first.run_dir.parent}/seed<k>")
+        print(
+            f"run directory: {first.run_dir}" if seeds is None else f"run directories: {first.run_dir.parent}/seed<k>"
+        )
         active = [r for r in runs if r.mode != "done"]
         trained: list[dict[str, Any]] = []
         if active and seeds is None:
             trained = [algo.train(first.cfg, first.run_dir, first.mode == "resume", args.algo)]
         elif active:
             assert algo.train_stack is not None
-            trained = algo.train_stack([r.cfg for r in active], [r.run_dir for r in active],
-                                       [r.mode == "resume" for r in active], args.algo)  # fmt: skip
+            trained = algo.train_stack(
+                [r.cfg for r in active], [r.run_dir for r in active], [r.mode == "resume" for r in active], args.algo
+            )
         by_dir = {r.run_dir: summary for r, summary in zip(active, trained, strict=True)}
         summaries = [by_dir[r.run_dir] if r.run_dir in by_dir else rundir.read_summary(r.run_dir) or {} for r in runs]
 
@@ -85,8 +94,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     # One line a seed; the whole summary stays in each run's summary.json.
     if seeds is None:
         print(seed_line(summaries[0]))
-        print(f"run folder: {first.run_dir} (summary.json, progress.csv, checkpoint; TensorBoard: "
-              f"tensorboard --logdir {first.run_dir})")  # fmt: skip
+        print(
+            f"run folder: {first.run_dir} (summary.json, progress.csv, checkpoint; TensorBoard: tensorboard --logdir "
+            f"{first.run_dir})"
+        )
     else:
         for r, summary in zip(runs, summaries, strict=True):
             print(f"{seed_line(summary)}, {r.run_dir}")
@@ -108,8 +119,11 @@ def seed_line(summary: dict[str, Any]) -> str:
 
 def seeds_line(summaries: list[dict[str, Any]]) -> str:
     """The mean ± std over seeds of their final eval returns: the population std (ddof 0), as SB3 reports."""
-    finals = [s["final_eval_return_mean"] for s in summaries
-              if s.get("status") == "completed" and s.get("final_eval_return_mean") is not None]  # fmt: skip
+    finals = [
+        s["final_eval_return_mean"]
+        for s in summaries
+        if s.get("status") == "completed" and s.get("final_eval_return_mean") is not None
+    ]
     if not finals:
         return f"no seed of {len(summaries)} completed: no mean over seeds"
     n = len(summaries)
@@ -153,8 +167,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     finally:
         env.close()
     mode = "stochastic" if args.stochastic else "deterministic"
-    print(f"{cfg.env_id} after {ckpt['global_step']} steps, {mode}, {args.episodes} episodes (seeds {seeds[0]}…): "
-          f"return {returns.mean():.2f} ± {returns.std():.2f} (std over episodes)")  # fmt: skip
+    print(
+        f"{cfg.env_id} after {ckpt['global_step']} steps, {mode}, {args.episodes} episodes (seeds {seeds[0]}…): return "
+        f"{returns.mean():.2f} ± {returns.std():.2f} (std over episodes)"
+    )
     if video_dir is not None:
         from lab.video import record_episode
 
@@ -195,20 +211,27 @@ def _stopped_cells(backend: str, what: str) -> str:
 
 
 def _run_grid(
-    grid: Any, workers: int, args: argparse.Namespace, reports: str, prepare: Callable[[Path], None] | None = None,
+    grid: Any,
+    workers: int,
+    args: argparse.Namespace,
+    reports: str,
+    prepare: Callable[[Path], None] | None = None,
     reuse_from: Sequence[Path] = (),
 ) -> int:
     """Run a planned grid, then say what completed, where the reports are, and what failed."""
     try:
-        bench_dir, outcomes = bench.run_grid(grid, workers, args.backend, args.ray_address, prepare=prepare,
-                                             stack=_stack(args), reuse_from=reuse_from)  # fmt: skip
+        bench_dir, outcomes = bench.run_grid(
+            grid, workers, args.backend, args.ray_address, prepare=prepare, stack=_stack(args), reuse_from=reuse_from
+        )
     except KeyboardInterrupt:
         stopped = _stopped_cells(args.backend, "cells")
         print(f"interrupted: {stopped}; rerun the same command to continue", file=sys.stderr)
         return 130
     failed = [o for o in outcomes if o.status != "completed"]
-    print(f"{len(outcomes) - len(failed)} of {len(grid.cells())} runs completed; {reports.format(bench_dir)}; "
-          f"TensorBoard: tensorboard --logdir {bench_dir}")  # fmt: skip
+    print(
+        f"{len(outcomes) - len(failed)} of {len(grid.cells())} runs completed; {reports.format(bench_dir)}; "
+        f"TensorBoard: tensorboard --logdir {bench_dir}"
+    )
     for outcome in failed:
         print(f"  {outcome.status}: {outcome.cell.label} {outcome.cell.algo} seed {outcome.cell.seed}: {outcome.error}")
     return 1 if failed else 0
@@ -222,17 +245,28 @@ def grid_sets(args: argparse.Namespace) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     check_sizes(args)
     workers = _workers(args)
-    grid = bench.plan_grid(args.suite, args.algos, args.envs, args.seeds, args.total_steps, grid_sets(args), args.name,
-                           first_seed=args.first_seed)  # fmt: skip
+    grid = bench.plan_grid(
+        args.suite,
+        args.algos,
+        args.envs,
+        args.seeds,
+        args.total_steps,
+        grid_sets(args),
+        args.name,
+        first_seed=args.first_seed,
+    )
     reuse_from = [Path(folder) for folder in args.reuse_from or []]
     for folder in reuse_from:
         if not folder.is_dir():
-            raise BadInput(f"--reuse-from {brief(str(folder), 80)} is not a folder; give another bench's folder, "
-                           "runs/bench/NAME")  # fmt: skip
+            raise BadInput(
+                f"--reuse-from {brief(str(folder), 80)} is not a folder; give another bench's folder, runs/bench/NAME"
+            )
     cells = len(grid.cells())
-    print(f"bench {grid.name}: {counted(len(grid.algos), 'algo')} × {counted(len(grid.envs), 'env')} × "
-          f"{counted(len(grid.seeds), 'seed')} = {counted(cells, 'run')}, {args.backend} backend, "
-          f"{counted(workers, 'process', 'processes')} at a time → {bench.BENCH_ROOT / grid.name}")  # fmt: skip
+    print(
+        f"bench {grid.name}: {counted(len(grid.algos), 'algo')} × {counted(len(grid.envs), 'env')} × "
+        f"{counted(len(grid.seeds), 'seed')} = {counted(cells, 'run')}, {args.backend} backend, "
+        f"{counted(workers, 'process', 'processes')} at a time → {bench.BENCH_ROOT / grid.name}"
+    )
     return _run_grid(grid, workers, args, "report: {0}/report.md", reuse_from=reuse_from)
 
 
@@ -243,14 +277,31 @@ def cmd_credit(args: argparse.Namespace) -> int:
     workers = _workers(args)
     study = credit.plan_study(args.task, args.horizons, args.env_kwargs)
     name = args.name or "credit-" + args.task.replace(":", "-").replace("/", "_")
-    grid = bench.plan_grid(None, args.algos, [study.env_id], args.seeds, args.total_steps, grid_sets(args), name,
-                           variants=study.variants(), first_seed=args.first_seed)  # fmt: skip
+    grid = bench.plan_grid(
+        None,
+        args.algos,
+        [study.env_id],
+        args.seeds,
+        args.total_steps,
+        grid_sets(args),
+        name,
+        variants=study.variants(),
+        first_seed=args.first_seed,
+    )
     bench_dir = bench.BENCH_ROOT / grid.name
-    print(f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × "
-          f"{counted(len(grid.algos), 'algo')} × {counted(len(grid.seeds), 'seed')} = {counted(len(grid.cells()), 'run')}, "
-          f"{args.backend} backend, {counted(workers, 'process', 'processes')} at a time → {bench_dir}")  # fmt: skip
-    return _run_grid(grid, workers, args, "study report: {0}/credit.md; bench report: {0}/report.md",
-                     prepare=lambda folder: credit.write_study(folder, study))
+    print(
+        f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × "
+        f"{counted(len(grid.algos), 'algo')} × {counted(len(grid.seeds), 'seed')} = "
+        f"{counted(len(grid.cells()), 'run')}, {args.backend} backend, {counted(workers, 'process', 'processes')} at a "
+        f"time → {bench_dir}"
+    )
+    return _run_grid(
+        grid,
+        workers,
+        args,
+        "study report: {0}/credit.md; bench report: {0}/report.md",
+        prepare=lambda folder: credit.write_study(folder, study),
+    )
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -262,24 +313,36 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if any(t < 0 for t in args.steps) or args.seed < 0:
         raise BadInput("--steps and --seed must be non-negative")
     if args.max_branches and args.max_branches < 2 * args.branches:
-        raise BadInput(f"--max-branches must be 0 (off) or at least twice --branches, {2 * args.branches}, so that "
-                       f"rollouts can be added; got {args.max_branches}")  # fmt: skip
+        raise BadInput(
+            f"--max-branches must be 0 (off) or at least twice --branches, {2 * args.branches}, so that rollouts can "
+            f"be added; got {args.max_branches}"
+        )
     workers = _workers(args)
     from lab import audit
 
     out = Path(args.out) if args.out else Path("runs/audit") / Path(args.paths[0]).resolve().name
     check_folder(out, "--out")
     targets = audit.plan([Path(p) for p in args.paths], args.checkpoints, out, args.trust_env_module)
-    settings = audit.AuditSettings(samples=args.samples, branches=args.branches, groups=args.groups,
-                                   group_size=args.group_size, vine_branches=args.vine_branches, seed=args.seed,
-                                   steps=tuple(args.steps), max_branches=args.max_branches)  # fmt: skip
+    settings = audit.AuditSettings(
+        samples=args.samples,
+        branches=args.branches,
+        groups=args.groups,
+        group_size=args.group_size,
+        vine_branches=args.vine_branches,
+        seed=args.seed,
+        steps=tuple(args.steps),
+        max_branches=args.max_branches,
+    )
     print(f"audit: {len(targets)} checkpoints, {workers} at a time → {out}")
     _, failures = audit.run_audits(targets, settings, workers, args.backend, args.ray_address)
     paths = audit.build_report(out, " ".join(["testbed", *sys.argv[1:]]))
     print(f"audit report: {paths['md']}")
     if failures:
-        print(f"testbed audit: {len(failures)} of {len(targets)} checkpoints failed (above); the report holds the "
-              "others. Rerun the same command after fixing the cause: finished audits are kept.", file=sys.stderr)  # fmt: skip
+        print(
+            f"testbed audit: {len(failures)} of {len(targets)} checkpoints failed (above); the report holds the "
+            "others. Rerun the same command after fixing the cause: finished audits are kept.",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -291,12 +354,26 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from lab import tune
 
     stack = _stack(args)
-    plan = tune.plan_tune(args.algo, args.env, args.trials, args.total_steps, args.seeds, args.space, args.set,
-                          args.name, args.storage, args.first_seed, args.pruner, args.startup_trials,
-                          args.sampler_seed, tuple(args.vary))  # fmt: skip
-    print(f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; "
-          f"{len(plan.space)} parameters, {args.backend} backend, {counted(args.workers, 'trial')} "
-          f"at a time → {tune.TUNE_ROOT / plan.name}")  # fmt: skip
+    plan = tune.plan_tune(
+        args.algo,
+        args.env,
+        args.trials,
+        args.total_steps,
+        args.seeds,
+        args.space,
+        args.set,
+        args.name,
+        args.storage,
+        args.first_seed,
+        args.pruner,
+        args.startup_trials,
+        args.sampler_seed,
+        tuple(args.vary),
+    )
+    print(
+        f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; {len(plan.space)} parameters, {args.backend} "
+        f"backend, {counted(args.workers, 'trial')} at a time → {tune.TUNE_ROOT / plan.name}"
+    )
     try:
         tune_dir, counts = tune.run_study(plan, args.workers, args.backend, args.ray_address, stack=stack)
     except KeyboardInterrupt:
@@ -304,8 +381,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"interrupted: {stopped}; rerun the same command to continue", file=sys.stderr)
         return 130
     done = ", ".join(f"{n} {state}" for state, n in counts.items()) or "nothing new: the study is full"
-    reports = (f"report: {tune_dir}/tune.md; preset: {tune_dir}/preset.yaml" if (tune_dir / "tune.md").exists()
-               else "no trial has completed, so there is no report yet")  # fmt: skip
+    reports = (
+        f"report: {tune_dir}/tune.md; preset: {tune_dir}/preset.yaml"
+        if (tune_dir / "tune.md").exists()
+        else "no trial has completed, so there is no report yet"
+    )
     print(f"this run: {done}; {reports}")
     return 0
 
@@ -330,7 +410,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     bench_dir = Path(args.bench_dir)
     if not bench_dir.is_dir():
-        raise BadInput(f"{bench_dir} is not a folder; give a bench directory, runs/bench/NAME, or a study's, runs/tune/NAME")
+        raise BadInput(
+            f"{bench_dir} is not a folder; give a bench directory, runs/bench/NAME, or a study's, runs/tune/NAME"
+        )
     if args.against is not None:
         from lab.committed import report_against  # statistics and plots: imported only when a report is built
 
@@ -351,8 +433,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_results(args: argparse.Namespace) -> int:
     if args.action in ("list", "pages") and (args.names or args.all or args.cheap):
-        raise BadInput(f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run` and "
-                       "`save` and `restore`")  # fmt: skip
+        raise BadInput(
+            f"`testbed results {args.action}` takes no names, --all or --cheap; they are for `run` and `save` and "
+            "`restore`"
+        )
     root = Path.cwd()
     found = manifest.load(root)
     if args.action in ("save", "restore"):
@@ -374,14 +458,19 @@ def cmd_results(args: argparse.Namespace) -> int:
             p = e.produced
             saved = f", in progress (saved {e.progress['date']})" if found.in_progress(e) else ""
             state = ", stopped" if e.stopped else ", older code" if found.older(e) else saved
-            print(f"{e.name:<32} {e.cost:<5} {p.get('date', 'not produced yet')}, commit {p.get('commit', '—')}{state}\n"
-                  f"    {e.command}")  # fmt: skip
+            print(
+                f"{e.name:<32} {e.cost:<5} {p.get('date', 'not produced yet')}, commit "
+                f"{p.get('commit', '—')}{state}\n    {e.command}"
+            )
         return 0
     from lab import pages  # statistics (scipy) only when pages are built
 
     def rebuild() -> None:
         written = pages.write_all(root)
-        print(f"pages: {len(written)} files rewritten" + (f" ({', '.join(map(str, written))})" if written else ", all up to date"))
+        print(
+            f"pages: {len(written)} files rewritten"
+            + (f" ({', '.join(map(str, written))})" if written else ", all up to date")
+        )
 
     if args.action == "run":
         chosen = manifest.select(found, args.names, args.all, args.cheap)
@@ -391,8 +480,11 @@ def cmd_results(args: argparse.Namespace) -> int:
                 print(f"[{i}/{len(chosen)}] {entry.name}: {entry.command}", flush=True)
                 found = manifest.rerun(root, found, entry)
                 done += 1
-                print(f"[{i}/{len(chosen)}] {entry.name} done in {found.entry(entry.name).produced['wall_s']:.0f} s; "
-                      f"its files are in {entry.folder}", flush=True)  # fmt: skip
+                print(
+                    f"[{i}/{len(chosen)}] {entry.name} done in {found.entry(entry.name).produced['wall_s']:.0f} s; its "
+                    f"files are in {entry.folder}",
+                    flush=True,
+                )
         finally:  # the results finished before a failure or a stop get their pages
             if done:
                 rebuild()
@@ -422,9 +514,17 @@ def os_error_message(error: OSError) -> str:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "train": cmd_train, "eval": cmd_eval, "bench": cmd_bench, "credit": cmd_credit, "audit": cmd_audit, "tune": cmd_tune,
-    "docs": cmd_docs, "plot": cmd_plot, "report": cmd_report, "results": cmd_results,
-}  # fmt: skip
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "bench": cmd_bench,
+    "credit": cmd_credit,
+    "audit": cmd_audit,
+    "tune": cmd_tune,
+    "docs": cmd_docs,
+    "plot": cmd_plot,
+    "report": cmd_report,
+    "results": cmd_results,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,8 +541,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"testbed {args.command}: error: {os_error_message(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before a run's own signal handling starts (or after it ends)
-        print(f"testbed {args.command}: interrupted. A run directory without a checkpoint can be started again "
-              "with the same command.", file=sys.stderr)  # fmt: skip
+        print(
+            f"testbed {args.command}: interrupted. A run directory without a checkpoint can be started again with the "
+            "same command.",
+            file=sys.stderr,
+        )
         return 130
 
 

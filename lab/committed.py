@@ -44,9 +44,20 @@ from lab.results import Run, find_runs, natural_key
 REPOSITORY = Path(__file__).resolve().parents[1]
 """The clone this package is imported from: where ``benchmarks/manifest.yaml`` is looked for first."""
 FINALS_COLUMNS = (
-    "result", "algo", "env", "seed", "status", "budget", "final_return", "final_return_std", "eval_episodes",
-    "steps", "wall_time_s", "commit", "run",
-)  # fmt: skip
+    "result",
+    "algo",
+    "env",
+    "seed",
+    "status",
+    "budget",
+    "final_return",
+    "final_return_std",
+    "eval_episodes",
+    "steps",
+    "wall_time_s",
+    "commit",
+    "run",
+)
 """The columns of :func:`finals`, in order."""
 CURVES_COLUMNS = ("result", "algo", "env", "seed", "global_step", "wall_time_s", "eval_return", "run")
 """The columns of :func:`curves`, in order."""
@@ -96,8 +107,10 @@ def locate(name: str | Path, root: Path | None = None) -> Source:
         return Source(path.resolve().name, path, str(name))
     close = difflib.get_close_matches(str(name), [e.name for e in entries], n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise BadInput(f"{str(name)[:200]!r} is neither a committed result nor a folder{hint}: give a name that "
-                   "`testbed results list` lists, or a folder holding runs")  # fmt: skip
+    raise BadInput(
+        f"{str(name)[:200]!r} is neither a committed result nor a folder{hint}: give a name that `testbed results "
+        "list` lists, or a folder holding runs"
+    )
 
 
 def _below(path: Path, folder: Path) -> bool:
@@ -111,8 +124,10 @@ def _read(name: str | Path, root: Path | None) -> tuple[Source, list[Run]]:
     skip = [s.resolve() for s in source.skip]
     found = [d for d in run_dirs(source.folder) if not any(d.resolve().is_relative_to(s) for s in skip)]
     if not found:
-        raise BadInput(f"{source.label} keeps no runs of its own under {source.shown}: pick a result of a bench or "
-                       "a study (`testbed results list`), whose folder keeps its runs")  # fmt: skip
+        raise BadInput(
+            f"{source.label} keeps no runs of its own under {source.shown}: pick a result of a bench or a study "
+            "(`testbed results list`), whose folder keeps its runs"
+        )
     return source, find_runs(found)
 
 
@@ -142,14 +157,24 @@ def finals(name: str | Path, root: Path | None = None) -> pd.DataFrame:
     ``eval_episodes``, ``steps`` and ``wall_time_s`` (how far it trained, how long it took), ``commit``
     (``meta.json``'s) and ``run`` (its folder, relative to the result's)."""
     source, found = _read(name, root)
-    rows = [{
-        "result": source.label, "algo": r.algo, "env": r.env_id, "seed": r.seed, "status": r.status,
-        "budget": int(r.config.get("total_steps", 0)) or None, "final_return": r.final_return,
-        "final_return_std": r.summary.get("final_eval_return_std"),
-        "eval_episodes": r.summary.get("final_eval_episodes") or r.config.get("eval_episodes"),
-        "steps": r.last_step, "wall_time_s": r.last_wall_time_s, "commit": _commit(r),
-        "run": _relative(r, source.folder),
-    } for r in found]  # fmt: skip
+    rows = [
+        {
+            "result": source.label,
+            "algo": r.algo,
+            "env": r.env_id,
+            "seed": r.seed,
+            "status": r.status,
+            "budget": int(r.config.get("total_steps", 0)) or None,
+            "final_return": r.final_return,
+            "final_return_std": r.summary.get("final_eval_return_std"),
+            "eval_episodes": r.summary.get("final_eval_episodes") or r.config.get("eval_episodes"),
+            "steps": r.last_step,
+            "wall_time_s": r.last_wall_time_s,
+            "commit": _commit(r),
+            "run": _relative(r, source.folder),
+        }
+        for r in found
+    ]
     table = pd.DataFrame(rows, columns=list(FINALS_COLUMNS))
     return table.astype({"budget": "Int64", "final_return": float, "final_return_std": float, "eval_episodes": "Int64"})
 
@@ -159,11 +184,22 @@ def curves(name: str | Path, root: Path | None = None) -> pd.DataFrame:
     ``global_step``, ``wall_time_s`` (since the run started), ``eval_return`` (the mean deterministic
     evaluation return) and ``run`` (its folder, relative to the result's)."""
     source, found = _read(name, root)
-    parts = [pd.DataFrame({
-        "result": source.label, "algo": r.algo, "env": r.env_id, "seed": r.seed, "global_step": r.steps,
-        "wall_time_s": r.wall_time_s, "eval_return": r.eval_return,
-        "run": _relative(r, source.folder),
-    }, columns=list(CURVES_COLUMNS)) for r in found]  # fmt: skip
+    parts = [
+        pd.DataFrame(
+            {
+                "result": source.label,
+                "algo": r.algo,
+                "env": r.env_id,
+                "seed": r.seed,
+                "global_step": r.steps,
+                "wall_time_s": r.wall_time_s,
+                "eval_return": r.eval_return,
+                "run": _relative(r, source.folder),
+            },
+            columns=list(CURVES_COLUMNS),
+        )
+        for r in found
+    ]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(CURVES_COLUMNS))
 
 
@@ -177,17 +213,17 @@ def _settings(runs: Sequence[Run], env: str, keys: Sequence[str]) -> dict[str, l
         if run.env_id != env:
             continue
         for key in keys:
-            if key == "eval_convention":
-                value = run.summary.get(key) or DEFAULT_EVAL_CONVENTION
-            else:
-                value = run.config.get(key)
+            value = (
+                (run.summary.get(key) or DEFAULT_EVAL_CONVENTION) if key == "eval_convention" else run.config.get(key)
+            )
             if value not in values.setdefault(key, []):
                 values[key].append(value)
     return values
 
 
-def _differences(mine: Sequence[Run], theirs: Sequence[Run], envs: Sequence[str], keys: Sequence[str],
-                 names: tuple[str, str]) -> tuple[list[str], list[str]]:  # fmt: skip
+def _differences(
+    mine: Sequence[Run], theirs: Sequence[Run], envs: Sequence[str], keys: Sequence[str], names: tuple[str, str]
+) -> tuple[list[str], list[str]]:
     """``env: key A in MINE, B in THEIRS`` for each env and key whose values differ between the two sides, and
     the options that would train the bench's runs as the result's were."""
     found: list[str] = []
@@ -225,15 +261,15 @@ def comparable_envs(mine: Sequence[Run], theirs: Sequence[Run], names: tuple[str
     shared = sorted(ours & others, key=natural_key)
     if not shared:
         raise BadInput(
-            f"{names[0]} and {names[1]} share no env: {names[0]} has {', '.join(sorted(ours))}; "
-            f"{names[1]} has {', '.join(sorted(others))}. Run your bench on one of {names[1]}'s envs"
+            f"{names[0]} and {names[1]} share no env: {names[0]} has {', '.join(sorted(ours))}; {names[1]} has "
+            f"{', '.join(sorted(others))}. Run your bench on one of {names[1]}'s envs"
         )
     for what, keys in (("budgets differ", BUDGET_KEYS), ("evaluation differs", (*EVAL_KEYS, "eval_convention"))):
         found, fixes = _differences(mine, theirs, shared, keys, names)
         if found:
             raise BadInput(
-                f"{what} on the envs both hold ({'; '.join(found)}): rerun the bench with "
-                f"{names[1]}'s ({', '.join(fixes) or 'one value per env'}) to compare like with like"
+                f"{what} on the envs both hold ({'; '.join(found)}): rerun the bench with {names[1]}'s "
+                f"({', '.join(fixes) or 'one value per env'}) to compare like with like"
             )
     return shared
 
@@ -249,8 +285,10 @@ def report_against(bench_dir: Path, name: str | Path, root: Path | None = None) 
     mine = find_runs([bench_dir])
     out_dir = bench_dir / f"against-{label}"
     if out_dir.resolve().is_relative_to(source.folder.resolve()):
-        raise BadInput(f"{bench_dir} lies inside {label}'s folder, and the comparison would be written there; "
-                       "copy the bench elsewhere first")  # fmt: skip
+        raise BadInput(
+            f"{bench_dir} lies inside {label}'s folder, and the comparison would be written there; copy the bench "
+            "elsewhere first"
+        )
     shared = comparable_envs(mine, theirs, (str(bench_dir), label))
     relabelled = [replace(r, algo=f"{r.algo}@{label}") for r in theirs if r.env_id in shared]
     compared = [r for r in mine if r.env_id in shared] + relabelled
@@ -260,20 +298,25 @@ def report_against(bench_dir: Path, name: str | Path, root: Path | None = None) 
     def where(run: Run) -> str:
         return places[(run.run_dir, run.algo)]
 
-    left_out = [f"{e} ({side})" for side, runs_of in ((str(bench_dir), mine), (label, theirs))
-                for e in sorted({r.env_id for r in runs_of} - set(shared), key=natural_key)]  # fmt: skip
+    left_out = [
+        f"{e} ({side})"
+        for side, runs_of in ((str(bench_dir), mine), (label, theirs))
+        for e in sorted({r.env_id for r in runs_of} - set(shared), key=natural_key)
+    ]
     commits = sorted({c[:7] for c in map(_commit, relabelled) if c})
-    preface = [Para(
-        f"{bench_dir.resolve().name} beside the committed result {label} (`{source.shown}`): the bench "
-        f"report over both sets of runs, {label}'s algos relabelled ALGO@{label} "
-        f"({', '.join(sorted({r.algo for r in relabelled}))}). On every env compared ({', '.join(shared)}), both "
-        "hold the same budget (total_steps, budget_seconds) and the same evaluation (eval_episodes, eval_interval, "
-        "eval_env_kwargs, convention). "
-        + (f"Left out, as only one side ran them: {', '.join(left_out)}. " if left_out else "")
-        + f"Runs: {counted(len(compared) - len(relabelled), 'run')} of the bench, {len(relabelled)} of {label}"
-        + (f", trained at commit {', '.join(commits)}. " if commits else ". ")
-        + "Wall-clock figures (steps/s, time to threshold, return at equal wall-clock) compare machines as well as "
-        "algos where the two trained on different ones (machine and software below)."
-    )]  # fmt: skip
+    preface = [
+        Para(
+            f"{bench_dir.resolve().name} beside the committed result {label} (`{source.shown}`): the bench report over "
+            f"both sets of runs, {label}'s algos relabelled ALGO@{label} "
+            f"({', '.join(sorted({r.algo for r in relabelled}))}). On every env compared ({', '.join(shared)}), both "
+            "hold the same budget (total_steps, budget_seconds) and the same evaluation (eval_episodes, eval_interval, "
+            "eval_env_kwargs, convention). "
+            + (f"Left out, as only one side ran them: {', '.join(left_out)}. " if left_out else "")
+            + f"Runs: {counted(len(compared) - len(relabelled), 'run')} of the bench, {len(relabelled)} of {label}"
+            + (f", trained at commit {', '.join(commits)}. " if commits else ". ")
+            + "Wall-clock figures (steps/s, time to threshold, return at equal wall-clock) compare machines as well as "
+            "algos where the two trained on different ones (machine and software below)."
+        )
+    ]
     with DirLock(out_dir):
         return build_report(bench_dir, compared, out_dir, f"{bench_dir.resolve().name} against {label}", where, preface)

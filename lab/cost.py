@@ -62,12 +62,16 @@ def machine_text(runs: Sequence[Run]) -> str | None:
         if len(by_version) == 1 and len(next(iter(by_version.values()))) == with_meta:
             parts.append(f"{name} {next(iter(by_version))}")
         else:
-            parts.append(f"{name} " + ", ".join(f"{version} ({counted(len(dirs), 'run')})"
-                                                for version, dirs in sorted(by_version.items())))  # fmt: skip
+            parts.append(
+                f"{name} "
+                + ", ".join(f"{version} ({counted(len(dirs), 'run')})" for version, dirs in sorted(by_version.items()))
+            )
     text = "Machine and software: " + "; ".join(parts)
     if any(len(by_version) > 1 for by_version in versions.values()):
-        text += (" (a run resumed under another counts under both; where the CPU model or the physics engine's "
-                 "version differs, runs of the same seed and settings differ too)")
+        text += (
+            " (a run resumed under another counts under both; where the CPU model or the physics engine's version "
+            "differs, runs of the same seed and settings differ too)"
+        )
     return text
 
 
@@ -105,12 +109,13 @@ def stacking_text(runs: Sequence[Run]) -> str:
     for run in runs:
         widths.setdefault(run.algo, set()).add(len(stacked_with(run)))
     stacked = [f"{algo} {'/'.join(map(str, sorted(w)))} seeds" for algo, w in sorted(widths.items()) if w != {1}]
-    return ("Core time: a run's share of its trainer process's wall-clock (one thread), the wall-clock divided by "
-            "the seeds the process trained side by side (`train --seeds`); a run alone in its process has all of "
-            "it. Steps per core-second, time to threshold, equal time and the time plots use it, so a stacked run "
-            "and a lone one compare at equal compute. "
-            + (f"Seeds per process: {', '.join(stacked)}; the others one." if stacked else "Every run had its own "
-               "process."))  # fmt: skip
+    return (
+        "Core time: a run's share of its trainer process's wall-clock (one thread), the wall-clock divided by the "
+        "seeds the process trained side by side (`train --seeds`); a run alone in its process has all of it. Steps per "
+        "core-second, time to threshold, equal time and the time plots use it, so a stacked run and a lone one compare "
+        "at equal compute. "
+        + (f"Seeds per process: {', '.join(stacked)}; the others one." if stacked else "Every run had its own process.")
+    )
 
 
 def compute_text(runs: Sequence[Run]) -> str:
@@ -126,9 +131,11 @@ def compute_text(runs: Sequence[Run]) -> str:
         processes[key] = max(processes.get(key, 0.0), seconds)
     steps = sum(int(run.summary.get("total_steps") or run.last_step) for run in runs)
     widest = max((len(seeds) for _, _, seeds in processes), default=1)
-    return (f"Compute: {fmt_steps(steps)} env steps in {sum(processes.values()) / 3600:.3g} core-hours: the wall "
-            f"time of {counted(len(processes), 'trainer process', 'trainer processes')} of one thread each, up to "
-            f"{counted(widest, 'seed')} side by side in one (a process lasts as long as its longest run)")  # fmt: skip
+    return (
+        f"Compute: {fmt_steps(steps)} env steps in {sum(processes.values()) / 3600:.3g} core-hours: the wall time of "
+        f"{counted(len(processes), 'trainer process', 'trainer processes')} of one thread each, up to "
+        f"{counted(widest, 'seed')} side by side in one (a process lasts as long as its longest run)"
+    )
 
 
 def _started(text: str) -> datetime:
@@ -159,14 +166,16 @@ def wall_clock_text(bench_dir: Path, runs: Sequence[Run]) -> str | None:
             continue  # a run without a readable start time cannot be placed
     earlier = sum(start < first for start in starts)
     if earlier:
-        text += (f"; {counted(earlier, 'run')} started before the first invocation recorded here "
-                 f"({first:%Y-%m-%d %H:%M} UTC): adopted from another bench, or trained before invocations were "
-                 "recorded, not counted")  # fmt: skip
+        text += (
+            f"; {counted(earlier, 'run')} started before the first invocation recorded here ({first:%Y-%m-%d %H:%M} "
+            f"UTC): adopted from another bench, or trained before invocations were recorded, not counted"
+        )
     # A killed invocation has no end: a run it started is placed in it up to the next invocation's start.
-    windows = spans + [(s, next((t for t in opened if t > s), datetime.max.replace(tzinfo=s.tzinfo)))
-                       for s in killed]  # fmt: skip
+    windows = spans + [(s, next((t for t in opened if t > s), datetime.max.replace(tzinfo=s.tzinfo))) for s in killed]
     outside = sum(start >= first and not any(s <= start <= e for s, e in windows) for start in starts)
     if outside:
-        text += (f"; {counted(outside, 'run')} trained outside every invocation, by a cell's own `testbed train` "
-                 "command: in the core-hours, not in this wall-clock")
+        text += (
+            f"; {counted(outside, 'run')} trained outside every invocation, by a cell's own `testbed train` command: "
+            "in the core-hours, not in this wall-clock"
+        )
     return text

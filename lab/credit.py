@@ -28,27 +28,42 @@ import yaml
 from agents.config import parse_key_values, read_yaml
 from envs import check_env_id, reference_returns
 from envs.errors import BadInput
-from lab.plot import algo_colors, new_figure, plot_env_runs, save_figure
-from lab.document import DASH, Block, Bullets, Heading, Image, Para, Table, fmt_ci, fmt_return, fmt_steps
-from lab.document import render_html, render_markdown
+from lab.document import (
+    DASH,
+    Block,
+    Bullets,
+    Heading,
+    Image,
+    Para,
+    Table,
+    fmt_ci,
+    fmt_return,
+    fmt_steps,
+    render_html,
+    render_markdown,
+)
 from lab.normalized import Reference, load_reference_scores, reference_for, reward_threshold
+from lab.plot import algo_colors, new_figure, plot_env_runs, save_figure
 from lab.results import Run, base_env_id, find_runs
 from lab.stats import bootstrap_ci
 
 STUDY_FILE = "credit.yaml"
 TASKS = {"chain": "testbed/Chain-v0", "keydoor": "testbed/KeyDoor-v0"}
-DEFAULT_HORIZONS = {"chain": ["10", "30", "100", "300", "1000"], "keydoor": ["10", "30", "100", "300", "1000"],
-                    "delayed": ["1", "20", "100", "end"]}  # fmt: skip
+DEFAULT_HORIZONS = {
+    "chain": ["10", "30", "100", "300", "1000"],
+    "keydoor": ["10", "30", "100", "300", "1000"],
+    "delayed": ["1", "20", "100", "end"],
+}
 SOLVED = 0.9
 """A task counts as solved at a normalized score of 0.9."""
 TASK_TEXT = {
-    "chain": "Chain: the first action must match a cue shown at the start; the reward for it (+1 or −1) arrives "
-    "only at the last step, after horizon − 1 steps of zero-mean random distractor rewards.",
+    "chain": "Chain: the first action must match a cue shown at the start; the reward for it (+1 or −1) arrives only "
+    "at the last step, after horizon − 1 steps of zero-mean random distractor rewards.",
     "keydoor": "Key-to-door: taking the key at the first step costs a little at once; the door pays +1 at the last "
     "step only if the key was taken; in between, zero-mean random distractor rewards.",
-    "delayed": "Delayed reward: the env's rewards are held back and released as one sum every k steps, or only at "
-    "the episode's end; every episode's return is unchanged.",
-}  # fmt: skip
+    "delayed": "Delayed reward: the env's rewards are held back and released as one sum every k steps, or only at the "
+    "episode's end; every episode's return is unchanged.",
+}
 
 
 @dataclass(frozen=True)
@@ -91,13 +106,15 @@ def plan_study(task: str, horizons: Sequence[str] | None, env_kwargs: Sequence[s
         return Study(task, TASKS[task], "horizon", values, kwargs)
     prefix, _, env_id = task.partition(":")
     if prefix != "delayed" or not env_id:
-        raise BadInput(f"unknown --task {task!r}; choose chain, keydoor or delayed:ENV_ID "
-                       "(e.g. delayed:HalfCheetah-v5)")  # fmt: skip
+        raise BadInput(
+            f"unknown --task {task!r}; choose chain, keydoor or delayed:ENV_ID (e.g. delayed:HalfCheetah-v5)"
+        )
     check_env_id(env_id)
     values = list(horizons or DEFAULT_HORIZONS["delayed"])
     if any(h != "end" and (not h.isdigit() or int(h) < 1) for h in values):
-        raise BadInput(f"--horizons of delayed:ENV_ID are reward delays (integers >= 1, or end), "
-                       f"got {' '.join(values)}")  # fmt: skip
+        raise BadInput(
+            f"--horizons of delayed:ENV_ID are reward delays (integers >= 1, or end), got {' '.join(values)}"
+        )
     return Study(task, env_id, "reward_delay", values, kwargs)
 
 
@@ -225,8 +242,11 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
         return Image(paths[0].relative_to(bench_dir).as_posix(), alt)
 
     axis = "horizon" if study.axis == "horizon" else "reward delay k"
-    solved_rule = (f"an evaluation's normalized return reaches {SOLVED}" if study.axis == "horizon"
-                   else "an evaluation's mean return reaches gymnasium's reward_threshold for the env")  # fmt: skip
+    solved_rule = (
+        f"an evaluation's normalized return reaches {SOLVED}"
+        if study.axis == "horizon"
+        else "an evaluation's mean return reaches gymnasium's reward_threshold for the env"
+    )
     score_rule = " = (R − R_random) / (R_optimal − R_random), with the task's known expected returns"
     bench = read_yaml(bench_dir / "bench.yaml") if (bench_dir / "bench.yaml").exists() else {}
     budgets = sorted({int(r.config["total_steps"]) for r in runs if r.config.get("total_steps")})
@@ -234,23 +254,38 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
         Heading(1, f"Credit-assignment study: {bench_dir.resolve().name}"),
         Heading(2, "What was run"),
         Para(TASK_TEXT[study.kind]),
-        Bullets([
-            f"Env: {study.env_id}" + (f" with {study.env_kwargs}" if study.env_kwargs else ""),
-            f"{axis.capitalize()}: {', '.join(study.horizons)}",
-            f"Algos: {', '.join(algos)}",
-            f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}",
-            (f"Env steps per run: {', '.join(fmt_steps(b) for b in budgets)}; every env step counts, the vine's "
-             "branch steps included. A run stops after the iteration that reaches the budget, so an agent "
-             "with long iterations overshoots it: the table gives the steps actually trained"),
-            f"Score: {score_name}" + (score_rule if study.axis == "horizon" else ""),
-            f"Solved: {solved_rule}. Steps to solve: the median over the seeds that solved it.",
-            ("A run's score is its final evaluation (deterministic policy, fixed evaluation seeds). "
-             "CIs are 95% percentile bootstraps over seeds."),
-            *(f"Command: `{c}`" for c in dict.fromkeys(bench.get("commands", []))),
-        ]),
-    ]  # fmt: skip
-    header = [axis, "algo", "seeds completed", "final return (mean)", f"final {score_name} (mean)", "95% CI",
-              "seeds solved", "steps to solve (median)", "env steps trained (max)"]  # fmt: skip
+        Bullets(
+            [
+                f"Env: {study.env_id}" + (f" with {study.env_kwargs}" if study.env_kwargs else ""),
+                f"{axis.capitalize()}: {', '.join(study.horizons)}",
+                f"Algos: {', '.join(algos)}",
+                f"Seeds: {', '.join(map(str, sorted({r.seed for r in runs})))}",
+                (
+                    f"Env steps per run: {', '.join(fmt_steps(b) for b in budgets)}; every env step counts, the vine's "
+                    "branch steps included. A run stops after the iteration that reaches the budget, so an agent with "
+                    "long iterations overshoots it: the table gives the steps actually trained"
+                ),
+                f"Score: {score_name}" + (score_rule if study.axis == "horizon" else ""),
+                f"Solved: {solved_rule}. Steps to solve: the median over the seeds that solved it.",
+                (
+                    "A run's score is its final evaluation (deterministic policy, fixed evaluation seeds). CIs are 95% "
+                    "percentile bootstraps over seeds."
+                ),
+                *(f"Command: `{c}`" for c in dict.fromkeys(bench.get("commands", []))),
+            ]
+        ),
+    ]
+    header = [
+        axis,
+        "algo",
+        "seeds completed",
+        "final return (mean)",
+        f"final {score_name} (mean)",
+        "95% CI",
+        "seeds solved",
+        "steps to solve (median)",
+        "env steps trained (max)",
+    ]
     rows = []
     for h in study.horizons:
         for algo in algos:
@@ -259,19 +294,28 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
                 continue
             hits = [s for s in cell.solved_at if s is not None]
             scores, done = cell.scores, cell.scores.size > 0
-            rows.append([
-                h, algo, f"{scores.size}/{len(cell.steps)}", fmt_return(float(cell.returns.mean())) if done else DASH,
-                f"{scores.mean():.3f}" if done else DASH, fmt_ci(*bootstrap_ci(scores)) if done else DASH,
-                f"{len(hits)}/{len(cell.steps)}",
-                fmt_steps(float(np.median(hits))) if hits else DASH, fmt_steps(max(cell.steps)),
-            ])  # fmt: skip
+            rows.append(
+                [
+                    h,
+                    algo,
+                    f"{scores.size}/{len(cell.steps)}",
+                    fmt_return(float(cell.returns.mean())) if done else DASH,
+                    f"{scores.mean():.3f}" if done else DASH,
+                    fmt_ci(*bootstrap_ci(scores)) if done else DASH,
+                    f"{len(hits)}/{len(cell.steps)}",
+                    fmt_steps(float(np.median(hits))) if hits else DASH,
+                    fmt_steps(max(cell.steps)),
+                ]
+            )
     blocks += [Heading(2, f"Results by {axis}"), Table(header, rows), Heading(2, "Plots")]
     score_plot = plot_vs_horizon(table, study, algos, plots / "credit-score.png", "score", f"final {score_name}")
     blocks.append(image(score_plot, f"final {score_name} vs {axis}, mean and 95% CI"))
-    solve_plot = plot_vs_horizon(table, study, algos, plots / "credit-steps-to-solve.png", "solve",
-                                 "env steps to solve")  # fmt: skip
-    blocks.append(image(solve_plot, f"env steps to solve vs {axis}: median (line) and range (band) over the seeds "
-                                    "that solved"))  # fmt: skip
+    solve_plot = plot_vs_horizon(
+        table, study, algos, plots / "credit-steps-to-solve.png", "solve", "env steps to solve"
+    )
+    blocks.append(
+        image(solve_plot, f"env steps to solve vs {axis}: median (line) and range (band) over the seeds that solved")
+    )
     curves = plot_env_runs(runs, "steps", plots / "credit-curves.png", algo_colors(algos))
     blocks.append(image(curves, f"learning curves per {axis}: eval return vs env steps, mean and 95% CI over seeds"))
     written["markdown"].write_text(render_markdown(blocks))

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 DASH = "—"
 
+
 @dataclass
 class Heading:
     level: int
@@ -124,8 +125,10 @@ def render_html(blocks: Sequence[Block], title: str, base_dir: Path) -> str:
             out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
         elif isinstance(block, Image):
             data = base64.b64encode((base_dir / block.path).read_bytes()).decode("ascii")
-            out.append(f'<figure><img alt="{html.escape(block.alt)}" src="data:image/png;base64,{data}">'
-                       f"<figcaption>{_html_text(block.shown_caption)}</figcaption></figure>")
+            out.append(
+                f'<figure><img alt="{html.escape(block.alt)}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{_html_text(block.shown_caption)}</figcaption></figure>"
+            )
         elif isinstance(block, Code):
             out.append(f"<pre><code>{html.escape(block.text.rstrip())}</code></pre>")
     out.append("</body></html>")

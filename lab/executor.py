@@ -105,8 +105,7 @@ def pack_run(run_dir: Path) -> bytes | None:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for path in parts:
-            tar.add(path, arcname=path.name,
-                    filter=lambda info: None if Path(info.name).name == rundir.LOCK else info)  # fmt: skip
+            tar.add(path, arcname=path.name, filter=lambda info: None if Path(info.name).name == rundir.LOCK else info)
     return buffer.getvalue()
 
 
@@ -115,9 +114,7 @@ def unpack_run(data: bytes, folder: Path) -> None:
         tar.extractall(folder, filter="data")
 
 
-def run_cells_remote(
-    cells: list[Cell], files: list[bytes | None], retries: int
-) -> list[tuple[Outcome, bytes | None]]:
+def run_cells_remote(cells: list[Cell], files: list[bytes | None], retries: int) -> list[tuple[Outcome, bytes | None]]:
     """A Ray task: run the cells (one stack) in a scratch bench folder, each from the run directory and log in
     its ``files`` if any; send back those run directories and logs only."""
     with scratch_folder("testbed-cells-") as scratch:  # in the instance's folder: a killed worker's goes with it
@@ -214,15 +211,18 @@ def connect_ray(address: str | None, workers: int) -> None:
         try:
             socket.create_connection((host, int(port)), timeout=5).close()
         except (OSError, ValueError) as error:
-            raise BadInput(f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "
-                           "or leave --ray-address out for a local instance.") from None  # fmt: skip
+            raise BadInput(
+                f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, or "
+                "leave --ray-address out for a local instance."
+            ) from None
         # A driver without a token is refused by a cluster with token authentication, and ray.init then says only
         # "Failed to connect", after 20 s of retries that each log a line: asked first, in one request.
         token_mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
         if not token_mode and not address.startswith("ray://") and wants_token(host, int(port)):
-            raise BadInput(f"the Ray cluster at {brief(address, 100)} is up but uses token authentication, and "
-                           "this driver sends no token. Fix: set RAY_AUTH_MODE=token and give it "
-                           f"{TOKEN_WHERE}")  # fmt: skip
+            raise BadInput(
+                f"the Ray cluster at {brief(address, 100)} is up but uses token authentication, and this driver sends "
+                f"no token. Fix: set RAY_AUTH_MODE=token and give it {TOKEN_WHERE}"
+            )
     refused = getattr(getattr(ray, "exceptions", None), "AuthenticationError", ConnectionError)
     try:
         if address:
@@ -230,17 +230,22 @@ def connect_ray(address: str | None, workers: int) -> None:
         else:
             init_local(ray, num_cpus=workers, log_to_driver=False, logging_level="ERROR", include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError, refused) as error:
-        if isinstance(error, refused) or (address and address != "auto" and not address.startswith("ray://")
-                                          and wants_token(*address.rsplit(":", 1))):  # fmt: skip
-            raise BadInput(f"the Ray cluster at {brief(address, 100)} is up but refused this driver's token "
-                           f"({brief(str(error), 100)}). Fix: give this driver {TOKEN_WHERE}") from None  # fmt: skip
-        raise BadInput(f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, "
-                       "or leave --ray-address out for a local instance.") from None  # fmt: skip
+        if isinstance(error, refused) or (
+            address and address != "auto" and not address.startswith("ray://") and wants_token(*address.rsplit(":", 1))
+        ):
+            raise BadInput(
+                f"the Ray cluster at {brief(address, 100)} is up but refused this driver's token "
+                f"({brief(str(error), 100)}). Fix: give this driver {TOKEN_WHERE}"
+            ) from None
+        raise BadInput(
+            f"cannot reach a Ray cluster at {brief(address, 100)} ({error}). Start one with `ray start --head`, or "
+            "leave --ray-address out for a local instance."
+        ) from None
 
 
 TOKEN_WHERE = (
-    "the cluster's token in RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token "
-    "(`ray get-auth-token` on the cluster's head prints it)"
+    "the cluster's token in RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (`ray "
+    "get-auth-token` on the cluster's head prints it)"
 )
 
 
@@ -254,8 +259,9 @@ def wants_token(host: str, port: int | str) -> bool:
         return False
     try:
         with grpc.insecure_channel(f"{host}:{int(port)}") as channel:
-            call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId", request_serializer=bytes,
-                                       response_deserializer=bytes)  # fmt: skip
+            call = channel.unary_unary(
+                "/ray.rpc.NodeInfoGcsService/GetClusterId", request_serializer=bytes, response_deserializer=bytes
+            )
             call(b"", timeout=5)
     except grpc.RpcError as error:
         return error.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -265,9 +271,14 @@ def wants_token(host: str, port: int | str) -> bool:
 
 
 def execute(
-    cells: list[Cell], bench_dir: Path, workers: int, backend: str, retries: int = 1, stack: int = 1,
+    cells: list[Cell],
+    bench_dir: Path,
+    workers: int,
+    backend: str,
+    retries: int = 1,
+    stack: int = 1,
     heartbeat_s: float = HEARTBEAT_S,
-) -> tuple[list[Outcome], bool]:  # fmt: skip
+) -> tuple[list[Outcome], bool]:
     """Run the cells on the backend, ``local`` (``workers`` processes at a time) or ``ray``, seeds packed into
     stacks of at most ``stack``, with SIGTERM and SIGINT stopping them cleanly and a heartbeat on the board every
     ``heartbeat_s`` seconds; (outcomes, interrupted)."""

@@ -60,23 +60,62 @@ class Budgets:
         return "quick" if self is QUICK else "full"
 
 
-FULL = Budgets(seeds=5, lunar_seeds=3, cartpole_ppo=None, cartpole_grpo=None, lunar_steps=None, chain_horizon=300,
-               chain_steps=200_000, aggregation_steps=150_000, partial_steps=8192, runaway_epochs=20,
-               kl_samples=1_000_000, group_horizon=200, evaluations="eval_interval=10000")  # fmt: skip
-QUICK = Budgets(seeds=1, lunar_seeds=1, cartpole_ppo=1024, cartpole_grpo=1500, lunar_steps=2000, chain_horizon=20,
-                chain_steps=1500, aggregation_steps=1500, partial_steps=1024, runaway_epochs=2, kl_samples=20_000,
-                group_horizon=60, evaluations="eval_episodes=2")  # fmt: skip
+FULL = Budgets(
+    seeds=5,
+    lunar_seeds=3,
+    cartpole_ppo=None,
+    cartpole_grpo=None,
+    lunar_steps=None,
+    chain_horizon=300,
+    chain_steps=200_000,
+    aggregation_steps=150_000,
+    partial_steps=8192,
+    runaway_epochs=20,
+    kl_samples=1_000_000,
+    group_horizon=200,
+    evaluations="eval_interval=10000",
+)
+QUICK = Budgets(
+    seeds=1,
+    lunar_seeds=1,
+    cartpole_ppo=1024,
+    cartpole_grpo=1500,
+    lunar_steps=2000,
+    chain_horizon=20,
+    chain_steps=1500,
+    aggregation_steps=1500,
+    partial_steps=1024,
+    runaway_epochs=2,
+    kl_samples=20_000,
+    group_horizon=60,
+    evaluations="eval_episodes=2",
+)
 
 CARTPOLE, LUNAR, CHAIN = ex.ENV, "LunarLander-v3", "testbed/Chain-v0"
 AGGREGATIONS = ("trajectory", "step", "constant")
 SOLVED = {CARTPOLE: 475.0, LUNAR: 200.0, CHAIN: 0.9}
 """Evaluation returns that count as solving: gymnasium's reward thresholds, and 0.9 on the chain (±1 at the end)."""
 FIGURES = (
-    "clip_objective.png", "clip_runaway.png", "clip_runaway.md", "tied_group.md", "dynamic_sampling.png",
-    "dynamic_sampling.md", "aggregation_weights.png", "aggregation_weights.md", "aggregation_training.png",
-    "aggregation_training.md", "kl_estimators.png", "kl_estimators.md", "diagnostics.png", "diagnostics.md",
-    "group_advantages.png", "length_bias.png", "length_bias.md", "cost.md", "HOW_MADE.md",
-)  # fmt: skip
+    "clip_objective.png",
+    "clip_runaway.png",
+    "clip_runaway.md",
+    "tied_group.md",
+    "dynamic_sampling.png",
+    "dynamic_sampling.md",
+    "aggregation_weights.png",
+    "aggregation_weights.md",
+    "aggregation_training.png",
+    "aggregation_training.md",
+    "kl_estimators.png",
+    "kl_estimators.md",
+    "diagnostics.png",
+    "diagnostics.md",
+    "group_advantages.png",
+    "length_bias.png",
+    "length_bias.md",
+    "cost.md",
+    "HOW_MADE.md",
+)
 """Every file ``testbed docs`` writes into its output folder."""
 
 
@@ -90,13 +129,21 @@ def grids(b: Budgets) -> dict[str, bench.Grid]:
         "cartpole-ppo": (["ppo"], CARTPOLE, b.seeds, b.cartpole_ppo, every, None),
         "cartpole-grpo": (["grpo"], CARTPOLE, b.seeds, b.cartpole_grpo, every, None),
         "cartpole-dynamic": (["grpo"], CARTPOLE, b.seeds, b.cartpole_grpo, [*every, "dynamic_sampling=true"], None),
-        "aggregation": (["grpo"], CARTPOLE, b.seeds, b.aggregation_steps, every,
-                        {mode: [f"aggregation={mode}"] for mode in AGGREGATIONS}),
+        "aggregation": (
+            ["grpo"],
+            CARTPOLE,
+            b.seeds,
+            b.aggregation_steps,
+            every,
+            {mode: [f"aggregation={mode}"] for mode in AGGREGATIONS},
+        ),
         "chain": (["ppo", "grpo"], CHAIN, b.seeds, b.chain_steps, chain, None),
         "lunar": (["ppo", "grpo"], LUNAR, b.lunar_seeds, b.lunar_steps, lunar, None),
-    }  # fmt: skip
-    return {name: bench.plan_grid(None, algos, [env], seeds, steps, sets, name, variants, first_seed=SEED)
-            for name, (algos, env, seeds, steps, sets, variants) in plans.items()}  # fmt: skip
+    }
+    return {
+        name: bench.plan_grid(None, algos, [env], seeds, steps, sets, name, variants, first_seed=SEED)
+        for name, (algos, env, seeds, steps, sets, variants) in plans.items()
+    }
 
 
 def partial_policy(run_dir: Path) -> ActorCritic:
@@ -163,9 +210,11 @@ def finals(runs: list[Run]) -> str:
 
 def diagnostics(envs: dict[str, list[Run]], out_png: Path, out_md: Path) -> list[Path]:
     """Per env: eval return of both, PPO's explained variance, GRPO's tied-group fraction and return std."""
-    columns = (("losses/explained_variance", "ppo", "PPO: explained variance"),
-               ("grpo/frac_zero_std_groups", "grpo", "GRPO: fraction of tied groups"),
-               ("grpo/group_return_std", "grpo", "GRPO: return std within a group"))  # fmt: skip
+    columns = (
+        ("losses/explained_variance", "ppo", "PPO: explained variance"),
+        ("grpo/frac_zero_std_groups", "grpo", "GRPO: fraction of tied groups"),
+        ("grpo/group_return_std", "grpo", "GRPO: return std within a group"),
+    )
     fig, axes = figure(len(envs), 4)
     colors = algo_colors(["ppo", "grpo"])
     rows = []
@@ -177,8 +226,13 @@ def diagnostics(envs: dict[str, list[Run]], out_png: Path, out_md: Path) -> list
             curve = series_curve(own, column)
             if curve is not None:
                 axes[r, c].plot(curve[0], curve[1], color=colors[algo], alpha=0.35, linewidth=0.8)
-                axes[r, c].plot(curve[0], smooth(curve[1]), color=colors[algo], linewidth=1.6,
-                                marker="o" if curve[0].size < 3 else None)  # fmt: skip
+                axes[r, c].plot(
+                    curve[0],
+                    smooth(curve[1]),
+                    color=colors[algo],
+                    linewidth=1.6,
+                    marker="o" if curve[0].size < 3 else None,
+                )
             axes[r, c].set(title=title, xlabel="env steps")
             axes[r, c].grid(alpha=0.3)
             early, late = quarter_means(own, column)
@@ -188,9 +242,16 @@ def diagnostics(envs: dict[str, list[Run]], out_png: Path, out_md: Path) -> list
             rows.append([label, f"{algo.upper()}: final eval return (mean, per seed)", "", finals(own)])
             solved = SOLVED[base_env_id(runs[0].env_id)]
             rows.append([label, f"{algo.upper()}: seeds reaching {solved}, median steps", "", steps_to(own, solved)])
-    note = "Each diagnostic: its mean over the first and over the last quarter of each run's iterations, then over seeds."
-    table = ex.write_table(out_md, "Over a run: PPO's critic beside GRPO's groups",
-                           ["env", "quantity", "first quarter", "last quarter"], rows, note)  # fmt: skip
+    note = (
+        "Each diagnostic: its mean over the first and over the last quarter of each run's iterations, then over seeds."
+    )
+    table = ex.write_table(
+        out_md,
+        "Over a run: PPO's critic beside GRPO's groups",
+        ["env", "quantity", "first quarter", "last quarter"],
+        rows,
+        note,
+    )
     return [ex.save_png(fig, out_png), table]
 
 
@@ -219,25 +280,50 @@ def dynamic_sampling(plain: list[Run], dynamic: list[Run], label: str, out_png: 
         for ax, column in zip(axes[0, 1:], ("grpo/frac_zero_std_groups", "grpo/dropped_groups"), strict=True):
             series = series_curve(runs, column)
             if series is not None:
-                ax.plot(series[0], smooth(series[1]), style, color=palette[name], label=name,
-                        marker="o" if series[0].size < 30 else None)  # fmt: skip
+                ax.plot(
+                    series[0],
+                    smooth(series[1]),
+                    style,
+                    color=palette[name],
+                    label=name,
+                    marker="o" if series[0].size < 30 else None,
+                )
         dropped = [read_series(r.run_dir / "progress.csv", "grpo/dropped_groups")[1] for r in runs]
-        rows.append([name, finals(runs), steps_to(runs, 475), f"{quarter_means(runs, 'grpo/frac_zero_std_groups')[1]:.3f}",
-                     f"{np.mean([d.mean() for d in dropped]):.2f}", f"{np.mean([iterations(r) for r in runs]):.0f}",
-                     f"{np.mean([r.last_step / iterations(r) for r in runs]):,.0f}",
-                     f"{np.mean([r.summary.get('wall_time_s', np.nan) for r in runs]):.1f}"])  # fmt: skip
-    for ax, title in zip(axes[0], (f"{label}: eval return", "tied groups among those collected",
-                                   "groups collected but not used, per iteration"), strict=True):  # fmt: skip
+        rows.append(
+            [
+                name,
+                finals(runs),
+                steps_to(runs, 475),
+                f"{quarter_means(runs, 'grpo/frac_zero_std_groups')[1]:.3f}",
+                f"{np.mean([d.mean() for d in dropped]):.2f}",
+                f"{np.mean([iterations(r) for r in runs]):.0f}",
+                f"{np.mean([r.last_step / iterations(r) for r in runs]):,.0f}",
+                f"{np.mean([r.summary.get('wall_time_s', np.nan) for r in runs]):.1f}",
+            ]
+        )
+    for ax, title in zip(
+        axes[0],
+        (f"{label}: eval return", "tied groups among those collected", "groups collected but not used, per iteration"),
+        strict=True,
+    ):
         ax.set(title=title, xlabel="env steps")
         ax.grid(alpha=0.3)
         ex.legend(ax)
-    header = ["GRPO", "final eval return (mean, per seed)", "seeds reaching 475, median steps",
-              "tied fraction, last quarter", "groups collected but not used, per iteration", "iterations",
-              "env steps per iteration",
-              "wall time (s)"]  # fmt: skip
-    note = ("The tied fraction counts every group collected, those not used included. An iteration with dynamic "
-            "sampling collects up to 1 + max_resample_rounds rounds of B groups to keep B informative ones; the "
-            "groups it does not use are the tied ones and the informative ones beyond B.")  # fmt: skip
+    header = [
+        "GRPO",
+        "final eval return (mean, per seed)",
+        "seeds reaching 475, median steps",
+        "tied fraction, last quarter",
+        "groups collected but not used, per iteration",
+        "iterations",
+        "env steps per iteration",
+        "wall time (s)",
+    ]
+    note = (
+        "The tied fraction counts every group collected, those not used included. An iteration with dynamic sampling "
+        "collects up to 1 + max_resample_rounds rounds of B groups to keep B informative ones; the groups it does not "
+        "use are the tied ones and the informative ones beyond B."
+    )
     table = ex.write_table(out_md, f"Dynamic sampling on {label}", header, rows, note)
     return [ex.save_png(fig, out_png), table]
 
@@ -272,20 +358,41 @@ def cost(groups: dict[str, list[Run]], out_md: Path) -> Path:
             if not own:
                 continue
             s = own[0].summary
-            params = (f"{s.get('parameters_actor_critic', 0):,} (actor + critic)" if algo == "ppo" else
-                      f"{s.get('parameters_actor', 0):,} actor + {s.get('parameters_reference', 0):,} reference")  # fmt: skip
+            params = (
+                f"{s.get('parameters_actor_critic', 0):,} (actor + critic)"
+                if algo == "ppo"
+                else f"{s.get('parameters_actor', 0):,} actor + {s.get('parameters_reference', 0):,} reference"
+            )
             steps = [r.last_step / iterations(r) for r in own]
             length = "charts/episodic_length" if algo == "ppo" else "grpo/episode_length_mean"
             per_start = np.mean([read_series(r.run_dir / "progress.csv", length)[1].mean() for r in own])
             G = own[0].config.get("group_size", 1) if algo == "grpo" else 1
-            rows.append([label, algo, params, f"{s.get('model_memory_bytes', 0):,}", f"{np.mean(steps):,.0f}",
-                         f"{per_start * G:,.0f} ({G} × {per_start:,.1f})",
-                         f"{np.mean([r.summary.get('sps', np.nan) for r in own]):,.0f}",
-                         f"{np.mean([r.summary.get('wall_time_s', np.nan) for r in own]):.1f}"])  # fmt: skip
-    header = ["env", "algo", "parameters", "model memory (bytes)", "env steps per iteration", "env steps per start state",
-              "steps/s", "wall time (s)"]  # fmt: skip
-    note = ("Model memory: the networks' weights and Adam's two moments (`summary.json`). A start state is a reset: "
-            "PPO runs one episode from it, GRPO a group of G. Means over seeds.")  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    algo,
+                    params,
+                    f"{s.get('model_memory_bytes', 0):,}",
+                    f"{np.mean(steps):,.0f}",
+                    f"{per_start * G:,.0f} ({G} × {per_start:,.1f})",
+                    f"{np.mean([r.summary.get('sps', np.nan) for r in own]):,.0f}",
+                    f"{np.mean([r.summary.get('wall_time_s', np.nan) for r in own]):.1f}",
+                ]
+            )
+    header = [
+        "env",
+        "algo",
+        "parameters",
+        "model memory (bytes)",
+        "env steps per iteration",
+        "env steps per start state",
+        "steps/s",
+        "wall time (s)",
+    ]
+    note = (
+        "Model memory: the networks' weights and Adam's two moments (`summary.json`). A start state is a reset: PPO "
+        "runs one episode from it, GRPO a group of G. Means over seeds."
+    )
     return ex.write_table(out_md, "Cost: what each agent holds and spends", header, rows, note)
 
 
@@ -306,19 +413,28 @@ def cpu_name() -> str:
 def how_made(out: Path, b: Budgets, seconds: dict[str, float], small: float, workers: int, elapsed: float) -> Path:
     """HOW_MADE.md: the command, seeds, machine and times behind the figures."""
 
-    seeds = f"seeds {SEED}–{SEED + b.seeds - 1}, LunarLander {SEED}–{SEED + b.lunar_seeds - 1}" if b.seeds > 1 else f"seed {SEED}"
+    seeds = (
+        f"seeds {SEED}–{SEED + b.seeds - 1}, LunarLander {SEED}–{SEED + b.lunar_seeds - 1}"
+        if b.seeds > 1
+        else f"seed {SEED}"
+    )
     lines = [
-        "# How these figures were made", "",
-        (f"- Command: `testbed docs{' --quick' if b.mode == 'quick' else ''}` ({b.mode} mode), from the repository's "
-        "root."),
-        (f"- Training runs: {seeds} (the partly trained policy: seed {SEED}); the small "
-        f"experiments: seed {SEED}."),
-        (f"- Machine: {cpu_name()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, torch {torch.__version__}, one torch thread per run."),
-        "- Training time per bench, summed over its runs (s): " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items())
+        "# How these figures were made",
+        "",
+        (
+            f"- Command: `testbed docs{' --quick' if b.mode == 'quick' else ''}` ({b.mode} mode), from the "
+            "repository's root."
+        ),
+        f"- Training runs: {seeds} (the partly trained policy: seed {SEED}); the small experiments: seed {SEED}.",
+        (
+            f"- Machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch "
+            f"{torch.__version__}, one torch thread per run."
+        ),
+        "- Training time per bench, summed over its runs (s): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items())
         + f"; the small experiments: {small:.0f} s.",
         f"- This invocation took {elapsed:.0f} s with {workers} workers; runs that had finished before were reused.",
-    ]  # fmt: skip
+    ]
     (out / "HOW_MADE.md").write_text("\n".join(lines) + "\n")
     return out / "HOW_MADE.md"
 
@@ -336,8 +452,10 @@ def make_figures(out: Path, runs_root: Path, quick: bool, workers: int) -> list[
         bench_dir, outcomes = bench.run_grid(grid, workers, "local", None, root=runs_root, report=not quick)
         failed = [o for o in outcomes if o.status != "completed"]
         if failed:
-            raise BadInput(f"{len(failed)} run(s) of {bench_dir} did not complete ({failed[0].error}); rerun "
-                           "`testbed docs` to resume them")  # fmt: skip
+            raise BadInput(
+                f"{len(failed)} run(s) of {bench_dir} did not complete ({failed[0].error}); rerun `testbed docs` to "
+                "resume them"
+            )
         found[name] = find_runs([bench_dir])
         seconds[name] = sum(float(r.summary.get("wall_time_s") or 0.0) for r in found[name])
     started = time.perf_counter()
@@ -345,21 +463,32 @@ def make_figures(out: Path, runs_root: Path, quick: bool, workers: int) -> list[
     written = [ex.draw_clip_objective(out / "clip_objective.png")]
     written += ex.runaway_update(model.actor, SEED, b.runaway_epochs, out / "clip_runaway.png", out / "clip_runaway.md")
     written.append(ex.tied_group_update(model.actor, SEED, out / "tied_group.md"))
-    written += ex.aggregation_weights([20, 100, 500], 500, out / "aggregation_weights.png",
-                                      out / "aggregation_weights.md")  # fmt: skip
+    written += ex.aggregation_weights(
+        [20, 100, 500], 500, out / "aggregation_weights.png", out / "aggregation_weights.md"
+    )
     written += ex.kl_estimators(b.kl_samples, SEED, out / "kl_estimators.png", out / "kl_estimators.md")
-    written.append(ex.group_advantages_picture(model, SEED, b.group_horizon, 0.98, (0.0, 0.8, 1.0),
-                                               out / "group_advantages.png"))  # fmt: skip
+    written.append(
+        ex.group_advantages_picture(model, SEED, b.group_horizon, 0.98, (0.0, 0.8, 1.0), out / "group_advantages.png")
+    )
     written += ex.length_bias(out / "length_bias.png", out / "length_bias.md")
     small = time.perf_counter() - started
     chain_label = f"Chain (horizon {b.chain_horizon})"
-    envs = {"CartPole-v1": found["cartpole-ppo"] + found["cartpole-grpo"], LUNAR: found["lunar"],
-            chain_label: found["chain"]}  # fmt: skip
+    envs = {
+        "CartPole-v1": found["cartpole-ppo"] + found["cartpole-grpo"],
+        LUNAR: found["lunar"],
+        chain_label: found["chain"],
+    }
     written += diagnostics(envs, out / "diagnostics.png", out / "diagnostics.md")
-    written += dynamic_sampling(found["cartpole-grpo"], found["cartpole-dynamic"], "CartPole-v1",
-                                out / "dynamic_sampling.png", out / "dynamic_sampling.md")  # fmt: skip
-    written += aggregation_training(found["aggregation"], out / "aggregation_training.png",
-                                    out / "aggregation_training.md")  # fmt: skip
+    written += dynamic_sampling(
+        found["cartpole-grpo"],
+        found["cartpole-dynamic"],
+        "CartPole-v1",
+        out / "dynamic_sampling.png",
+        out / "dynamic_sampling.md",
+    )
+    written += aggregation_training(
+        found["aggregation"], out / "aggregation_training.png", out / "aggregation_training.md"
+    )
     written.append(cost(envs, out / "cost.md"))
     written.append(how_made(out, b, seconds, small, workers, time.perf_counter() - began))
     return written
@@ -370,5 +499,7 @@ def main(out: str | None, runs: str | None, quick: bool, workers: int) -> list[P
     under runs/ by default, never over the committed figures."""
     if workers < 1:
         raise BadInput(f"--workers must be at least 1, got {workers}")
-    default_out, default_runs = ("runs/docs-quick/figures", "runs/docs-quick") if quick else ("docs/figures", "runs/docs")
+    default_out, default_runs = (
+        ("runs/docs-quick/figures", "runs/docs-quick") if quick else ("docs/figures", "runs/docs")
+    )
     return make_figures(Path(out or default_out), Path(runs or default_runs), quick, workers)

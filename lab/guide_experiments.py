@@ -58,8 +58,9 @@ Section = tuple[str, list[str], list[list[str]], str]
 """A further table under the first: its title, header, rows and note."""
 
 
-def write_table(out: Path, title: str, header: list[str], rows: list[list[str]], note: str = "",
-                sections: tuple[Section, ...] = ()) -> Path:  # fmt: skip
+def write_table(
+    out: Path, title: str, header: list[str], rows: list[list[str]], note: str = "", sections: tuple[Section, ...] = ()
+) -> Path:
     """A Markdown table with a title line and an optional note below it, then any further sections."""
     lines = [f"# {title}", "", *markdown_table(header, rows)] + (["", note] if note else [])
     for subtitle, sub_header, sub_rows, sub_note in sections:
@@ -115,8 +116,10 @@ def unclipped(ratio: Tensor, A: Tensor) -> Tensor:
 
 
 OBJECTIVES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "min (PPO, GRPO)": ppo_min, "clip only": clip_only, "no clip": unclipped,
-}  # fmt: skip
+    "min (PPO, GRPO)": ppo_min,
+    "clip only": clip_only,
+    "no clip": unclipped,
+}
 
 
 def draw_clip_objective(out: Path) -> Path:
@@ -163,8 +166,14 @@ def runaway_update(actor: Actor, seed: int, epochs: int, out_png: Path, out_md: 
             ratio = log_ratio.exp()
             helpful = ((A > 0) & (ratio > 1 + EPS)) | ((A < 0) & (ratio < 1 - EPS))
             harmful = ((A > 0) & (ratio < 1 - EPS)) | ((A < 0) & (ratio > 1 + EPS))
-            history[name].append((float(helpful.float().mean()), float(harmful.float().mean()),
-                                  float(log_ratio.abs().max()), float(losses.k3_kl(log_ratio).mean())))  # fmt: skip
+            history[name].append(
+                (
+                    float(helpful.float().mean()),
+                    float(harmful.float().mean()),
+                    float(log_ratio.abs().max()),
+                    float(losses.k3_kl(log_ratio).mean()),
+                )
+            )
     fig, axes = new_figure(3, (4.6, 3.4))
     titles = ("past the clip, the helpful way", "past the clip, the harmful way", "max |log ρ| over the batch")
     for i, (ax, title) in enumerate(zip(axes, titles, strict=True)):
@@ -174,13 +183,23 @@ def runaway_update(actor: Actor, seed: int, epochs: int, out_png: Path, out_md: 
         ax.set_ylabel("fraction of samples" if i < 2 else "|log ρ|")
         ax.grid(alpha=0.3)
         legend(ax)
-    rows = [[name, str(epochs), f"{h[-1][0]:.3f}", f"{h[-1][1]:.3f}", f"{h[-1][2]:.2f}", f"{h[-1][3]:.4f}"]
-            for name, h in history.items()]  # fmt: skip
-    note = (f"{len(A)} samples from {cfg.num_groups} groups of {cfg.group_size} CartPole episodes, one update of "
-            f"{epochs} epochs × {cfg.num_minibatches} minibatches, Adam at {cfg.learning_rate}, gradient-norm clip "
-            f"{cfg.max_grad_norm}, ε = {EPS}, seed {seed}.")  # fmt: skip
-    header = ["objective", "epochs", "past the clip, helpful", "past the clip, harmful", "max |log ρ|",
-              "KL(π_old ‖ π_θ) (k3)"]  # fmt: skip
+    rows = [
+        [name, str(epochs), f"{h[-1][0]:.3f}", f"{h[-1][1]:.3f}", f"{h[-1][2]:.2f}", f"{h[-1][3]:.4f}"]
+        for name, h in history.items()
+    ]
+    note = (
+        f"{len(A)} samples from {cfg.num_groups} groups of {cfg.group_size} CartPole episodes, one update of {epochs} "
+        f"epochs × {cfg.num_minibatches} minibatches, Adam at {cfg.learning_rate}, gradient-norm clip "
+        f"{cfg.max_grad_norm}, ε = {EPS}, seed {seed}."
+    )
+    header = [
+        "objective",
+        "epochs",
+        "past the clip, helpful",
+        "past the clip, harmful",
+        "max |log ρ|",
+        "KL(π_old ‖ π_θ) (k3)",
+    ]
     table = write_table(out_md, "One update, three objectives: how far the ratios run", header, rows, note)
     return [save_png(fig, out_png), table]
 
@@ -204,8 +223,15 @@ def tied_group_update(actor: Actor, seed: int, out_md: Path) -> Path:
     before any policy can drop the pole (8 steps at the fastest), so every member's return is the same.
     The advantages are exactly 0, the clipped surrogate has no gradient, and whatever moves the policy
     comes from the KL penalty (toward π_ref, the untrained policy) and the entropy bonus."""
-    cfg, groups, reference = grpo_groups(actor, seed, group_size=8, num_groups=4, max_episode_steps=6,
-                                         advantage="step_baseline", aggregation="trajectory")  # fmt: skip
+    cfg, groups, reference = grpo_groups(
+        actor,
+        seed,
+        group_size=8,
+        num_groups=4,
+        max_episode_steps=6,
+        advantage="step_baseline",
+        aggregation="trajectory",
+    )
     batch, H = groups.batch, groups.batch.mask.shape[0]
     A = group_advantages(cfg, batch, groups.group_returns, None, H)
     if bool((groups.group_returns.amax(1) != groups.group_returns.amin(1)).any()) or bool(A.any()):
@@ -220,15 +246,32 @@ def tied_group_update(actor: Actor, seed: int, out_md: Path) -> Path:
         stats = grpo_update(model, reference, groups, replace(cfg, beta=beta, ent_coef=ent_coef))
         after = torch.cat([p.detach().flatten() for p in model.parameters()])
         with torch.no_grad():
-            rows.append([f"{beta}", f"{ent_coef}", "0", f"{float((after - before).norm()):.4f}",
-                         f"{kl_before:.4f} → {exact_kl(model, reference, obs):.4f}",
-                         f"{entropy_before:.4f} → {entropy(model, obs):.4f}", f"{stats['grpo/update_kl']:.2e}"])  # fmt: skip
-    header = ["β", "c_H (ent_coef)", "max |Â|", "‖Δθ‖", "KL(π_θ ‖ π_ref) before → after", "entropy before → after",
-              "KL(π_old ‖ π_θ) of the update"]  # fmt: skip
-    note = (f"{cfg.num_groups} groups × {cfg.group_size} CartPole members, every return {float(groups.group_returns[0, 0]):.4f}; "
-            f"π_θ: a PPO policy after a short run, π_ref: the untrained policy; one update of {cfg.n_epochs} epochs × "
-            f"{cfg.num_minibatches} minibatches, Adam at {cfg.learning_rate}, seed {seed}. KL and entropy: exact, "
-            "averaged over the batch's states (nats).")  # fmt: skip
+            rows.append(
+                [
+                    f"{beta}",
+                    f"{ent_coef}",
+                    "0",
+                    f"{float((after - before).norm()):.4f}",
+                    f"{kl_before:.4f} → {exact_kl(model, reference, obs):.4f}",
+                    f"{entropy_before:.4f} → {entropy(model, obs):.4f}",
+                    f"{stats['grpo/update_kl']:.2e}",
+                ]
+            )
+    header = [
+        "β",
+        "c_H (ent_coef)",
+        "max |Â|",
+        "‖Δθ‖",
+        "KL(π_θ ‖ π_ref) before → after",
+        "entropy before → after",
+        "KL(π_old ‖ π_θ) of the update",
+    ]
+    note = (
+        f"{cfg.num_groups} groups × {cfg.group_size} CartPole members, every return "
+        f"{float(groups.group_returns[0, 0]):.4f}; π_θ: a PPO policy after a short run, π_ref: the untrained policy; "
+        f"one update of {cfg.n_epochs} epochs × {cfg.num_minibatches} minibatches, Adam at {cfg.learning_rate}, seed "
+        f"{seed}. KL and entropy: exact, averaged over the batch's states (nats)."
+    )
     return write_table(out_md, "The update a tied group produces", header, rows, note)
 
 
@@ -254,11 +297,14 @@ def aggregation_weights(lengths: list[int], H: int, out_png: Path, out_md: Path)
         ax.set(ylabel="weight in the loss", title=f"weight of {what}")
         ax.grid(alpha=0.3, axis="y")
         legend(ax)
-    rows = [[mode] + [f"{weights[mode][i]:.5f} / {weights[mode][i] * L:.3f}" for i, L in enumerate(lengths)]
-            for mode in losses.AGGREGATIONS]  # fmt: skip
+    rows = [
+        [mode] + [f"{weights[mode][i]:.5f} / {weights[mode][i] * L:.3f}" for i, L in enumerate(lengths)]
+        for mode in losses.AGGREGATIONS
+    ]
     note = f"M = {M} trajectories in the batch, H = {H}. Each cell: the weight of one step / of the whole trajectory."
-    table = write_table(out_md, "The weight each aggregation gives a step", ["mode"] + [f"L = {L}" for L in lengths],
-                        rows, note)  # fmt: skip
+    table = write_table(
+        out_md, "The weight each aggregation gives a step", ["mode"] + [f"L = {L}" for L in lengths], rows, note
+    )
     return [save_png(fig, out_png), table]
 
 
@@ -285,8 +331,17 @@ def kl_estimators(samples: int, seed: int, out_png: Path, out_md: Path) -> list[
             values = k(log_ratio)
             bias, spread = float(values.mean()) - true, float(values.std())
             measured[name].append((bias / true, spread / true))
-            rows.append([f"{mu}", f"{true:.4f}", name, f"{float(values.mean()):.4f}", f"{bias:+.4f}", f"{spread:.4f}",
-                         f"{float((values < 0).float().mean()):.2f}"])  # fmt: skip
+            rows.append(
+                [
+                    f"{mu}",
+                    f"{true:.4f}",
+                    name,
+                    f"{float(values.mean()):.4f}",
+                    f"{bias:+.4f}",
+                    f"{spread:.4f}",
+                    f"{float((values < 0).float().mean()):.2f}",
+                ]
+            )
     fig, axes = new_figure(2, (5.0, 3.6))
     for name in estimators:
         axes[0].plot(mus, [b for b, _ in measured[name]], marker="o", label=name)
@@ -308,10 +363,17 @@ def kl_estimators(samples: int, seed: int, out_png: Path, out_md: Path) -> list[
         k3 = losses.k3_kl(log_ratio)
         means = [f"{float(k(log_ratio).mean()):.4f}" for k in estimators.values()]
         off_rows.append([f"{delta}", f"{mean_theta**2 / 2:.4f}", *means, f"{float((weight * k3).mean()):.4f}"])
-    off_header = ["Δμ (π_θ − π_old)", "KL(π_θ ‖ π_ref)", "k1 on x ~ π_old", "k2 on x ~ π_old", "k3 on x ~ π_old (GRPO's)",
-                  "k3 · π_θ/π_old on x ~ π_old"]  # fmt: skip
-    off_note = (f"π_ref = N(0, 1), π_old = N(0.5, 1), π_θ = N(0.5 + Δμ, 1); the same {samples:,} samples, shifted "
-                "to π_old.")  # fmt: skip
+    off_header = [
+        "Δμ (π_θ − π_old)",
+        "KL(π_θ ‖ π_ref)",
+        "k1 on x ~ π_old",
+        "k2 on x ~ π_old",
+        "k3 on x ~ π_old (GRPO's)",
+        "k3 · π_θ/π_old on x ~ π_old",
+    ]
+    off_note = (
+        f"π_ref = N(0, 1), π_old = N(0.5, 1), π_θ = N(0.5 + Δμ, 1); the same {samples:,} samples, shifted to π_old."
+    )
     section = ("GRPO's penalty: the estimators on samples from π_old", off_header, off_rows, off_note)
     table = write_table(out_md, "k1, k2 and k3 on a known pair of Gaussians", header, rows, note, (section,))
     return [save_png(fig, out_png), table]
@@ -320,19 +382,31 @@ def kl_estimators(samples: int, seed: int, out_png: Path, out_md: Path) -> list[
 # ── 6. one start state, one group, every advantage ─────────────────────────────────────────────────
 
 
-def group_advantages_picture(model: ActorCritic, seed: int, H: int, gamma: float, lams: tuple[float, ...],
-                             out_png: Path) -> Path:  # fmt: skip
+def group_advantages_picture(
+    model: ActorCritic, seed: int, H: int, gamma: float, lams: tuple[float, ...], out_png: Path
+) -> Path:
     """G = 8 CartPole trajectories from one start state, sampled with a partly trained PPO policy, and the
     advantage each estimator gives every step: GRPO's group estimators and vine values, and GAE(γ, λ)
     with that run's critic at λ's two ends and between."""
-    cfg, groups, _ = grpo_groups(model.actor, seed, group_size=8, num_groups=1, max_episode_steps=H, gamma=gamma,
-                                 advantage="vine", vine_points=10, vine_branches=4, num_minibatches=4)  # fmt: skip
+    cfg, groups, _ = grpo_groups(
+        model.actor,
+        seed,
+        group_size=8,
+        num_groups=1,
+        max_episode_steps=H,
+        gamma=gamma,
+        advantage="vine",
+        vine_points=10,
+        vine_branches=4,
+        num_minibatches=4,
+    )
     batch = groups.batch
     T, M = batch.mask.shape
     panels: dict[str, Tensor] = {}
     for kind in ("outcome", "rloo", "process", "step_baseline", "vine"):
-        panels[kind] = group_advantages(replace(cfg, advantage=kind), batch, groups.group_returns,
-                                             groups.vine.values, H)  # fmt: skip
+        panels[kind] = group_advantages(
+            replace(cfg, advantage=kind), batch, groups.group_returns, groups.vine.values, H
+        )
     with torch.no_grad():
         values = model.value(batch.obs.reshape(T * M, -1)).view(T, M) * batch.mask  # (T, M)
     lengths = batch.lengths
@@ -342,8 +416,9 @@ def group_advantages_picture(model: ActorCritic, seed: int, H: int, gamma: float
     terminated = last & batch.terminated
     done = last | ~batch.mask
     for lam in lams:
-        panels[f"GAE λ = {lam}"] = adv.gae(batch.rewards * batch.mask, values, next_values, terminated, done, gamma,
-                                           lam) * batch.mask  # fmt: skip
+        panels[f"GAE λ = {lam}"] = (
+            adv.gae(batch.rewards * batch.mask, values, next_values, terminated, done, gamma, lam) * batch.mask
+        )
     fig, axes = new_figure(len(panels), (4.4, 3.0))
     order = torch.argsort(lengths).tolist()
     colors = colormaps["viridis"](np.linspace(0.0, 0.9, M))
@@ -392,9 +467,17 @@ def length_bias(out_png: Path, out_md: Path) -> list[Path]:
     for ax in axes:
         ax.grid(alpha=0.3)
         legend(ax)
-    note = (f"G = 4 responses, rewards (1, 1, 0, 0), Â = ±{float(adv.group_outcome(torch.tensor([R]))[0, 0]):.4f} "
-            "(`group_outcome`, std floor 1e-6) on each token; lengths 20, 200 as named; H = 200; push = Â·w.")  # fmt: skip
-    header = ["case", "aggregation", "push per token, correct", "penalty per token, wrong",
-              "total push, one correct response", "total penalty, one wrong response"]  # fmt: skip
+    note = (
+        f"G = 4 responses, rewards (1, 1, 0, 0), Â = ±{float(adv.group_outcome(torch.tensor([R]))[0, 0]):.4f} "
+        "(`group_outcome`, std floor 1e-6) on each token; lengths 20, 200 as named; H = 200; push = Â·w."
+    )
+    header = [
+        "case",
+        "aggregation",
+        "push per token, correct",
+        "penalty per token, wrong",
+        "total push, one correct response",
+        "total penalty, one wrong response",
+    ]
     title = "Length bias: the push each aggregation gives a token, by the sign of its advantage"
     return [save_png(fig, out_png), write_table(out_md, title, header, rows, note)]

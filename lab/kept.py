@@ -129,8 +129,10 @@ def keep_run(run_dir: Path, target: Path) -> None:
 
 def _same_run(a: Path, b: Path) -> bool:
     """Whether two run directories hold the same run: the same config and summary, byte for byte."""
-    return all((b / name).is_file() and (a / name).read_bytes() == (b / name).read_bytes()
-               for name in ("config.yaml", "summary.json"))  # fmt: skip
+    return all(
+        (b / name).is_file() and (a / name).read_bytes() == (b / name).read_bytes()
+        for name in ("config.yaml", "summary.json")
+    )
 
 
 def keep_runs(output: Path, folder: Path, adopted_from: Sequence[Path] = ()) -> list[Path]:

@@ -106,8 +106,10 @@ def study_args(parser: argparse.ArgumentParser, entry: Entry) -> argparse.Namesp
             return parser.parse_args(shlex.split(entry.command)[1:])
         except SystemExit:  # argparse exits on a bad command line; the ledger is built inside other commands
             reason = (said.getvalue().strip().splitlines() or ["it does not parse"])[-1]
-    raise BadInput(f"{MANIFEST}: entry {entry.name!r}: its command is not a testbed tune command "
-                   f"that runs ({reason}); fix the command as `testbed tune --help` describes")
+    raise BadInput(
+        f"{MANIFEST}: entry {entry.name!r}: its command is not a testbed tune command that runs ({reason}); fix the "
+        f"command as `testbed tune --help` describes"
+    )
 
 
 def spends(root: Path, manifest: Manifest) -> list[Spend]:
@@ -124,8 +126,18 @@ def spends(root: Path, manifest: Manifest) -> list[Spend]:
             steps = kept_steps(root, entry) or args.total_steps or 0
             planned = done if entry.stopped else args.trials
             what = f"study, {args.trials} trials × {args.seeds} seeds{f', stopped at {done}' if entry.stopped else ''}"
-            out.append(Spend(args.algo, args.env, entry.name, what, done * args.seeds, planned * args.seeds, steps,
-                             steps_spent(report)))  # fmt: skip
+            out.append(
+                Spend(
+                    args.algo,
+                    args.env,
+                    entry.name,
+                    what,
+                    done * args.seeds,
+                    planned * args.seeds,
+                    steps,
+                    steps_spent(report),
+                )
+            )
         for tried in entry.tries:
             algo, env = tried.get("algo", args.algo if args else ""), tried.get("env", args.env if args else "")
             out.append(Spend(algo, env, entry.name, tried["what"], tried["runs"], tried["runs"], tried["steps"]))
@@ -146,27 +158,47 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
             mine = [s for s in listed if s.env == env and s.algo == algo]
             done, planned = sum(s.so_far for s in mine), sum(s.in_all for s in mine)
             totals.setdefault(env, {})[algo] = (done, planned)
-            parts = "<br>".join(f"[{s.source}]({s.source}.md): {s.what}, {s.done}/{s.planned} runs of {s.steps:,} "
-                                f"steps" + (f" ({_millions(s.spent)} spent)" if s.spent is not None else "")
-                                for s in mine)  # fmt: skip
+            parts = "<br>".join(
+                f"[{s.source}]({s.source}.md): {s.what}, {s.done}/{s.planned} runs of {s.steps:,} "
+                f"steps" + (f" ({_millions(s.spent)} spent)" if s.spent is not None else "")
+                for s in mine
+            )
             rows.append([env, algo, parts, _millions(done), _millions(planned)])
-    lines = ["# Tuning budgets", "", __doc__.split("\n\n", 1)[1].replace("\n", " ").strip(), "",
-             "A study's env steps so far are those its kept report counts (\"spent\": pruned and failed trials at "
-             "the steps they reached, the running trial's so far); a study without one counts its ended trials "
-             "whole. Runs on the seeds that final results use (0 …) are not tuning and are not counted.", "",
-             "| env | algo | studies and tries (runs so far / planned) | env steps so far | planned |",
-             "|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows), "",
-             "## Equal budgets?", ""]  # fmt: skip
+    lines = [
+        "# Tuning budgets",
+        "",
+        __doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
+        "",
+        'A study\'s env steps so far are those its kept report counts ("spent": pruned and failed trials at '
+        "the steps they reached, the running trial's so far); a study without one counts its ended trials "
+        "whole. Runs on the seeds that final results use (0 …) are not tuning and are not counted.",
+        "",
+        "| env | algo | studies and tries (runs so far / planned) | env steps so far | planned |",
+        "|---|---|---|---|---|",
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+        "## Equal budgets?",
+        "",
+    ]
     for env, by_algo in totals.items():
         if len(by_algo) == 1:
-            (algo, (done, planned)), = by_algo.items()
-            lines.append(f"- {env}: only {algo} tuned here ({_millions(planned)} planned, {_millions(done)} so far); "
-                         "the other algos' settings come from their preset files, each entry citing its source.")
+            ((algo, (done, planned)),) = by_algo.items()
+            lines.append(
+                f"- {env}: only {algo} tuned here ({_millions(planned)} planned, {_millions(done)} so far); the other "
+                "algos' settings come from their preset files, each entry citing its source."
+            )
         elif {"ppo", "grpo"} <= set(by_algo):
             (ppo_done, ppo_planned), (grpo_done, grpo_planned) = by_algo["ppo"], by_algo["grpo"]
             gap = grpo_planned - ppo_planned
-            verdict = ("equal" if gap == 0 else f"GRPO {_millions(abs(gap))} more" if gap > 0
-                       else f"PPO {_millions(abs(gap))} more")  # fmt: skip
-            lines.append(f"- {env}: planned {verdict} (PPO {_millions(ppo_planned)}, GRPO {_millions(grpo_planned)}); "
-                         f"so far PPO {_millions(ppo_done)}, GRPO {_millions(grpo_done)}.")  # fmt: skip
+            verdict = (
+                "equal"
+                if gap == 0
+                else f"GRPO {_millions(abs(gap))} more"
+                if gap > 0
+                else f"PPO {_millions(abs(gap))} more"
+            )
+            lines.append(
+                f"- {env}: planned {verdict} (PPO {_millions(ppo_planned)}, GRPO {_millions(grpo_planned)}); so far "
+                f"PPO {_millions(ppo_done)}, GRPO {_millions(grpo_done)}."
+            )
     return "\n".join(lines) + "\n"

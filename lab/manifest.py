@@ -51,8 +51,26 @@ HEADER = """\
 # code_version: raise it when a change alters what the algorithms compute; results produced at a lower
 # version are shown as from older code, with their commit, and stay out of the headline tables.
 """
-ENTRY_KEYS = {"name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget",
-              "cost", "fresh", "last_line", "keep_runs", "tries", "stopped", "produced", "progress"}  # fmt: skip
+ENTRY_KEYS = {
+    "name",
+    "title",
+    "about",
+    "command",
+    "output",
+    "folder",
+    "keep",
+    "page",
+    "seeds",
+    "budget",
+    "cost",
+    "fresh",
+    "last_line",
+    "keep_runs",
+    "tries",
+    "stopped",
+    "produced",
+    "progress",
+}
 TRY_KEYS = {"what", "runs", "steps", "algo", "env", "result"}
 COSTS = ("cheap", "long")
 
@@ -119,7 +137,9 @@ def _entry(raw: Any, where: str) -> Entry:
         raise BadInput(f"{where}: each entry of `results` is a mapping with at least a `name`")
     unknown = set(raw) - ENTRY_KEYS
     if unknown:
-        raise BadInput(f"{where}: entry {raw['name']!r} has unknown keys {sorted(unknown)}; the keys: {sorted(ENTRY_KEYS)}")
+        raise BadInput(
+            f"{where}: entry {raw['name']!r} has unknown keys {sorted(unknown)}; the keys: {sorted(ENTRY_KEYS)}"
+        )
     missing = {"title", "about", "command", "folder", "keep", "seeds", "budget", "cost"} - set(raw)
     if missing:
         raise BadInput(f"{where}: entry {raw['name']!r} lacks {sorted(missing)}")
@@ -130,14 +150,20 @@ def _entry(raw: Any, where: str) -> Entry:
     if raw.get("keep_runs", False) not in (True, False):
         raise BadInput(f"{where}: entry {raw['name']!r} has keep_runs {raw['keep_runs']!r}; give true or false")
     if raw.get("keep_runs") and not (isinstance(raw.get("output"), str) and raw["output"].startswith("runs/")):
-        raise BadInput(f"{where}: entry {raw['name']!r} keeps runs but names no `output` under runs/ to keep them "
-                       "from; give the folder its command writes, e.g. runs/bench/NAME")  # fmt: skip
+        raise BadInput(
+            f"{where}: entry {raw['name']!r} keeps runs but names no `output` under runs/ to keep them from; give the "
+            "folder its command writes, e.g. runs/bench/NAME"
+        )
     if raw.get("keep_runs") and raw.get("fresh"):
-        raise BadInput(f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and keeps runs (that "
-                       "a rerun reuses); drop one of the two")  # fmt: skip
+        raise BadInput(
+            f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and keeps runs (that a rerun reuses); "
+            "drop one of the two"
+        )
     if "stopped" in raw and not (isinstance(raw["stopped"], str) and raw["stopped"].strip()):
-        raise BadInput(f"{where}: entry {raw['name']!r} has stopped {raw['stopped']!r}; give the reason it is not to "
-                       "be run on, as a text, or drop the key")  # fmt: skip
+        raise BadInput(
+            f"{where}: entry {raw['name']!r} has stopped {raw['stopped']!r}; give the reason it is not to be run on, "
+            "as a text, or drop the key"
+        )
     values["tries"] = tuple(_try(t, f"{where}: entry {raw['name']!r}", raw["command"]) for t in raw.get("tries") or [])
     values["produced"] = dict(raw.get("produced") or {})
     values["progress"] = dict(raw.get("progress") or {})
@@ -147,14 +173,19 @@ def _entry(raw: Any, where: str) -> Entry:
 def _try(raw: Any, where: str, command: str) -> dict[str, Any]:
     example = "{what: 'Tianshou settings', runs: 2, steps: 1000000, result: '641.9, 614.3'}"
     if not isinstance(raw, dict) or set(raw) - TRY_KEYS or not {"what", "runs", "steps"} <= set(raw):
-        raise BadInput(f"{where}: each of `tries` is a mapping with what, runs and steps (and optionally algo, env, "
-                       f"result), e.g. {example}; got {raw!r}")  # fmt: skip
+        raise BadInput(
+            f"{where}: each of `tries` is a mapping with what, runs and steps (and optionally algo, env, result), e.g. "
+            f"{example}; got {raw!r}"
+        )
     if not all(isinstance(raw[k], int) and not isinstance(raw[k], bool) and raw[k] > 0 for k in ("runs", "steps")):
-        raise BadInput(f"{where}: a try's runs and steps are positive whole numbers; got {raw['runs']!r} and "
-                       f"{raw['steps']!r}")  # fmt: skip
+        raise BadInput(
+            f"{where}: a try's runs and steps are positive whole numbers; got {raw['runs']!r} and {raw['steps']!r}"
+        )
     if not command.startswith("testbed tune ") and not {"algo", "env"} <= set(raw):
-        raise BadInput(f"{where}: a try listed beside a result that is not a `testbed tune` study names its algo and "
-                       f"env; got {raw!r}")  # fmt: skip
+        raise BadInput(
+            f"{where}: a try listed beside a result that is not a `testbed tune` study names its algo and env; got "
+            f"{raw!r}"
+        )
     return dict(raw)
 
 
@@ -166,15 +197,21 @@ def load(root: Path) -> Manifest:
     try:
         raw = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
     except UnicodeDecodeError as error:
-        raise BadInput(f"{path} is not UTF-8 text (byte {error.start}); restore it from git (`git checkout -- "
-                       f"{MANIFEST}`) or save it as UTF-8") from None  # fmt: skip
+        raise BadInput(
+            f"{path} is not UTF-8 text (byte {error.start}); restore it from git (`git checkout -- {MANIFEST}`) or "
+            f"save it as UTF-8"
+        ) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise BadInput(f"{path} is not valid YAML{where} ({getattr(error, 'problem', None) or 'unreadable'}); "
-                       "quote a text that holds ': ' or ' #'") from None  # fmt: skip
-    if not isinstance(raw, dict) or not isinstance(raw.get("code_version"), int) or not isinstance(
-        raw.get("results"), list
+        raise BadInput(
+            f"{path} is not valid YAML{where} ({getattr(error, 'problem', None) or 'unreadable'}); quote a text that "
+            "holds ': ' or ' #'"
+        ) from None
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("code_version"), int)
+        or not isinstance(raw.get("results"), list)
     ):
         raise BadInput(f"{path}: needs an integer `code_version` and a list `results`")
     entries = tuple(_entry(r, str(path)) for r in raw["results"])
@@ -186,18 +223,56 @@ def load(root: Path) -> Manifest:
 
 def save(root: Path, manifest: Manifest) -> None:
     """Write the manifest back, keys in a fixed order; written whole to a temporary file, then renamed."""
-    order = ["name", "title", "about", "command", "output", "folder", "keep", "page", "seeds", "budget", "cost",
-             "fresh", "last_line", "keep_runs", "tries", "stopped", "produced", "progress"]  # fmt: skip
+    order = [
+        "name",
+        "title",
+        "about",
+        "command",
+        "output",
+        "folder",
+        "keep",
+        "page",
+        "seeds",
+        "budget",
+        "cost",
+        "fresh",
+        "last_line",
+        "keep_runs",
+        "tries",
+        "stopped",
+        "produced",
+        "progress",
+    ]
     results = []
     for e in manifest.entries:
-        values = {"name": e.name, "title": e.title, "about": e.about, "command": e.command, "output": e.output,
-                  "folder": e.folder, "keep": list(e.keep), "page": e.page, "seeds": e.seeds, "budget": e.budget,
-                  "cost": e.cost, "fresh": e.fresh or None, "last_line": e.last_line, "keep_runs": e.keep_runs or None,
-                  "tries": [dict(t) for t in e.tries] or None, "stopped": e.stopped, "produced": e.produced or None,
-                  "progress": e.progress or None}  # fmt: skip
+        values = {
+            "name": e.name,
+            "title": e.title,
+            "about": e.about,
+            "command": e.command,
+            "output": e.output,
+            "folder": e.folder,
+            "keep": list(e.keep),
+            "page": e.page,
+            "seeds": e.seeds,
+            "budget": e.budget,
+            "cost": e.cost,
+            "fresh": e.fresh or None,
+            "last_line": e.last_line,
+            "keep_runs": e.keep_runs or None,
+            "tries": [dict(t) for t in e.tries] or None,
+            "stopped": e.stopped,
+            "produced": e.produced or None,
+            "progress": e.progress or None,
+        }
         results.append({k: values[k] for k in order if values[k] is not None})
-    text = HEADER + yaml.safe_dump({"code_version": manifest.code_version, "results": results}, sort_keys=False,
-                                   allow_unicode=True, width=110, default_flow_style=None)  # fmt: skip
+    text = HEADER + yaml.safe_dump(
+        {"code_version": manifest.code_version, "results": results},
+        sort_keys=False,
+        allow_unicode=True,
+        width=110,
+        default_flow_style=None,
+    )
     path = root / MANIFEST
     tmp = path.with_suffix(".yaml.tmp")
     tmp.write_text(text)
@@ -222,10 +297,16 @@ def git_commit(root: Path) -> str:
     """
     code = ["*.py", "*.yaml", "setup.cfg", ":(exclude)benchmarks/results", ":(exclude)benchmarks/manifest.yaml"]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *code], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *code],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return f"{head}+changes" if dirty else head
@@ -235,16 +316,20 @@ def select(manifest: Manifest, names: Sequence[str], every: bool, cheap: bool) -
     """The entries to rerun, checked before any work starts. --all and --cheap pass over stopped entries; one
     named is refused."""
     if bool(names) + every + cheap != 1:
-        raise BadInput("name the results to rerun, or give --all or --cheap (one of the three); "
-                       "`testbed results list` shows the names")  # fmt: skip
+        raise BadInput(
+            "name the results to rerun, or give --all or --cheap (one of the three); `testbed results list` shows the "
+            "names"
+        )
     if every or cheap:
         return [e for e in manifest.entries if e.stopped is None and (every or e.cost == "cheap")]
     chosen = [manifest.entry(n) for n in names]
     for entry in chosen:
         if entry.stopped is not None:
             reason = entry.stopped.strip().rstrip(".")
-            raise BadInput(f"{entry.name} is stopped in {MANIFEST} ({reason}). Its command would go on from there, "
-                           "so it is not run; to run it on all the same, delete its `stopped` key")  # fmt: skip
+            raise BadInput(
+                f"{entry.name} is stopped in {MANIFEST} ({reason}). Its command would go on from there, so it is not "
+                "run; to run it on all the same, delete its `stopped` key"
+            )
     return chosen
 
 
@@ -281,8 +366,12 @@ def keep_progress(root: Path, manifest: Manifest, entry: Entry) -> Manifest | No
     if entry.produced or entry.output is None or entry.page is None or not (root / entry.output / entry.page).is_file():
         return None
     _copy_kept(root / entry.output, root / entry.folder, [k for k in entry.keep if (root / entry.output / k).exists()])
-    progress = {"commit": git_commit(root), "date": datetime.date.today().isoformat(), "machine": machine_line(),
-                "code_version": manifest.code_version}  # fmt: skip
+    progress = {
+        "commit": git_commit(root),
+        "date": datetime.date.today().isoformat(),
+        "machine": machine_line(),
+        "code_version": manifest.code_version,
+    }
     return _record(root, entry.name, progress=progress)
 
 
@@ -291,8 +380,9 @@ def _record(root: Path, name: str, **fields: dict[str, Any]) -> Manifest:
     hours-long) command started: entries added or produced meanwhile, by hand or by another `results run`,
     are kept. The manifest saved."""
     current = load(root)
-    updated = Manifest(current.code_version, tuple(Entry(**{**e.__dict__, **fields}) if e.name == name else e
-                                                   for e in current.entries))  # fmt: skip
+    updated = Manifest(
+        current.code_version, tuple(Entry(**{**e.__dict__, **fields}) if e.name == name else e for e in current.entries)
+    )
     save(root, updated)
     return updated
 
@@ -346,11 +436,16 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
 
     Its kept runs are restored first, and the runs that ended are kept when the command ends, stopped or not."""
     for other in manifest.entries:  # an audit reads its bench's runs, which no checkout keeps: make them first
-        if other.output and other.output != entry.output and other.output in shlex.split(entry.command) and not (
-            root / other.output
-        ).is_dir():
-            raise BadInput(f"{entry.name} reads {other.output}, which this checkout lacks; make it first: "
-                           f"`testbed results run {other.name} {entry.name}`")  # fmt: skip
+        if (
+            other.output
+            and other.output != entry.output
+            and other.output in shlex.split(entry.command)
+            and not (root / other.output).is_dir()
+        ):
+            raise BadInput(
+                f"{entry.name} reads {other.output}, which this checkout lacks; make it first: `testbed results run "
+                f"{other.name} {entry.name}`"
+            )
     if entry.fresh and entry.output is not None:
         shutil.rmtree(root / entry.output, ignore_errors=True)
     if restored := restore(root, entry):
@@ -361,8 +456,15 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
     reused = left or bool(reuse_sources(root, entry))
     commit, started = git_commit(root), time.monotonic()
     # In a session of its own, so that a Ctrl-C on the terminal reaches the command once, through _follow.
-    child = subprocess.Popen(argv_of(entry.command), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, bufsize=1, start_new_session=True)  # fmt: skip
+    child = subprocess.Popen(
+        argv_of(entry.command),
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
     try:
         code, last = _follow(child)
     finally:
@@ -370,15 +472,22 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
     wall = time.monotonic() - started
     if code != 0:
         kept = f"; the runs that ended are kept in {entry.folder}" if entry.keep_runs else ""
-        raise BadInput(f"{entry.name}: `{entry.command}` exited with status {code} after {wall:.0f} s; its "
-                       f"report and the manifest are unchanged{kept}. Fix the cause and rerun: finished runs "
-                       "are reused")  # fmt: skip
+        raise BadInput(
+            f"{entry.name}: `{entry.command}` exited with status {code} after {wall:.0f} s; its report and the "
+            f"manifest are unchanged{kept}. Fix the cause and rerun: finished runs are reused"
+        )
     _keep(root, entry)
     if entry.last_line is not None:
         (root / entry.folder).mkdir(parents=True, exist_ok=True)
         (root / entry.folder / entry.last_line).write_text(last + "\n")
-    produced = {"commit": commit, "date": datetime.date.today().isoformat(), "machine": machine_line(),
-                "wall_s": round(wall, 1), "reused_runs": reused, "code_version": manifest.code_version}  # fmt: skip
+    produced = {
+        "commit": commit,
+        "date": datetime.date.today().isoformat(),
+        "machine": machine_line(),
+        "wall_s": round(wall, 1),
+        "reused_runs": reused,
+        "code_version": manifest.code_version,
+    }
     return _record(root, entry.name, produced=produced, progress={})
 
 

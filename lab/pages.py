@@ -39,31 +39,49 @@ FIGURE = "plots/LunarLander-v3-steps.png"
 SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summary, and the pair it compares
 # The same pair on more seeds, then with its one differing setting made equal: each adds a sentence to the summary
 # once produced, opening with its label ({seeds} is the entry's).
-CHECKS = (("mujoco-v5-ppo-sb3", "Both PPOs on seeds {seeds}"),
-          ("ppo-sb3-reward-scale-v5", "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one "
-                                      "hyperparameter in which the pair's runs differ), seeds {seeds}"))  # fmt: skip
+CHECKS = (
+    ("mujoco-v5-ppo-sb3", "Both PPOs on seeds {seeds}"),
+    (
+        "ppo-sb3-reward-scale-v5",
+        "Ours at SB3's reward scale (`ppo.reward_norm_restart=done`, the one hyperparameter in which the pair's runs "
+        "differ), seeds {seeds}",
+    ),
+)
 TRAILS = (("grpo", "ppo"), REFERENCE)  # the summary says on which tasks the first of each pair trails the second
 
 
 def index_page(manifest: Manifest) -> str:
     """Every committed result, today's first, each with its command and where it was produced."""
-    lines = ["# Results", "",
-             "Every result the project commits, generated from `benchmarks/manifest.yaml` and the files each "
-             "entry keeps. `testbed results run NAME` reruns one (finished runs are reused), "
-             "`testbed results run --cheap` the cheap ones, `testbed results pages` rebuilds these pages and "
-             "the README's tables. Final results use seeds that tuning and sweeps never saw; what each algo spent on "
-             f"tuning, per env, is in [the tuning ledger]({LEDGER}).", ""]  # fmt: skip
-    groups = (("Produced by today's algorithms", manifest.current),
-              ("From older code", manifest.older),
-              ("In progress", manifest.in_progress),
-              ("Not produced yet", lambda e: not e.produced and not e.progress))  # fmt: skip
+    lines = [
+        "# Results",
+        "",
+        "Every result the project commits, generated from `benchmarks/manifest.yaml` and the files each entry keeps. "
+        "`testbed results run NAME` reruns one (finished runs are reused), `testbed results run --cheap` the cheap "
+        "ones, `testbed results pages` rebuilds these pages and the README's tables. Final results use seeds that "
+        f"tuning and sweeps never saw; what each algo spent on tuning, per env, is in [the tuning ledger]({LEDGER}).",
+        "",
+    ]
+    groups = (
+        ("Produced by today's algorithms", manifest.current),
+        ("From older code", manifest.older),
+        ("In progress", manifest.in_progress),
+        ("Not produced yet", lambda e: not e.produced and not e.progress),
+    )
     for heading, belongs in groups:
         chosen = [e for e in manifest.entries if belongs(e)]
         if not chosen:
             continue
         made = [e.produced or e.progress for e in chosen]
-        rows = [[f"[{e.title}]({e.name}.md)", f"`{e.command}`", e.seeds, str(p.get("machine", DASH)).split(";")[0],
-                 f"{p.get('commit', DASH)}, {p.get('date', DASH)}"] for e, p in zip(chosen, made)]  # fmt: skip
+        rows = [
+            [
+                f"[{e.title}]({e.name}.md)",
+                f"`{e.command}`",
+                e.seeds,
+                str(p.get("machine", DASH)).split(";")[0],
+                f"{p.get('commit', DASH)}, {p.get('date', DASH)}",
+            ]
+            for e, p in zip(chosen, made)
+        ]
         lines += [f"## {heading}", "", table_text(["result", "command", "seeds", "machine", "commit, date"], rows), ""]
     return "\n".join(lines)
 
@@ -77,9 +95,11 @@ def clone_line(root: Path, manifest: Manifest) -> str:
         return f"Not measured yet: `testbed results run {CLONE}` measures what a clone weighs."
     sizes = json.loads(path.read_text())
     mb = {k: (sizes[k]["git_bytes"] + sizes[k]["tree_bytes"]) / 1e6 for k in ("full", "shallow")}
-    return (f"A clone takes {mb['full']:,.0f} MB on disk with its history; `git clone --depth 1` takes the last "
-            f"commit alone, {mb['shallow']:,.0f} MB (commit {sizes['commit']}, {entry.produced.get('date', 'not dated')}; "
-            f"[what a clone weighs](docs/results/{CLONE}.md)).")
+    return (
+        f"A clone takes {mb['full']:,.0f} MB on disk with its history; `git clone --depth 1` takes the last commit "
+        f"alone, {mb['shallow']:,.0f} MB (commit {sizes['commit']}, {entry.produced.get('date', 'not dated')}; [what a "
+        f"clone weighs](docs/results/{CLONE}.md))."
+    )
 
 
 def headline_table(root: Path, manifest: Manifest) -> str:
@@ -88,15 +108,17 @@ def headline_table(root: Path, manifest: Manifest) -> str:
     lines = [score_table(completed_runs(root, entry))]
     p = entry.produced
     caveat = "" if manifest.current(entry) else f" **From older code (commit {p.get('commit')}).**"
-    lines += ["", f"Final evaluation return, mean over seeds {entry.seeds} [95% bootstrap CI], each algo at its "
-              f"preset's budget; `{entry.command}` on {p.get('machine', 'an unrecorded machine')}, "
-              f"{p.get('date', 'undated')}, commit {p.get('commit', 'not recorded')}.{caveat} "
-              f"[Every result](docs/results/index.md)."]  # fmt: skip
+    lines += [
+        "",
+        f"Final evaluation return, mean over seeds {entry.seeds} [95% bootstrap CI], each algo at its preset's budget; "
+        f"`{entry.command}` on {p.get('machine', 'an unrecorded machine')}, {p.get('date', 'undated')}, commit "
+        f"{p.get('commit', 'not recorded')}.{caveat} [Every result](docs/results/index.md).",
+    ]
     return "\n".join(lines)
 
 
 def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
-    """"x below y on K of N (…)": the tasks, of those both ran, where x's mean final return over its completed
+    """``x below y on K of N (…)``: the tasks, of those both ran, where x's mean final return over its completed
     runs is below y's; named where they are the fewer, else the tasks where it is not."""
     returns = final_returns(rows)
     envs = sorted({env for env, _ in returns if (env, x) in returns and (env, y) in returns})
@@ -110,7 +132,7 @@ def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
 def iqms(report: str) -> dict[str, str]:
     """Each algo's IQM normalized score across the envs with its 95% CI, "1.1 [1.0, 1.2]", from a bench
     report's table (lab.normalized writes it); empty if the report has none."""
-    across = report[report.find("Normalized scores across envs"):]
+    across = report[report.find("Normalized scores across envs") :]
     return dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
 
 
@@ -134,22 +156,33 @@ def scale_table(root: Path, manifest: Manifest) -> str:
     envs = sorted(set(better[0]) & set(better[1]))
     if not envs or not all(x in scores and y in scores for scores in iqm):
         names = " ".join(entry.name for entry in entries)
-        raise BadInput(f"{entries[0].folder}/report.md and {entries[1].folder}/report.md need the IQM table and "
-                       f"P({x} > {y}) by env; rebuild them with `testbed results run {names}`")  # fmt: skip
+        raise BadInput(
+            f"{entries[0].folder}/report.md and {entries[1].folder}/report.md need the IQM table and P({x} > {y}) by "
+            f"env; rebuild them with `testbed results run {names}`"
+        )
 
     def mean(k: int, env: str, algo: str) -> str:
         return fmt_return(float(np.mean(returns[k][env, algo])))
 
-    table = [[env.split("[")[0], f"{mean(0, env, x)}, P = {better[0][env]}",
-              f"{mean(1, env, x)}, P = {better[1][env]}", mean(1, env, y)] for env in envs]  # fmt: skip
+    table = [
+        [
+            env.split("[")[0],
+            f"{mean(0, env, x)}, P = {better[0][env]}",
+            f"{mean(1, env, x)}, P = {better[1][env]}",
+            mean(1, env, y),
+        ]
+        for env in envs
+    ]
     made, done = entries[1].produced or entries[1].progress, bool(entries[1].produced)
     if done:  # until then the two IQMs span different tasks
         table.append(["IQM normalized score", iqm[0][x], iqm[1][x], iqm[1][y]])
-    return (table_text(["task", "ours", "ours at SB3's scale", "SB3's"], table) + "\n\n"
-            f"Mean final return over seeds {entries[1].seeds} and P({x} > {y}) on each task [95% CI]"
-            + ("; IQM across the tasks [95% CI]." if done else f". In progress: {len(envs)} tasks so far.")
-            + f" [Ours and SB3's](results/{entries[0].name}.md), [ours at SB3's scale]"
-            f"(results/{entries[1].name}.md), {made.get('date', 'undated')}.")  # fmt: skip
+    return (
+        table_text(["task", "ours", "ours at SB3's scale", "SB3's"], table) + "\n\n"
+        f"Mean final return over seeds {entries[1].seeds} and P({x} > {y}) on each task [95% CI]"
+        + ("; IQM across the tasks [95% CI]." if done else f". In progress: {len(envs)} tasks so far.")
+        + f" [Ours and SB3's](results/{entries[0].name}.md), [ours at SB3's scale](results/{entries[1].name}.md), "
+        f"{made.get('date', 'undated')}."
+    )
 
 
 def iqm_and_improvement(report: str) -> tuple[str, str] | None:
@@ -158,7 +191,7 @@ def iqm_and_improvement(report: str) -> tuple[str, str] | None:
     has no such comparison."""
     iqm = iqms(report)
     x, y = REFERENCE
-    across = report[report.find("Normalized scores across envs"):]
+    across = report[report.find("Normalized scores across envs") :]
     # lab.normalized writes this table, and under it one whose rows begin with the env.
     better = re.search(rf"^\| {re.escape(x)} \| {re.escape(y)} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", across, re.M)
     if not iqm or better is None:
@@ -178,27 +211,36 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
     met = re.findall(r"(\S+) at or above (\d+) of (\d+) figures(?: \(below: (.*?\))\))?", report)
     comparison = iqm_and_improvement(report)
     if not met or comparison is None:
-        raise BadInput(f"{entry.folder}/report.md lacks the figures met, the IQM table or P({' > '.join(REFERENCE)}); "
-                       f"rebuild it with `testbed results run {SUITE}`")  # fmt: skip
+        raise BadInput(
+            f"{entry.folder}/report.md lacks the figures met, the IQM table or P({' > '.join(REFERENCE)}); rebuild it "
+            f"with `testbed results run {SUITE}`"
+        )
     # The figures missed are named where they are few; the report lists them all.
-    figures = ", ".join(f"{algo} {k} of {n}" + (f" (not {below})" if below and int(n) - int(k) <= 3 else "")
-                        for algo, k, n, below in met)  # fmt: skip
+    figures = ", ".join(
+        f"{algo} {k} of {n}" + (f" (not {below})" if below and int(n) - int(k) <= 3 else "")
+        for algo, k, n, below in met
+    )
     scores, better = comparison
-    text = (f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
-            f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's "
-            f"protocol: {figures}. IQM normalized score across the envs [95% CI]: {scores}; {better}. "
-            f"Mean final return by task: "
-            f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}.")
+    text = (
+        f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
+        f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's protocol: "
+        f"{figures}. IQM normalized score across the envs [95% CI]: {scores}; {better}. Mean final return by task: "
+        f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}."
+    )
     for name, label in CHECKS:
         check = next((e for e in manifest.entries if e.name == name and e.produced), None)
         if check is None:
             continue
         more = iqm_and_improvement((root / check.folder / "report.md").read_text())
         if more is None:
-            raise BadInput(f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it "
-                           f"with `testbed results run {name}`")  # fmt: skip
-        text += (f" {label.format(seeds=check.seeds)} ([results](docs/results/{name}.md), "
-                 f"{check.produced.get('date', 'undated')}): IQM {more[0]}; {more[1]}.")
+            raise BadInput(
+                f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it with `testbed "
+                f"results run {name}`"
+            )
+        text += (
+            f" {label.format(seeds=check.seeds)} ([results](docs/results/{name}.md), "
+            f"{check.produced.get('date', 'undated')}): IQM {more[0]}; {more[1]}."
+        )
     return text
 
 
@@ -212,18 +254,24 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
     counted = pytest_line(closing.read_text()) if tests.last_line and closing.exists() and "wall_s" in tp else None
     tests_text = f"the {counted[0]} tests took {counted[1]:.0f} s, {tp['wall_s']:.0f} s in all" if counted else ""
     return {
-        "first-screen-bench": (f"The {runs} runs took {qp['wall_s']:.0f} s on {qp['machine']} ({qp['date']}); {BUSY}."
-                               if "wall_s" in qp else f"Not timed yet: `testbed results run quick` times it ({BUSY})."),
-        "first-screen-tests": (f"With `.ci/run` (a fresh virtual environment, the install, a dozen kill points of the "
-                               f"fault probe, then the tests), {tests_text} on {tp['machine']} "
-                               f"({tp['date']}); {BUSY}." if counted else f"Not timed yet: `testbed results run tests` times it ({BUSY})."),
+        "first-screen-bench": (
+            f"The {runs} runs took {qp['wall_s']:.0f} s on {qp['machine']} ({qp['date']}); {BUSY}."
+            if "wall_s" in qp
+            else f"Not timed yet: `testbed results run quick` times it ({BUSY})."
+        ),
+        "first-screen-tests": (
+            f"With `.ci/run` (a fresh virtual environment, the install, a dozen kill points of the fault probe, then "
+            f"the tests), {tests_text} on {tp['machine']} ({tp['date']}); {BUSY}."
+            if counted
+            else f"Not timed yet: `testbed results run tests` times it ({BUSY})."
+        ),
         "clone": clone_line(root, manifest),
         "results-table": headline_table(root, manifest),
         "mujoco-summary": suite_summary(root, manifest),
         "results-figure": f"![LunarLander-v3: evaluation return against env steps]({headline.folder}/{FIGURE})\n\n"
-                          f"LunarLander-v3, evaluation return against env steps: mean over seeds {headline.seeds}, "
-                          f"shaded 95% bootstrap CI ([the report](docs/results/{headline.name}.md)).",
-    }  # fmt: skip
+        f"LunarLander-v3, evaluation return against env steps: mean over seeds {headline.seeds}, "
+        f"shaded 95% bootstrap CI ([the report](docs/results/{headline.name}.md)).",
+    }
 
 
 def figure_tables(markdown: str) -> list[str]:
@@ -266,22 +314,30 @@ def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
     for label in sorted({r["label"] for r in rows}):
         cells = [label]
         for v in variants:
-            scores = [float(r["final_eval_return_mean"]) for r in rows if r["label"] == label and variant(r["env_id"]) == v]
+            scores = [
+                float(r["final_eval_return_mean"]) for r in rows if r["label"] == label and variant(r["env_id"]) == v
+            ]
             cells.append(f"{fmt_return(sum(scores) / len(scores))} ({len(scores)})" if scores else DASH)
         table.append(cells)
     sources = []
     for entry in entries:
         p = entry.produced
         caveat = ", **older code**" if manifest.older(entry) else ""
-        sources.append(f"[{entry.name}](results/{entry.name}.md): `{entry.command}`, seeds {entry.seeds}, "
-                       f"commit {p.get('commit', 'not recorded')}{caveat}")  # fmt: skip
-    return (f"{table_text(['algo', *variants], table)}\n\nFinal evaluation return, the mean over seeds (their number in "
-            f"brackets). From {'; '.join(sources)}.")  # fmt: skip
+        sources.append(
+            f"[{entry.name}](results/{entry.name}.md): `{entry.command}`, seeds {entry.seeds}, commit "
+            f"{p.get('commit', 'not recorded')}{caveat}"
+        )
+    return (
+        f"{table_text(['algo', *variants], table)}\n\nFinal evaluation return, the mean over seeds (their number in "
+        f"brackets). From {'; '.join(sources)}."
+    )
 
 
-AUDIT_SCORES = {"rank_correlation": "Spearman's \\(r_s\\) between estimate and truth",
-                "sign_agreement": "the share of clearly signed samples whose estimate has the truth's sign",
-                "relative_mse": "MSE / Var[A]"}  # fmt: skip
+AUDIT_SCORES = {
+    "rank_correlation": "Spearman's \\(r_s\\) between estimate and truth",
+    "sign_agreement": "the share of clearly signed samples whose estimate has the truth's sign",
+    "relative_mse": "MSE / Var[A]",
+}
 
 
 def audit_table(root: Path, manifest: Manifest, name: str, score: str, checkpoint: str) -> str:
@@ -303,16 +359,21 @@ def audit_table(root: Path, manifest: Manifest, name: str, score: str, checkpoin
     for algo, estimator in sorted({(r["algo"], r["estimator"]) for r in rows}):
         cells = [algo, estimator]
         for v in variants:
-            values = [float(r[score]) for r in rows
-                      if (r["algo"], r["estimator"], variant(r["env"])) == (algo, estimator, v) and r[score]]  # fmt: skip
+            values = [
+                float(r[score])
+                for r in rows
+                if (r["algo"], r["estimator"], variant(r["env"])) == (algo, estimator, v) and r[score]
+            ]
             cells.append(f"{sum(values) / len(values):.2f}" if values else DASH)
         table.append(cells)
     p = entry.produced
     caveat = ", **older code**" if manifest.older(entry) else ""
-    return (f"{table_text(['algo', 'estimator', *variants], table)}\n\n{AUDIT_SCORES[score][0].upper()}"
-            f"{AUDIT_SCORES[score][1:]}, at the checkpoints `{checkpoint}.pt`, the mean over seeds; {DASH}: no sample "
-            f"had a clear sign, or the truth did not vary. From [{name}](results/{name}.md): `{entry.command}`, "
-            f"seeds {entry.seeds}, commit {p.get('commit', 'not recorded')}{caveat}.")  # fmt: skip
+    return (
+        f"{table_text(['algo', 'estimator', *variants], table)}\n\n{AUDIT_SCORES[score][0].upper()}"
+        f"{AUDIT_SCORES[score][1:]}, at the checkpoints `{checkpoint}.pt`, the mean over seeds; {DASH}: no sample "
+        f"had a clear sign, or the truth did not vary. From [{name}](results/{name}.md): `{entry.command}`, "
+        f"seeds {entry.seeds}, commit {p.get('commit', 'not recorded')}{caveat}."
+    )
 
 
 def guide_blocks(root: Path, manifest: Manifest, text: str) -> dict[str, str]:
@@ -329,8 +390,10 @@ def guide_blocks(root: Path, manifest: Manifest, text: str) -> dict[str, str]:
         if figure:
             source = root / FIGURES / figure.group(1)
             if not source.exists():
-                raise BadInput(f"{GUIDE}: the block {name!r} names {source.relative_to(root)}, which `testbed docs` "
-                               "did not write; name one of docs/figures/*.md")  # fmt: skip
+                raise BadInput(
+                    f"{GUIDE}: the block {name!r} names {source.relative_to(root)}, which `testbed docs` did not "
+                    "write; name one of docs/figures/*.md"
+                )
             tables = figure_tables(source.read_text())
             k = int(figure.group(2) or 0)
             if k > len(tables):
@@ -341,18 +404,24 @@ def guide_blocks(root: Path, manifest: Manifest, text: str) -> dict[str, str]:
         elif name.startswith("audit ") and len(name.split()) == 4:
             blocks[name] = audit_table(root, manifest, *name.split()[1:])
         else:
-            raise BadInput(f"{GUIDE}: unknown generated block {name!r}; use `figures/NAME.md [table K]`, "
-                           "`credit STUDY …` or `audit STUDY SCORE CHECKPOINT`")  # fmt: skip
+            raise BadInput(
+                f"{GUIDE}: unknown generated block {name!r}; use `figures/NAME.md [table K]`, `credit STUDY …` or "
+                "`audit STUDY SCORE CHECKPOINT`"
+            )
     return blocks
 
 
 def fill_blocks(text: str, blocks: dict[str, str], where: Path = README) -> str:
     """Replace what stands between ``<!-- BEGIN generated: NAME -->`` and its END marker."""
     for name, content in blocks.items():
-        pattern = re.compile(rf"(<!-- BEGIN generated: {re.escape(name)} -->\n).*?(\n<!-- END generated: {re.escape(name)} -->)", re.S)
+        pattern = re.compile(
+            rf"(<!-- BEGIN generated: {re.escape(name)} -->\n).*?(\n<!-- END generated: {re.escape(name)} -->)", re.S
+        )
         if not pattern.search(text):
-            raise BadInput(f"{where} lacks the block `<!-- BEGIN generated: {name} -->` … `<!-- END generated: {name} -->`")
-        text = pattern.sub(lambda m: m.group(1) + content + m.group(2), text)
+            raise BadInput(
+                f"{where} lacks the block `<!-- BEGIN generated: {name} -->` … `<!-- END generated: {name} -->`"
+            )
+        text = pattern.sub(lambda m: m.group(1) + content + m.group(2), text)  # noqa: B023  (called within this iteration)
     return text
 
 

@@ -134,13 +134,17 @@ def plan_train(args: argparse.Namespace) -> TrainPlan:
         check_path(args.run_dir, "--run-dir")
         check_folder(Path(args.run_dir), "--run-dir")
     if args.resume and not Path(args.run_dir).exists():
-        raise BadInput(f"--run-dir {plain(args.run_dir)} does not exist, so there is no run to resume; check the "
-                       "path (ls runs/), or drop --resume to start a new run there")  # fmt: skip
+        raise BadInput(
+            f"--run-dir {plain(args.run_dir)} does not exist, so there is no run to resume; check the path (ls runs/), "
+            "or drop --resume to start a new run there"
+        )
     seeds = parse_seeds(args.seeds, args.seed) if args.seeds is not None else None
     if seeds is not None and algo.train_stack is None:
         stackable = ", ".join(name for name, a in registry.algos().items() if a.train_stack is not None)
-        raise BadInput(f"--seeds trains seeds side by side, which {args.algo} does not support yet (only {stackable}). "
-                       f"Train one seed per process with --seed, or use `testbed bench`.")  # fmt: skip
+        raise BadInput(
+            f"--seeds trains seeds side by side, which {args.algo} does not support yet (only {stackable}). Train one "
+            f"seed per process with --seed, or use `testbed bench`."
+        )
 
     if seeds is None:
         if args.seed is not None:
@@ -174,8 +178,10 @@ def preset_note(algo: registry.Entry | registry.Algo, env_id: str, preset: str) 
 def check_path(value: str, option: str) -> None:
     """BadInput for a path option that is empty or holds control characters (a newline, say)."""
     if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise BadInput(f"{option} {brief(value, 80)} is not a usable path: give a non-empty path without control "
-                       "characters (newlines, tabs)")  # fmt: skip
+        raise BadInput(
+            f"{option} {brief(value, 80)} is not a usable path: give a non-empty path without control characters "
+            "(newlines, tabs)"
+        )
 
 
 def check_folder(path: Path, option: str) -> None:
@@ -188,15 +194,21 @@ def check_folder(path: Path, option: str) -> None:
         except OSError as error:
             linked = part.is_symlink()
             if error.errno == errno.ELOOP and linked:
-                raise BadInput(f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a loop of symbolic links "
-                               "that never reaches a folder; remove the link or choose another folder") from None  # fmt: skip
+                raise BadInput(
+                    f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a loop of symbolic links that never "
+                    "reaches a folder; remove the link or choose another folder"
+                ) from None
             if error.errno == errno.ENOENT and linked:
-                raise BadInput(f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a symbolic link to "
-                               f"{brief(os.readlink(part), 80)}, which does not exist; make that folder, remove the "
-                               "link or choose another folder") from None  # fmt: skip
+                raise BadInput(
+                    f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a symbolic link to "
+                    f"{brief(os.readlink(part), 80)}, which does not exist; make that folder, remove the link or "
+                    "choose another folder"
+                ) from None
             continue  # absent (or below a link or file found higher up): look above it
-        raise BadInput(f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a file where a folder is wanted; "
-                       "choose another path, or move the file away")  # fmt: skip
+        raise BadInput(
+            f"{option} {brief(str(path), 80)}: {brief(str(part), 80)} is a file where a folder is wanted; choose "
+            "another path, or move the file away"
+        )
 
 
 def plain(value: Any, limit: int = 100) -> str:
@@ -212,14 +224,19 @@ def check_run_folder(run_dir: Path) -> None:
     if (run_dir / "config.yaml").exists():
         return
     if not run_dir.exists():
-        raise BadInput(f"{plain(str(run_dir))} does not exist; give a run folder, such as one listed by "
-                       "ls runs/*/*/ (runs/ALGO/ENV/seedN-TIME)")  # fmt: skip
-    runs = sorted({str(path.parent) for depth in range(1, 5)
-                   for path in run_dir.glob("/".join(["*"] * depth + ["config.yaml"]))})  # fmt: skip
+        raise BadInput(
+            f"{plain(str(run_dir))} does not exist; give a run folder, such as one listed by ls runs/*/*/ "
+            "(runs/ALGO/ENV/seedN-TIME)"
+        )
+    runs = sorted(
+        {str(path.parent) for depth in range(1, 5) for path in run_dir.glob("/".join(["*"] * depth + ["config.yaml"]))}
+    )
     if runs:
         few = ", ".join(plain(r, 240) for r in runs[:3])
-        raise BadInput(f"{plain(str(run_dir))} holds {len(runs)} runs (a bench's or a study's folder), not one "
-                       f"run; pick one, e.g. {few}")  # fmt: skip
+        raise BadInput(
+            f"{plain(str(run_dir))} holds {len(runs)} runs (a bench's or a study's folder), not one run; pick one, "
+            f"e.g. {few}"
+        )
 
 
 def stack_template(parent: Path, seeds: list[int]) -> dict[str, Any]:
@@ -228,8 +245,10 @@ def stack_template(parent: Path, seeds: list[int]) -> dict[str, Any]:
     for seed in seeds:
         if (parent / f"seed{seed}" / "config.yaml").exists():
             return rundir.read_config(parent / f"seed{seed}")
-    raise BadInput(f"--resume: no seed under {parent} has started (none holds a config.yaml), so there is nothing "
-                   "to continue. Run the same command without --resume.")  # fmt: skip
+    raise BadInput(
+        f"--resume: no seed under {parent} has started (none holds a config.yaml), so there is nothing to continue. "
+        "Run the same command without --resume."
+    )
 
 
 def parse_seeds(spec: str, first: int | None) -> list[int]:
@@ -245,13 +264,17 @@ def parse_seeds(spec: str, first: int | None) -> list[int]:
         else:
             seeds = [int(part) for part in spec.split(",")]
     except ValueError:
-        raise BadInput(f"--seeds takes a count from 1 to {MAX_STACK} (5) or a list (0,1,2), got {brief(spec, 80)}; "
-                       "one seed is --seed K") from None  # fmt: skip
+        raise BadInput(
+            f"--seeds takes a count from 1 to {MAX_STACK} (5) or a list (0,1,2), got {brief(spec, 80)}; one seed is "
+            "--seed K"
+        ) from None
     if len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
         raise BadInput(f"--seeds must be distinct seeds in [0, 2**32 - 1], got {brief(spec, 80)}")
     if len(seeds) > MAX_STACK:
-        raise BadInput(f"--seeds lists {len(seeds)} seeds; one process trains at most {MAX_STACK}. Spread more over "
-                       "processes with `testbed bench --seeds N --stack K`.")  # fmt: skip
+        raise BadInput(
+            f"--seeds lists {len(seeds)} seeds; one process trains at most {MAX_STACK}. Spread more over processes "
+            "with `testbed bench --seeds N --stack K`."
+        )
     return seeds
 
 
@@ -278,9 +301,10 @@ def plan_run(
     saved = rundir.read_config(run_dir) if started else {**template, "seed": overrides["seed"]}
     if saved.get("algo") != args.algo or saved.get("env_id") != args.env:
         had_algo, had_env = plain(saved.get("algo")), plain(saved.get("env_id"))
-        raise BadInput(f"{run_dir} holds a run of another algo or env: {had_algo} on {had_env}, not {args.algo} "
-                       f"on {args.env}; resume it with --algo {had_algo} --env {had_env}, or give another "
-                       "--run-dir")  # fmt: skip
+        raise BadInput(
+            f"{run_dir} holds a run of another algo or env: {had_algo} on {had_env}, not {args.algo} on {args.env}; "
+            f"resume it with --algo {had_algo} --env {had_env}, or give another --run-dir"
+        )
     saved = {k: v for k, v in saved.items() if k != "algo"}
     cfg = build_config(algo.config, {**saved, **overrides})
     # Compared as typed values: a bench's rerun repeats `--set learning_rate=3e-4 --set env_kwargs=horizon:10`,
@@ -346,5 +370,3 @@ def checkpoint_policy(
     except BaseException:
         env.close()
         raise
-
-

@@ -130,8 +130,12 @@ def line_styles(lines: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     styles = {}
     for k, (algo, y) in enumerate(lines.items()):
         every = max(len(lines), y.size // 8)  # about 8 markers a line, each line's at its own points
-        styles[algo] = {"linestyle": LINE_STYLES[k % len(LINE_STYLES)], "marker": MARKERS[k % len(MARKERS)],
-                        "markevery": (k * every // len(lines), every), "markersize": 5}  # fmt: skip
+        styles[algo] = {
+            "linestyle": LINE_STYLES[k % len(LINE_STYLES)],
+            "marker": MARKERS[k % len(MARKERS)],
+            "markevery": (k * every // len(lines), every),
+            "markersize": 5,
+        }
     return styles
 
 
@@ -147,9 +151,13 @@ def coinciding(lines: dict[str, np.ndarray]) -> dict[str, list[str]]:
 
 
 def draw_env(
-    ax: Axes, runs: Sequence[Run], x: XAxis, colors: dict[str, tuple[float, ...]], metric: Metric = "eval",
+    ax: Axes,
+    runs: Sequence[Run],
+    x: XAxis,
+    colors: dict[str, tuple[float, ...]],
+    metric: Metric = "eval",
     x_label: str | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """One env's runs on ``ax``: a mean line of ``metric`` and its CI band per algo; ``x_label`` instead of
     the axis's usual name (a report's time in core time)."""
     drawn = False
@@ -162,8 +170,15 @@ def draw_env(
         label = f"{algo} ({curve.n_runs} run{'s' if curve.n_runs != 1 else ''})"
         # A curve of one point would be invisible as a line.
         marker = "o" if np.isfinite(curve.mean).sum() < 2 else None
-        ax.plot(curve.x, curve.mean, color=color, label=label, marker=marker, linewidth=1.6,
-                linestyle=LINE_STYLES[k % len(LINE_STYLES)])  # fmt: skip
+        ax.plot(
+            curve.x,
+            curve.mean,
+            color=color,
+            label=label,
+            marker=marker,
+            linewidth=1.6,
+            linestyle=LINE_STYLES[k % len(LINE_STYLES)],
+        )
         band = np.isfinite(curve.low)
         if band.any():
             ax.fill_between(curve.x, curve.low, curve.high, where=band, color=color, alpha=0.2, linewidth=0)
@@ -213,9 +228,13 @@ PANEL_TITLES: dict[str, str] = {"eval": "evaluation", "train": "training"}
 
 
 def plot_env_runs(
-    runs: Sequence[Run], x: XAxis, out: Path, colors: dict[str, tuple[float, ...]] | None = None,
-    metrics: Sequence[Metric] = ("eval",), x_label: str | None = None,
-) -> list[Path]:  # fmt: skip
+    runs: Sequence[Run],
+    x: XAxis,
+    out: Path,
+    colors: dict[str, tuple[float, ...]] | None = None,
+    metrics: Sequence[Metric] = ("eval",),
+    x_label: str | None = None,
+) -> list[Path]:
     """Plot runs (of one env or many) one subplot per env and metric, an env's metrics side by side on the
     same axes' scales; write ``out`` as PNG and SVG. ``x_label``: see :func:`draw_env`."""
     envs = sorted({r.env_id for r in runs}, key=natural_key)
@@ -238,14 +257,14 @@ def default_out(paths: Sequence[Path], x: XAxis, metric: str) -> Path:
     ``PATH/plots/curves-<x>.png`` (``curves-<metric>-<x>.png`` for one metric). A figure of several
     folders belongs to none of them: it needs ``out``."""
     if len(paths) != 1:
-        raise BadInput(f"{len(paths)} paths make one figure that belongs to none of them: say where it goes with "
-                       "--out FILE, e.g. --out plots/compare.png (one path writes into PATH/plots/).")  # fmt: skip
+        raise BadInput(
+            f"{len(paths)} paths make one figure that belongs to none of them: say where it goes with --out FILE, e.g. "
+            "--out plots/compare.png (one path writes into PATH/plots/)."
+        )
     return Path(paths[0]) / "plots" / (f"curves-{x}.png" if metric == "both" else f"curves-{metric}-{x}.png")
 
 
-def plot_runs(
-    paths: Sequence[Path], x: XAxis = "steps", out: Path | None = None, metric: str = "both"
-) -> list[Path]:
+def plot_runs(paths: Sequence[Path], x: XAxis = "steps", out: Path | None = None, metric: str = "both") -> list[Path]:
     """Learning curves of every run found in ``paths``: one subplot per env and metric, one line per algo.
 
     ``metric``: ``eval`` (the deterministic evaluations), ``train`` (the training episodes' returns) or
@@ -269,9 +288,12 @@ def _fit_x(ax: Axes, values: Sequence[float]) -> None:
 
 
 def plot_aggregates(
-    aggregates: dict[str, dict[str, Any]], metric_names: Sequence[str], out: Path,
-    colors: dict[str, tuple[float, ...]] | None = None, title: str = "Aggregate normalized scores",
-) -> list[Path]:  # fmt: skip
+    aggregates: dict[str, dict[str, Any]],
+    metric_names: Sequence[str],
+    out: Path,
+    colors: dict[str, tuple[float, ...]] | None = None,
+    title: str = "Aggregate normalized scores",
+) -> list[Path]:
     """rliable's interval-estimate figure: one panel per metric, all in one row, one bar (CI) per algo, a tick
     at the point. Every panel names the algos of its rows, so that no bar is read against another's label."""
     algos = list(aggregates)
@@ -283,8 +305,14 @@ def plot_aggregates(
     for ax, name in zip(axes, metric_names, strict=True):
         for i, algo in enumerate(algos):
             y, interval = len(algos) - 1 - i, aggregates[algo][name]
-            ax.barh(y, max(interval.high - interval.low, 0.0), left=interval.low, height=0.6,
-                    color=colors.get(algo, "tab:gray"), alpha=0.75)  # fmt: skip
+            ax.barh(
+                y,
+                max(interval.high - interval.low, 0.0),
+                left=interval.low,
+                height=0.6,
+                color=colors.get(algo, "tab:gray"),
+                alpha=0.75,
+            )
             ax.vlines(interval.point, y - 0.3, y + 0.3, color="black", linewidth=2)
         _fit_x(ax, [v for algo in algos for v in (aggregates[algo][name].low, aggregates[algo][name].high)])
         ax.set_yticks(range(len(algos)), list(reversed(algos)))
@@ -296,9 +324,16 @@ def plot_aggregates(
 
 
 def plot_bands(
-    x: np.ndarray, lines: dict[str, np.ndarray], bands: dict[str, np.ndarray], xlabel: str, ylabel: str, out: Path,
-    colors: dict[str, tuple[float, ...]] | None = None, *, title: str,
-) -> list[Path]:  # fmt: skip
+    x: np.ndarray,
+    lines: dict[str, np.ndarray],
+    bands: dict[str, np.ndarray],
+    xlabel: str,
+    ylabel: str,
+    out: Path,
+    colors: dict[str, tuple[float, ...]] | None = None,
+    *,
+    title: str,
+) -> list[Path]:
     """One line per algo with its CI band ``(2, len(x))``: performance profiles, sample-efficiency curves.
 
     A line may end early (NaN past its last point, e.g. an algo trained for fewer steps); the x-axis still

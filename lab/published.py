@@ -60,8 +60,12 @@ def _figure(path: Path, env_id: str, entry: object) -> Published:
         return Published(None, None, None, str(entry["note"]))
     try:
         spread = entry.get("spread")
-        figure = Published(float(entry["score"]), None if spread is None else float(spread), str(entry["measure"]),
-                           str(entry["source"]))  # fmt: skip
+        figure = Published(
+            float(entry["score"]),
+            None if spread is None else float(spread),
+            str(entry["measure"]),
+            str(entry["source"]),
+        )
     except (KeyError, TypeError, ValueError):
         raise BadInput(f"{path.name}: {env_id} needs a numeric 'score', a 'measure' and a 'source'") from None
     if figure.measure not in MEASURES:
@@ -139,17 +143,20 @@ def published_section(runs: Sequence[Run], figures: dict[str, tuple[Published, .
     summary = "; ".join(
         f"{algo} at or above {compared[algo] - len(below[algo])} of {compared[algo]} figures"
         + (f" (below: {', '.join(below[algo])})" if below[algo] else "")
-        for algo in algos if compared[algo]
-    )  # fmt: skip
+        for algo in algos
+        if compared[algo]
+    )
     return [
         Heading(2, "Against the published PPO figures"),
-        Para("The best published PPO figures at ≤ 1e6 env steps for each env, by each way of scoring a run "
-             "(`lab/published.yaml`, cited by the presets), and every algo of this bench scored the way each figure's "
-             "source scored its runs: by the final return (the mean over seeds of each run's final evaluation, 95% "
-             "bootstrap CI) or by the best point of the mean-over-seeds evaluation curve, on the steps every run "
-             "reached. Only completed runs count. The figures are for older env versions than v5, with their own "
-             "seeds and evaluation: a guide, not a controlled comparison; with fewer seeds than a source's, a best "
-             "point is more optimistic still."),  # fmt: skip
+        Para(
+            "The best published PPO figures at ≤ 1e6 env steps for each env, by each way of scoring a run "
+            "(`lab/published.yaml`, cited by the presets), and every algo of this bench scored the way each figure's "
+            "source scored its runs: by the final return (the mean over seeds of each run's final evaluation, 95% "
+            "bootstrap CI) or by the best point of the mean-over-seeds evaluation curve, on the steps every run "
+            "reached. Only completed runs count. The figures are for older env versions than v5, with their own seeds "
+            "and evaluation: a guide, not a controlled comparison; with fewer seeds than a source's, a best point is "
+            "more optimistic still."
+        ),
         Table(["env", "published", "measure; source", *algos], rows),
         Para(f"{summary}." if summary else "No algo has a completed run on these envs yet."),
     ]

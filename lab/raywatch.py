@@ -23,6 +23,7 @@ Run as ``python -I lab/raywatch.py DRIVER_PID TOKEN SCRATCH``: the watchdog itse
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import os
@@ -60,9 +61,12 @@ def init_local(ray: Any, **init_kwargs: Any) -> None:
             os.rename(os.path.join(scratch, f"{LOCK}.new"), os.path.join(scratch, LOCK))
             # Started first, so that a driver killed during ray.init() leaves nothing behind either. The lock's
             # descriptor passes to it: the lock is held as long as the watchdog lives.
-            watchdog = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), str(os.getpid()), token,
-                                         scratch], stdin=subprocess.PIPE, start_new_session=True,
-                                        pass_fds=(lock.fileno(),))  # fmt: skip
+            watchdog = subprocess.Popen(
+                [sys.executable, "-I", os.path.abspath(__file__), str(os.getpid()), token, scratch],
+                stdin=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(lock.fileno(),),
+            )
         _watchdogs.append(watchdog)
         marks[SCRATCH] = scratch
     previous = {name: os.environ.get(name) for name in marks}
@@ -172,10 +176,8 @@ def watch(driver: int, token: str) -> None:
         if not targets:
             return
         for pid in targets:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.05)
 
 

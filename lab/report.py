@@ -60,9 +60,17 @@ from lab.results import Run, find_runs, natural_key
 from lab.stats import FEW_SEEDS, bootstrap_ci, few_seeds_note, iqm, mark_few
 
 SUMMARY_COLUMNS = (
-    "algo", "env_id", "seed", "status", "final_eval_return_mean", "final_eval_return_std",
-    "total_steps", "wall_time_s", "sps", "run_dir",
-)  # fmt: skip
+    "algo",
+    "env_id",
+    "seed",
+    "status",
+    "final_eval_return_mean",
+    "final_eval_return_std",
+    "total_steps",
+    "wall_time_s",
+    "sps",
+    "run_dir",
+)
 # What RunTracker.finish records; used only for runs whose summary.json predates the eval_convention key.
 DEFAULT_EVAL_CONVENTION = "deterministic policy, one episode per fixed seed 1000000+i, raw env return"
 CORE_TIME = "core time (s)"
@@ -144,10 +152,17 @@ def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[flo
     the footnote of a CI from too few seeds when one is marked. Time and steps/s are in core time
     (:func:`core_time`), so a stacked run and a lone one read side by side."""
     header = [
-        "algo", "seeds completed", "final return (mean)", "95% CI", "IQM",
-        "steps to threshold (median)", "core time to threshold (median)", "seeds reaching threshold",
-        "steps per core-second", "return at equal core time (mean)",
-    ]  # fmt: skip
+        "algo",
+        "seeds completed",
+        "final return (mean)",
+        "95% CI",
+        "IQM",
+        "steps to threshold (median)",
+        "core time to threshold (median)",
+        "seeds reaching threshold",
+        "steps per core-second",
+        "return at equal core time (mean)",
+    ]
     rows, few = [], []
     for algo in sorted({r.algo for r in runs}):
         mine = [r for r in runs if r.algo == algo]
@@ -168,15 +183,26 @@ def env_table(runs: Sequence[Run], threshold: float | None, same_time: tuple[flo
             to_time = fmt_seconds(float(np.median([h[1] for h in hits]))) if hits else DASH
         sps = [v for v in map(core_sps, mine) if v is not None]
         at_time = [v for v in (return_at(r, same_time[0]) for r in completed) if v is not None] if same_time else []
-        rows.append([
-            algo, f"{len(completed)}/{len(mine)}", mean, ci, middle, to_steps, to_time, reached,
-            f"{np.mean(sps):,.0f}" if sps else DASH, fmt_return(float(np.mean(at_time))) if at_time else DASH,
-        ])  # fmt: skip
+        rows.append(
+            [
+                algo,
+                f"{len(completed)}/{len(mine)}",
+                mean,
+                ci,
+                middle,
+                to_steps,
+                to_time,
+                reached,
+                f"{np.mean(sps):,.0f}" if sps else DASH,
+                fmt_return(float(np.mean(at_time))) if at_time else DASH,
+            ]
+        )
     return [Table(header, rows), *([Para(few_seeds_note(min(few)))] if few else [])]
 
 
 def _what_was_run(runs: Sequence[Run], bench_dir: Path | None) -> list[Block]:
-    """The facts at the top of a report; the wall-clock of ``bench_dir``'s invocations when its runs are the report's."""
+    """The facts at the top of a report; the wall-clock of ``bench_dir``'s invocations when its runs are the
+    report's."""
     envs = sorted({r.env_id for r in runs}, key=natural_key)
     algos = sorted({r.algo for r in runs})
     seeds = sorted({r.seed for r in runs})
@@ -191,8 +217,14 @@ def _what_was_run(runs: Sequence[Run], bench_dir: Path | None) -> list[Block]:
             mine = [r for r in runs if r.env_id == env_id and r.algo == algo]
             if mine:
                 budgets = sorted({int(r.config["total_steps"]) for r in mine if r.config.get("total_steps")})
-                steps_rows.append([env_id, algo, ", ".join(str(r.seed) for r in mine),
-                                   ", ".join(fmt_steps(b) for b in budgets) or DASH])  # fmt: skip
+                steps_rows.append(
+                    [
+                        env_id,
+                        algo,
+                        ", ".join(str(r.seed) for r in mine),
+                        ", ".join(fmt_steps(b) for b in budgets) or DASH,
+                    ]
+                )
     episodes_text = ", ".join(map(str, episodes)) or "the configured number of"
     conventions_text = "; ".join(conventions) or DEFAULT_EVAL_CONVENTION
     facts = [
@@ -205,17 +237,16 @@ def _what_was_run(runs: Sequence[Run], bench_dir: Path | None) -> list[Block]:
         *([wall] if bench_dir is not None and (wall := wall_clock_text(bench_dir, runs)) else []),
         *([machine] if (machine := machine_text(runs)) else []),
         (
-            f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. "
-            "A run's score is its final evaluation."
+            f"Evaluation: {episodes_text} episodes per evaluation; {conventions_text}. A run's score is its final "
+            "evaluation."
         ),
         (
-            "CI: 95% percentile bootstrap over seeds (2000 resamples, fixed resampling seed). "
-            "IQM: interquartile mean over seeds (mean of the middle 50%)."
+            "CI: 95% percentile bootstrap over seeds (2000 resamples, fixed resampling seed). IQM: interquartile mean "
+            "over seeds (mean of the middle 50%)."
         ),
         (
-            "Threshold: gymnasium's spec `reward_threshold`; a seed reaches it at its first evaluation whose "
-            "mean return is at least the threshold. Steps and core time to it are medians over the seeds "
-            "that reached it."
+            "Threshold: gymnasium's spec `reward_threshold`; a seed reaches it at its first evaluation whose mean "
+            "return is at least the threshold. Steps and core time to it are medians over the seeds that reached it."
         ),
     ]
     return [
@@ -272,25 +303,39 @@ def build_report(
         env_runs = [r for r in runs if r.env_id == env_id]
         threshold = reward_threshold(env_id)
         blocks.append(Heading(2, env_id))
-        blocks.append(Para(
-            f"Threshold: {threshold:g} (gymnasium `reward_threshold`)." if threshold is not None
-            else "Threshold: none (gymnasium's spec has no `reward_threshold` for this env)."
-        ))  # fmt: skip
+        blocks.append(
+            Para(
+                f"Threshold: {threshold:g} (gymnasium `reward_threshold`)."
+                if threshold is not None
+                else "Threshold: none (gymnasium's spec has no `reward_threshold` for this env)."
+            )
+        )
         same_time = equal_time(env_runs)
         blocks.extend(env_table(env_runs, threshold, same_time))
         if same_time is not None:
-            blocks.append(Para(f"Equal core time: {fmt_seconds(same_time[0])}, the median run time of {same_time[1]}, "
-                               "whose runs ended soonest; each completed run's last evaluation by then."))  # fmt: skip
+            blocks.append(
+                Para(
+                    f"Equal core time: {fmt_seconds(same_time[0])}, the median run time of {same_time[1]}, whose runs "
+                    "ended soonest; each completed run's last evaluation by then."
+                )
+            )
         counts = ", ".join(f"{a} {sum(r.algo == a for r in env_runs)}" for a in sorted({r.algo for r in env_runs}))
         # The time plot in core time, as the table: each run's wall-clock as its share of its process.
         in_core_time = [replace(r, wall_time_s=core_time(r)) for r in env_runs]
         for x, plotted, label in (("steps", env_runs, X_LABELS["steps"]), ("time", in_core_time, CORE_TIME)):
             path = plots_dir / f"{safe_name(env_id)}-{x}.png"
             png = add_plots(plot_env_runs(plotted, x, path, colors, x_label=label))
-            images.append(Image(png, f"{env_id}: eval return vs {label}", (
-                f"{env_id}: evaluation return (deterministic policy, raw env return) against {label}; line: "
-                "mean over runs, band: 95% percentile bootstrap CI over runs, where at least two cover the point; "
-                f"runs: {counts}.")))  # fmt: skip
+            images.append(
+                Image(
+                    png,
+                    f"{env_id}: eval return vs {label}",
+                    (
+                        f"{env_id}: evaluation return (deterministic policy, raw env return) against {label}; line: "
+                        "mean over runs, band: 95% percentile bootstrap CI over runs, where at least two cover the "
+                        f"point; runs: {counts}."
+                    ),
+                )
+            )
 
     # Each algo against the published PPO figures, scored as their sources score a run.
     blocks.extend(published_section(runs, load_published()))
@@ -306,10 +351,18 @@ def build_report(
     blocks.append(Heading(2, "Runs that did not complete"))
     if unfinished:
         listed = [
-            [r.env_id, r.algo, str(r.seed), r.status, _clean_error(r.summary.get("error"), bench_dir)
-             if r.summary else "no summary.json yet (running, or killed)", (where or _place(bench_dir))(r)]
+            [
+                r.env_id,
+                r.algo,
+                str(r.seed),
+                r.status,
+                _clean_error(r.summary.get("error"), bench_dir)
+                if r.summary
+                else "no summary.json yet (running, or killed)",
+                (where or _place(bench_dir))(r),
+            ]
             for r in unfinished
-        ]  # fmt: skip
+        ]
         blocks.append(Table(["env", "algo", "seed", "status", "error", "run dir"], listed))
     else:
         blocks.append(Para("None: every run completed."))

@@ -105,9 +105,17 @@ def scores_section(root: Path, entry: Entry) -> list[str]:
         rows = list(csv.DictReader(f))
     if not any(r.get("status") == "completed" and r.get("final_eval_return_mean") and r.get("env_id") for r in rows):
         return []
-    return ["## Final return by task and algo", "", score_table(rows), "",
-            ("The final evaluation return of each completed run (`summary.csv`): mean over seeds [95% bootstrap CI "
-             "over seeds]. How each run was scored, and the rest of the report, follow."), ""]  # fmt: skip
+    return [
+        "## Final return by task and algo",
+        "",
+        score_table(rows),
+        "",
+        (
+            "The final evaluation return of each completed run (`summary.csv`): mean over seeds [95% bootstrap CI over "
+            "seeds]. How each run was scored, and the rest of the report, follow."
+        ),
+        "",
+    ]
 
 
 def _section(markdown: str, title: str) -> tuple[str, str]:
@@ -135,8 +143,15 @@ def _compute(root: Path, entry: Entry, report: str) -> list[tuple[str, str]]:
         with open(summary, newline="") as f:
             times = [float(r["wall_time_s"]) for r in csv.DictReader(f) if r.get("wall_time_s")]
         if times:
-            rows.append(("runs' wall time", (f"{sum(times) / 3600:.3g} h, the sum over its {len(times)} runs "
-                         "(seeds trained side by side in one process each count the whole process)")))  # fmt: skip
+            rows.append(
+                (
+                    "runs' wall time",
+                    (
+                        f"{sum(times) / 3600:.3g} h, the sum over its {len(times)} runs (seeds trained side by side in "
+                        "one process each count the whole process)"
+                    ),
+                )
+            )
     p = entry.produced or entry.progress
     if "wall_s" in p:
         reused = "; it reused runs an earlier invocation had finished" if p.get("reused_runs") else ""
@@ -164,16 +179,29 @@ def _notes(root: Path, manifest: Manifest, entry: Entry) -> list[str]:
     """The warnings that qualify every number of the page: from older code, or saved part way."""
     p, lines = entry.produced or entry.progress, []
     if manifest.older(entry):
-        lines += [(f"!!! warning \"From older code\"\n    Produced at commit {p.get('commit', 'not recorded')}, "
-                   "before a change to what the algorithms compute: the numbers may differ from today's code "
-                   "by more than seed noise. It is left out of the headline tables until it is rerun with "
-                   f"`testbed results run {entry.name}`."), ""]  # fmt: skip
+        lines += [
+            (
+                f'!!! warning "From older code"\n    Produced at commit {p.get("commit", "not recorded")}, '
+                "before a change to what the algorithms compute: the numbers may differ from today's code "
+                "by more than seed noise. It is left out of the headline tables until it is rerun with "
+                f"`testbed results run {entry.name}`."
+            ),
+            "",
+        ]
     if manifest.in_progress(entry):
-        runs = (f"the {len(completed_runs(root, entry))} runs finished so far" if "summary.csv" in entry.keep
-                else "what its command had finished")  # fmt: skip
-        lines += [(f"!!! note \"In progress\"\n    Saved part way on {p.get('date')} at commit {p.get('commit')}: "
-                   f"{runs}, as the command's last invocation reported them. `testbed results run {entry.name}` "
-                   "goes on with the rest; the numbers here are final for the runs they show."), ""]  # fmt: skip
+        runs = (
+            f"the {len(completed_runs(root, entry))} runs finished so far"
+            if "summary.csv" in entry.keep
+            else "what its command had finished"
+        )
+        lines += [
+            (
+                f'!!! note "In progress"\n    Saved part way on {p.get("date")} at commit {p.get("commit")}: '
+                f"{runs}, as the command's last invocation reported them. `testbed results run {entry.name}` "
+                "goes on with the rest; the numbers here are final for the runs they show."
+            ),
+            "",
+        ]
     return lines
 
 
@@ -185,21 +213,45 @@ def result_page(root: Path, manifest: Manifest, entry: Entry) -> str:
     body = ""
     if (entry.page or entry.last_line) and not (root / source).exists():
         if entry.produced or entry.progress:
-            raise BadInput(f"{entry.name}: {source} does not exist; make it again with `testbed results run {entry.name}`")
+            raise BadInput(
+                f"{entry.name}: {source} does not exist; make it again with `testbed results run {entry.name}`"
+            )
         body = f"Not produced yet: `testbed results run {entry.name}` makes it."
     elif entry.page or entry.last_line:
         body = (root / source).read_text()
     if body.startswith("# "):  # the page has its own title
         body = body.split("\n", 1)[1] if "\n" in body else ""
     p = entry.produced or entry.progress
-    rows = [("command", f"`{entry.command}`"), ("seeds", entry.seeds), ("budget", entry.budget),
-            ("machine", p.get("machine", "not recorded")), ("code", f"commit {p.get('commit', 'not recorded')}"),
-            ("date", str(p.get("date", "not recorded"))), *_compute(root, entry, body)]  # fmt: skip
+    rows = [
+        ("command", f"`{entry.command}`"),
+        ("seeds", entry.seeds),
+        ("budget", entry.budget),
+        ("machine", p.get("machine", "not recorded")),
+        ("code", f"commit {p.get('commit', 'not recorded')}"),
+        ("date", str(p.get("date", "not recorded"))),
+        *_compute(root, entry, body),
+    ]
     results, what_was_run = _section(_demote(_relink(body.strip(), root, source)), "What was run")
     scores = scores_section(root, entry)
     report = ["## The report", ""] if scores and results.strip() else []
-    lines = [f"# {entry.title}", "", *_notes(root, manifest, entry), *scores, *report, results.strip(), "",
-             "## How it was made", "",
-             table_text(["", ""], [list(r) for r in rows]), "", _kept(root, entry, source), "",
-             *([what_was_run, ""] if what_was_run else []), "## About this result", "", entry.about, ""]  # fmt: skip
+    lines = [
+        f"# {entry.title}",
+        "",
+        *_notes(root, manifest, entry),
+        *scores,
+        *report,
+        results.strip(),
+        "",
+        "## How it was made",
+        "",
+        table_text(["", ""], [list(r) for r in rows]),
+        "",
+        _kept(root, entry, source),
+        "",
+        *([what_was_run, ""] if what_was_run else []),
+        "## About this result",
+        "",
+        entry.about,
+        "",
+    ]
     return "\n".join(lines)

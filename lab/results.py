@@ -28,8 +28,8 @@ from agents.rundir import read_summary
 from envs.errors import BadInput
 
 RUN_DIR_CONTENTS = (
-    "a run directory holds config.yaml (with keys algo and env_id), and, once it has started, progress.csv "
-    "and, once it has ended, summary.json"
+    "a run directory holds config.yaml (with keys algo and env_id), and, once it has started, progress.csv and, once "
+    "it has ended, summary.json"
 )
 EVAL_COLUMN = "eval/return_mean"
 KEPT_PROGRESS = "progress.csv.gz"
@@ -162,8 +162,9 @@ def progress_problem(path: Path, summary: dict[str, Any], last_step: int) -> str
 
         recorded = recorded_csv_bytes(path.parent)
         if recorded is not None and len(data) < recorded:
-            problems.append(f"holds {len(data):,} bytes, fewer than the {recorded:,} its checkpoint recorded: rows "
-                            "were deleted")  # fmt: skip
+            problems.append(
+                f"holds {len(data):,} bytes, fewer than the {recorded:,} its checkpoint recorded: rows were deleted"
+            )
     return "; ".join(problems) or None
 
 

@@ -91,7 +91,9 @@ def parse_space(text: str, source: str) -> dict[str, Param]:
     """A space file's text as params. Each key: a list of choices, or ``{low, high, log?, int?}``."""
     raw = load_yaml(text, source) or {}
     if not isinstance(raw, dict) or not raw:
-        raise BadInput(f"{source} must map config keys to a list of choices or {{low, high, log}}; it is empty or not a mapping")
+        raise BadInput(
+            f"{source} must map config keys to a list of choices or {{low, high, log}}; it is empty or not a mapping"
+        )
     space: dict[str, Param] = {}
     for name, entry in raw.items():
         where = f"{source}: {name}"
@@ -100,15 +102,28 @@ def parse_space(text: str, source: str) -> dict[str, Param]:
                 raise BadInput(f"{where} has no choices; list at least one value")
             space[name] = Param(str(name), choices=tuple(entry))
             continue
-        if not isinstance(entry, dict) or not {"low", "high"} <= set(entry) or set(entry) - {"low", "high", "log", "int"}:
-            raise BadInput(f"{where} must be a list of choices or a mapping with low and high (and optionally log, int); "
-                           f"got {entry!r}")  # fmt: skip
-        low, high, log, integer = entry["low"], entry["high"], bool(entry.get("log", False)), bool(entry.get("int", False))
+        if (
+            not isinstance(entry, dict)
+            or not {"low", "high"} <= set(entry)
+            or set(entry) - {"low", "high", "log", "int"}
+        ):
+            raise BadInput(
+                f"{where} must be a list of choices or a mapping with low and high (and optionally log, int); got "
+                f"{entry!r}"
+            )
+        low, high, log, integer = (
+            entry["low"],
+            entry["high"],
+            bool(entry.get("log", False)),
+            bool(entry.get("int", False)),
+        )
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
             raise BadInput(f"{where}: low and high must be finite numbers; got {low!r} and {high!r}")
         if not low < high:
-            raise BadInput(f"{where}: the range is empty, low ({low}) must be below high ({high}); for one value, "
-                           f"fix it with --set {name}={low} instead")  # fmt: skip
+            raise BadInput(
+                f"{where}: the range is empty, low ({low}) must be below high ({high}); for one value, fix it with "
+                f"--set {name}={low} instead"
+            )
         if log and low <= 0:
             raise BadInput(f"{where}: a log range needs low > 0; got {low}")
         if integer and not (float(low).is_integer() and float(high).is_integer()):
@@ -131,8 +146,10 @@ def with_ranges(text: str, varies: list[str] | tuple[str, ...], source: str) -> 
     for pair in varies:
         key, sep, value = (part.strip() for part in pair.partition("="))
         if not sep or not key or not value:
-            raise BadInput(f"--vary {pair!r}: give KEY=RANGE, RANGE a YAML list of choices or {{low: …, high: …}}, "
-                           "e.g. --vary 'reward_offset=[0.0, 5.0]'")  # fmt: skip
+            raise BadInput(
+                f"--vary {pair!r}: give KEY=RANGE, RANGE a YAML list of choices or {{low: …, high: …}}, e.g. --vary "
+                "'reward_offset=[0.0, 5.0]'"
+            )
         entry = load_yaml(value, f"--vary {key}")
         parse_space(yaml.safe_dump({key: entry}), "--vary")  # BadInput naming the flag, not the file
         raw[key] = entry
@@ -154,8 +171,13 @@ def for_action_space(text: str, space: dict[str, Param], continuous: bool) -> tu
     if not unread:
         return text, space
     raw = yaml.safe_load(text)
-    kept = yaml.safe_dump({k: v for k, v in raw.items() if k not in unread}, sort_keys=False, default_flow_style=None,
-                          width=120, allow_unicode=True)  # fmt: skip
+    kept = yaml.safe_dump(
+        {k: v for k, v in raw.items() if k not in unread},
+        sort_keys=False,
+        default_flow_style=None,
+        width=120,
+        allow_unicode=True,
+    )
     return kept, {k: p for k, p in space.items() if k not in unread}
 
 
@@ -232,13 +254,17 @@ def iteration_sizes(
     shaping = [p for p in space.values() if shapes(p)]
     for param in shaping:
         if param.choices is None:
-            raise BadInput(f"{source}: {param.name} changes n_steps · n_envs, the env steps of one iteration, and is a "
-                           "range, so trials could not train equal budgets; give it as a list of choices, e.g. "
-                           f"{param.name}: [{int(param.low)}, {int(param.high)}]")  # fmt: skip
+            raise BadInput(
+                f"{source}: {param.name} changes n_steps · n_envs, the env steps of one iteration, and is a range, so "
+                f"trials could not train equal budgets; give it as a list of choices, e.g. {param.name}: "
+                f"[{int(param.low)}, {int(param.high)}]"
+            )
     combinations = math.prod(len(p.choices or ()) for p in shaping)
     if combinations > MAX_SHAPES:
-        raise BadInput(f"{source}: {' × '.join(p.name for p in shaping)} make {combinations:,} iteration shapes, more "
-                       f"than {MAX_SHAPES:,}; list fewer choices")  # fmt: skip
+        raise BadInput(
+            f"{source}: {' × '.join(p.name for p in shaping)} make {combinations:,} iteration shapes, more than "
+            f"{MAX_SHAPES:,}; list fewer choices"
+        )
     sizes: set[int] = set()
     for values in itertools.product(*(p.choices or () for p in shaping)):
         try:
@@ -248,7 +274,9 @@ def iteration_sizes(
     sizes = sizes or {base.batch_size}
     if math.lcm(*sizes) > SPREAD * max(sizes):
         listed = ", ".join(map(str, sorted(sizes)))
-        raise BadInput(f"{source}: {' × '.join(p.name for p in shaping)} give iterations of {listed} env steps, so "
-                       f"every trial's budget would be a multiple of {math.lcm(*sizes):,}; choose values whose "
-                       "n_steps · n_envs divide one another (powers of two do)")  # fmt: skip
+        raise BadInput(
+            f"{source}: {' × '.join(p.name for p in shaping)} give iterations of {listed} env steps, so every trial's "
+            f"budget would be a multiple of {math.lcm(*sizes):,}; choose values whose n_steps · n_envs divide one "
+            "another (powers of two do)"
+        )
     return tuple(sorted(sizes))

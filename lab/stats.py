@@ -37,7 +37,9 @@ aggregates by as much as 0.001."""
 CONFIDENCE = 0.95
 
 
-def _estimates(scores: dict[str, Any], func: Callable[..., Any], reps: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def _estimates(
+    scores: dict[str, Any], func: Callable[..., Any], reps: int, seed: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """rliable's ``get_interval_estimates``: point estimates and percentile CIs ``(2, …)`` per key, seeded.
 
     rliable's stratified bootstraps draw their resampling indices from NumPy's global generator
@@ -51,8 +53,9 @@ def _estimates(scores: dict[str, Any], func: Callable[..., Any], reps: int, seed
         with warnings.catch_warnings():
             # arch warns that rliable's RandomState argument is deprecated; it is passed on all the same.
             warnings.simplefilter("ignore", FutureWarning)
-            return library.get_interval_estimates(scores, func, reps=reps, confidence_interval_size=CONFIDENCE,
-                                                  random_state=np.random.RandomState(seed))  # fmt: skip
+            return library.get_interval_estimates(
+                scores, func, reps=reps, confidence_interval_size=CONFIDENCE, random_state=np.random.RandomState(seed)
+            )
     finally:
         np.random.set_state(global_state)
 
@@ -142,8 +145,13 @@ def aggregate_intervals(scores: dict[str, np.ndarray], seed: int = 0) -> dict[st
         return np.array([metrics[name](matrix) for name in METRIC_NAMES])
 
     points, intervals = _estimates(scores, all_metrics, REPS, seed)
-    return {algo: {name: Interval(float(points[algo][i]), float(intervals[algo][0][i]), float(intervals[algo][1][i]))
-                   for i, name in enumerate(METRIC_NAMES)} for algo in scores}  # fmt: skip
+    return {
+        algo: {
+            name: Interval(float(points[algo][i]), float(intervals[algo][0][i]), float(intervals[algo][1][i]))
+            for i, name in enumerate(METRIC_NAMES)
+        }
+        for algo in scores
+    }
 
 
 def env_improvements(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -197,8 +205,10 @@ def improvement_by_env(scores: dict[str, np.ndarray], seed: int = 0) -> dict[tup
     """P_m(X > Y) on each env m, in the order of the matrices' columns, for each pair of algos X before Y in
     ``scores``, with its bootstrap CI (the runs of X and of Y resampled within env m): the terms whose mean is
     P(X > Y) (:func:`env_improvements`)."""
-    return {pair: [Interval(float(p), float(low), float(high)) for p, low, high in zip(point, *interval, strict=True)]
-            for pair, (point, interval) in _pairwise(scores, env_improvements, seed).items()}  # fmt: skip
+    return {
+        pair: [Interval(float(p), float(low), float(high)) for p, low, high in zip(point, *interval, strict=True)]
+        for pair, (point, interval) in _pairwise(scores, env_improvements, seed).items()
+    }
 
 
 def performance_profiles(
@@ -235,7 +245,9 @@ def normalized_curves(
     grid = np.unique(np.concatenate([np.linspace(low, high, points), ends]))  # (S,)
     curves: dict[str, np.ndarray] = {}
     for algo, (first, last) in spans.items():
-        per_env = [sorted((r for r in chosen if r.algo == algo and r.env_id == env), key=lambda r: r.seed) for env in envs]
+        per_env = [
+            sorted((r for r in chosen if r.algo == algo and r.env_id == env), key=lambda r: r.seed) for env in envs
+        ]
         covered = (grid >= first) & (grid <= last)  # (S,)
         r_count = min(len(env_runs) for env_runs in per_env)
         curve = np.full((r_count, len(envs), grid.size), np.nan)  # (R, M, S)
@@ -248,16 +260,20 @@ def normalized_curves(
     return grid, curves
 
 
-def sample_efficiency(curves: dict[str, np.ndarray], seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def sample_efficiency(
+    curves: dict[str, np.ndarray], seed: int = 0
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The IQM over runs and envs at each grid step, per algo, with its stratified bootstrap CI ``(2, S)``.
 
     Steps outside an algo's span (NaN in its curve, :func:`normalized_curves`) are NaN in its IQM and CI too."""
+
     def iqm_per_step(curve: np.ndarray) -> np.ndarray:  # (R, M, S) → (S,): rliable's aggregate_iqm at each step
         return stats.trim_mean(curve.reshape(-1, curve.shape[-1]), 0.25, axis=0)
 
     covered = {algo: np.isfinite(curve).all(axis=(0, 1)) for algo, curve in curves.items()}  # (S,) each
-    points, cis = _estimates({algo: curve[..., covered[algo]] for algo, curve in curves.items()}, iqm_per_step,
-                             REPS, seed)  # fmt: skip
+    points, cis = _estimates(
+        {algo: curve[..., covered[algo]] for algo, curve in curves.items()}, iqm_per_step, REPS, seed
+    )
     full_points, full_cis = {}, {}
     for algo, mask in covered.items():
         full_points[algo] = np.full(mask.size, np.nan)  # (S,)
@@ -333,6 +349,7 @@ def mark_few(ci: str, n: int) -> str:
 def few_seeds_note(n: int) -> str:
     """The footnote of :data:`FEW_MARK`; ``n``: the fewest seeds behind a marked CI."""
     seeds = "1 seed" if n == 1 else f"{n} seeds"
-    return (f"{FEW_MARK} CI from {seeds}, fewer than {FEW_SEEDS}: a bootstrap resamples only those values, so the "
-            "interval spans at most them; read it as their range, not as a 95% interval.")  # fmt: skip
-
+    return (
+        f"{FEW_MARK} CI from {seeds}, fewer than {FEW_SEEDS}: a bootstrap resamples only those values, so the interval "
+        "spans at most them; read it as their range, not as a 95% interval."
+    )

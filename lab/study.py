@@ -51,10 +51,11 @@ def storage_for(url: str | None, tune_dir: Path) -> Any:
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
     except Exception as error:  # noqa: BLE001  SQLAlchemy and drivers raise many kinds; all mean "unreachable"
-        raise BadInput(f"cannot open the study storage {brief(url, 120)} ({type(error).__name__}: "
-                       f"{brief(str(error).splitlines()[0], 160) if str(error) else 'no detail'}). Give a database URL Optuna "
-                       "accepts, e.g. sqlite:///tune.db or postgresql://user@host/db, or leave --storage out for a "
-                       "local file.") from None  # fmt: skip
+        raise BadInput(
+            f"cannot open the study storage {brief(url, 120)} ({type(error).__name__}: "
+            f"{brief(str(error).splitlines()[0], 160) if str(error) else 'no detail'}). Give a database URL Optuna "
+            "accepts, e.g. sqlite:///tune.db or postgresql://user@host/db, or leave --storage out for a local file."
+        ) from None
 
 
 def read_tune_yaml(tune_dir: Path, needed: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -63,19 +64,26 @@ def read_tune_yaml(tune_dir: Path, needed: tuple[str, ...] = ()) -> dict[str, An
     path = tune_dir / TUNE_FILE
     saved = read_yaml(path)
     if not isinstance(saved, dict):
-        raise BadInput(f"{path} holds {type(saved).__name__ if saved is not None else 'nothing'} where a study's "
-                       "settings belong (a mapping of name, algo, env_id, seeds, ... as `testbed tune` writes it). "
-                       "Restore the file from a copy of the study folder or the result it came from")  # fmt: skip
+        raise BadInput(
+            f"{path} holds {type(saved).__name__ if saved is not None else 'nothing'} where a study's settings belong "
+            "(a mapping of name, algo, env_id, seeds, ... as `testbed tune` writes it). Restore the file from a copy "
+            "of the study folder or the result it came from"
+        )
     kinds = {"name": str, "algo": str, "env_id": str, "seeds": list, "storage": (str, type(None)), STUDY_ID: str}
     for key in needed:
         if key not in saved:
-            hint = (f"`name: {tune_dir.name}` if the study's --name was the folder's name" if key == "name"
-                    else "it as `testbed tune` wrote it, from a copy of the study folder")  # fmt: skip
+            hint = (
+                f"`name: {tune_dir.name}` if the study's --name was the folder's name"
+                if key == "name"
+                else "it as `testbed tune` wrote it, from a copy of the study folder"
+            )
             raise BadInput(f"{path} lacks `{key}`, which a study's tune.yaml holds; add {hint}")
     for key, kind in kinds.items():
         if key in saved and not isinstance(saved[key], kind):
-            raise BadInput(f"{path}: `{key}` is {brief(saved[key], 60)}, not a {'text' if kind is str else 'list'} "
-                           f"as `testbed tune` writes it; restore it from a copy of the study folder")  # fmt: skip
+            raise BadInput(
+                f"{path}: `{key}` is {brief(saved[key], 60)}, not a {'text' if kind is str else 'list'} as `testbed "
+                f"tune` writes it; restore it from a copy of the study folder"
+            )
     return saved
 
 
@@ -116,9 +124,11 @@ def sqlite_file(url: str, tune_dir: Path) -> Path:
         places.append(parents[2] / database)
     found = next((place for place in places if place.is_file()), None)
     if found is None:
-        raise BadInput(f"the study's storage {brief(url, 120)} (in {tune_dir / TUNE_FILE}) is not a file here: "
-                       "run this from the folder `testbed tune` ran in, or set `storage` in tune.yaml to the "
-                       "database's path (sqlite:////absolute/path.db); nothing was written")  # fmt: skip
+        raise BadInput(
+            f"the study's storage {brief(url, 120)} (in {tune_dir / TUNE_FILE}) is not a file here: run this from the "
+            "folder `testbed tune` ran in, or set `storage` in tune.yaml to the database's path "
+            "(sqlite:////absolute/path.db); nothing was written"
+        )
     return found
 
 
@@ -135,8 +145,10 @@ def reading_storage(url: str | None, tune_dir: Path) -> Iterator[Any]:
         if url is None:
             journal = tune_dir / STUDY_FILE
             if not journal.is_file():
-                raise BadInput(f"{tune_dir} holds no {STUDY_FILE}, the journal of its study: give the study folder "
-                               "`testbed tune` wrote, or restore its study.log; nothing was written")  # fmt: skip
+                raise BadInput(
+                    f"{tune_dir} holds no {STUDY_FILE}, the journal of its study: give the study folder `testbed tune` "
+                    "wrote, or restore its study.log; nothing was written"
+                )
             check_journal(journal)
             shutil.copyfile(journal, copy)
             yield optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(copy)))
@@ -155,8 +167,10 @@ def reading_storage(url: str | None, tune_dir: Path) -> Iterator[Any]:
             finally:
                 source.close()
         except sqlite3.Error as error:
-            raise BadInput(f"{database} cannot be read as an SQLite database ({error}); check `storage` in "
-                           f"{tune_dir / TUNE_FILE}; nothing was written") from None  # fmt: skip
+            raise BadInput(
+                f"{database} cannot be read as an SQLite database ({error}); check `storage` in "
+                f"{tune_dir / TUNE_FILE}; nothing was written"
+            ) from None
         with _refused_storage(url):
             storage = optuna.storages.RDBStorage(f"sqlite:///{copy}", skip_table_creation=True)
         yield storage
@@ -169,8 +183,10 @@ def _refused_storage(url: str) -> Iterator[None]:
         yield
     except Exception as error:  # noqa: BLE001  SQLAlchemy and drivers raise many kinds; all mean "not a study"
         detail = brief(str(error).splitlines()[0], 160) if str(error) else "no detail"
-        raise BadInput(f"the study storage {brief(url, 120)} holds no study Optuna can read ({type(error).__name__}: "
-                       f"{detail}); check `storage` in the study's tune.yaml; nothing was written") from None  # fmt: skip
+        raise BadInput(
+            f"the study storage {brief(url, 120)} holds no study Optuna can read ({type(error).__name__}: {detail}); "
+            f"check `storage` in the study's tune.yaml; nothing was written"
+        ) from None
 
 
 def check_journal(path: Path, repair: bool = False) -> None:
@@ -188,14 +204,19 @@ def check_journal(path: Path, repair: bool = False) -> None:
         except (UnicodeDecodeError, json.JSONDecodeError):
             record = None
         if not isinstance(record, dict):
-            raise BadInput(f"{path} is damaged at line {number} ({brief(line[:60])}), which is not a journal record. "
-                           "Restore the file from a backup, or start the study again under another --name.")  # fmt: skip
+            raise BadInput(
+                f"{path} is damaged at line {number} ({brief(line[:60])}), which is not a journal record. Restore the "
+                "file from a backup, or start the study again under another --name."
+            )
     if repair and whole < len(data):
         with open(path, "r+b") as f:
             f.truncate(whole)
             os.fsync(f.fileno())
-        print(f"{path}: dropped its last record, cut short by a stop mid-write ({len(data) - whole} bytes); the "
-              "trial it concerned resumes from its runs", flush=True)  # fmt: skip
+        print(
+            f"{path}: dropped its last record, cut short by a stop mid-write ({len(data) - whole} bytes); the trial it "
+            "concerned resumes from its runs",
+            flush=True,
+        )
 
 
 def trial_dir(tune_dir: Path, number: int) -> Path:
@@ -214,5 +235,8 @@ def set_aside_stale(bench_dir: Path, cells: list[Cell]) -> None:
     while (aside := bench_dir.with_name(f".{bench_dir.name}.stale{attempt}")).exists():
         attempt += 1
     bench_dir.rename(aside)
-    print(f"{bench_dir} held runs trained with other settings than its trial's ({stale[0]}): moved to {aside.name}; "
-          "the trial trains afresh", flush=True)  # fmt: skip
+    print(
+        f"{bench_dir} held runs trained with other settings than its trial's ({stale[0]}): moved to {aside.name}; the "
+        "trial trains afresh",
+        flush=True,
+    )

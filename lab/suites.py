@@ -13,8 +13,19 @@ class Suite:
     total_steps: int | None = None  # None: each algo's preset budget for the env
 
 
-MUJOCO_V5 = ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Humanoid-v5", "HumanoidStandup-v5", "InvertedDoublePendulum-v5",
-             "InvertedPendulum-v5", "Pusher-v5", "Reacher-v5", "Swimmer-v5", "Walker2d-v5")  # fmt: skip
+MUJOCO_V5 = (
+    "Ant-v5",
+    "HalfCheetah-v5",
+    "Hopper-v5",
+    "Humanoid-v5",
+    "HumanoidStandup-v5",
+    "InvertedDoublePendulum-v5",
+    "InvertedPendulum-v5",
+    "Pusher-v5",
+    "Reacher-v5",
+    "Swimmer-v5",
+    "Walker2d-v5",
+)
 
 SUITES: dict[str, Suite] = {
     # A few minutes on 2 cores: the presets' budgets on CartPole.

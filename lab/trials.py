@@ -30,8 +30,16 @@ Reporter = Callable[[int, float], bool]
 """``report(step, value) → prune?``: hands the pruner the mean evaluation over seeds at ``step``."""
 
 
-def study_status(elapsed: float, counts: dict[str, int], finished: int, trials: int, running: int,
-                 live: list[tuple[int, float]], seeds: int, steps_per_seed: int | None) -> str:
+def study_status(
+    elapsed: float,
+    counts: dict[str, int],
+    finished: int,
+    trials: int,
+    running: int,
+    live: list[tuple[int, float]],
+    seeds: int,
+    steps_per_seed: int | None,
+) -> str:
     """One heartbeat of a study: ``[2m10s] trials 3/24 done, 2 running · 5,200 steps/s · ETA 1h30m``.
 
     Done: the trials ``finished`` before this run of the study, plus this run's ``counts`` by state. ``live``:
@@ -44,15 +52,28 @@ def study_status(elapsed: float, counts: dict[str, int], finished: int, trials: 
     if steps_per_seed and rate > 0:
         left = (trials - done) * seeds * steps_per_seed - sum(step for step, _ in live)
         eta = fmt_duration(max(left, 0) / rate)
-    return (f"[{fmt_duration(elapsed)}] trials {done}/{trials} done, {running} running · "
-            f"{f'{rate:,.0f} steps/s' if live else 'steps/s n/a'} · ETA {eta}")
+    return (
+        f"[{fmt_duration(elapsed)}] trials {done}/{trials} done, {running} running · "
+        f"{f'{rate:,.0f} steps/s' if live else 'steps/s n/a'} · ETA {eta}"
+    )
 
 
-def study_heartbeat(counts: dict[str, int], finished: int, trials: int, pending: dict[Any, Any], stop: Stop,
-                    seeds: int, steps_per_seed: int | None) -> Heartbeat:  # fmt: skip
+def study_heartbeat(
+    counts: dict[str, int],
+    finished: int,
+    trials: int,
+    pending: dict[Any, Any],
+    stop: Stop,
+    seeds: int,
+    steps_per_seed: int | None,
+) -> Heartbeat:
     """A :class:`~lab.board.Heartbeat` that prints :func:`study_status` every 10 s, in logs as on terminals."""
-    return Heartbeat(lambda elapsed: print(study_status(elapsed, counts, finished, trials, len(pending),
-                                                        live_progress(stop), seeds, steps_per_seed), flush=True))  # fmt: skip
+    return Heartbeat(
+        lambda elapsed: print(
+            study_status(elapsed, counts, finished, trials, len(pending), live_progress(stop), seeds, steps_per_seed),
+            flush=True,
+        )
+    )
 
 
 def eval_marks(steps: list[int], interval: int) -> list[int]:
@@ -138,8 +159,9 @@ def run_trial_remote(cells: list[Cell], files: list[bytes | None], reporter: Any
             cell.run_dir(Path(scratch)).parent.mkdir(parents=True, exist_ok=True)
             if packed is not None:
                 unpack_run(packed, cell.run_dir(Path(scratch)).parent)
-        outcomes, pruned = run_trial(cells, Path(scratch), lambda s, v: ray.get(reporter.report.remote(trial_id, s, v)),
-                                     stack=stack)  # fmt: skip
+        outcomes, pruned = run_trial(
+            cells, Path(scratch), lambda s, v: ray.get(reporter.report.remote(trial_id, s, v)), stack=stack
+        )
         return outcomes, pruned, [pack_run(cell.run_dir(Path(scratch))) for cell in cells]
 
 
@@ -198,15 +220,18 @@ def known_costs(trials: list[optuna.trial.FrozenTrial], tune_dir: Path) -> dict[
     unknown = [number for number, cost in costs.items() if cost is None]
     if unknown:
         shown = ", ".join(map(str, unknown[:8])) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
-        raise BadInput(f"{tune_dir} lacks the runs of trials {shown} (folders trialNNNN), and the study ran before "
-                       "trials recorded their cost in it, so a report from here would count their env steps as 0. "
-                       "Restore the folders (`testbed results restore NAME` where the result carries them), or "
-                       "keep the report built where they are; nothing was run or written")  # fmt: skip
+        raise BadInput(
+            f"{tune_dir} lacks the runs of trials {shown} (folders trialNNNN), and the study ran before trials "
+            "recorded their cost in it, so a report from here would count their env steps as 0. Restore the folders "
+            "(`testbed results restore NAME` where the result carries them), or keep the report built where they are; "
+            "nothing was run or written"
+        )
     return {number: cost for number, cost in costs.items() if cost is not None}
 
 
-def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool,
-           bench_dir: Path) -> tuple[str, float | None]:  # fmt: skip
+def settle(
+    study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: bool, bench_dir: Path
+) -> tuple[str, float | None]:
     """Tell the study how the trial ended, with its cost (:data:`COST`): (state, score). An interrupted trial
     stays running, to resume."""
 
@@ -221,7 +246,9 @@ def settle(study: optuna.Study, trial: Any, outcomes: list[Outcome], pruned: boo
     if failed:
         error = f"seed {failed[0].cell.seed}: {failed[0].error}"
     else:
-        finals = [(rundir.read_summary(o.cell.run_dir(bench_dir)) or {}).get("final_eval_return_mean") for o in outcomes]
+        finals = [
+            (rundir.read_summary(o.cell.run_dir(bench_dir)) or {}).get("final_eval_return_mean") for o in outcomes
+        ]
         if all(v is not None and math.isfinite(float(v)) for v in finals):
             score = float(np.mean([float(v) for v in finals]))
             study.tell(trial.number, score)

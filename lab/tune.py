@@ -56,10 +56,29 @@ from lab.space import (
     parse_space,
     with_ranges,
 )
-from lab.study import (STUDY_FILE, STUDY_ID, TUNE_FILE, TUNE_ROOT, check_journal, left_running, read_tune_yaml,
-                       set_aside_stale, storage_for, study_id_of, trial_dir)
-from lab.trials import (REFUSED, Reporter, known_costs, reporter_for, run_trial, run_trial_remote, settle,
-                        study_heartbeat)
+from lab.study import (
+    STUDY_FILE,
+    STUDY_ID,
+    TUNE_FILE,
+    TUNE_ROOT,
+    check_journal,
+    left_running,
+    read_tune_yaml,
+    set_aside_stale,
+    storage_for,
+    study_id_of,
+    trial_dir,
+)
+from lab.trials import (
+    REFUSED,
+    Reporter,
+    known_costs,
+    reporter_for,
+    run_trial,
+    run_trial_remote,
+    settle,
+    study_heartbeat,
+)
 from lab.tune_report import budget_text, build_tune_report, pairs_text, seeds_text
 
 FIRST_TUNING_SEED = 100
@@ -91,14 +110,22 @@ class TunePlan:
 
     def definition(self) -> dict[str, Any]:
         """What makes two runs of ``tune`` the same study: a rerun with another definition is refused."""
-        return {"algo": self.algo, "env_id": self.env_id, "total_steps": self.total_steps, "seeds": list(self.seeds),
-                "sets": list(self.sets), "space": yaml.safe_load(self.space_text)}  # fmt: skip
+        return {
+            "algo": self.algo,
+            "env_id": self.env_id,
+            "total_steps": self.total_steps,
+            "seeds": list(self.seeds),
+            "sets": list(self.sets),
+            "space": yaml.safe_load(self.space_text),
+        }
 
     def describe(self) -> str:
         """The study's size in one line, as the console prints it before the first trial."""
         assert self.steps_per_seed is not None
-        return (f"{self.trials} trials; {seeds_text(self.seeds)}; budget "
-                f"{budget_text(self.total_steps, self.steps_per_seed, self.iteration_sizes)}")  # fmt: skip
+        return (
+            f"{self.trials} trials; {seeds_text(self.seeds)}; budget "
+            f"{budget_text(self.total_steps, self.steps_per_seed, self.iteration_sizes)}"
+        )
 
     def cells(self, overrides: list[str]) -> list[Cell]:
         """A trial's runs: one per seed, with the study's --set pairs and the trial's sampled values."""
@@ -147,13 +174,15 @@ def plan_tune(
     spec = registry.get(algo)
     name = name or f"{algo}-{env_id.replace('/', '_')}"
     if not BENCH_NAME.fullmatch(name):
-        raise BadInput(f"--name {name!r} is not a study name: give one folder name (it becomes runs/tune/NAME) made "
-                       "of letters, digits, '.', '_' and '-', not starting with '.'")  # fmt: skip
+        raise BadInput(
+            f"--name {name!r} is not a study name: give one folder name (it becomes runs/tune/NAME) made of letters, "
+            "digits, '.', '_' and '-', not starting with '.'"
+        )
     if trials < 1:
         raise BadInput(f"--trials must be at least 1, got {trials}")
     if seeds < 1:
         raise BadInput(f"--seeds must be at least 1, got {seeds}")
-    if not (0 <= first_seed and first_seed + seeds - 1 < SEED_LIMIT):
+    if not (first_seed >= 0 and first_seed + seeds - 1 < SEED_LIMIT):
         raise BadInput(f"--first-seed must leave every seed in [0, 2**32 - 1], got {first_seed}")
     if total_steps is not None and total_steps < 1:
         raise BadInput(f"--total-steps must be positive, got {total_steps}")
@@ -171,15 +200,19 @@ def plan_tune(
     fields = [f.name for f in dataclasses.fields(spec.config)]
     unknown = sorted(set(space) - set(fields))
     if unknown:
-        raise BadInput(f"{source}: {', '.join(unknown)} {'is not a config key' if len(unknown) == 1 else 'are not config keys'} "
-                       f"of {algo}; valid keys: {', '.join(fields)}")  # fmt: skip
+        raise BadInput(
+            f"{source}: {', '.join(unknown)} {'is not a config key' if len(unknown) == 1 else 'are not config keys'} "
+            f"of {algo}; valid keys: {', '.join(fields)}"
+        )
     fixed = sorted(set(space) & set(spec.fixed))
     if fixed and space_file is None:  # a variant's default space: its parent's, less what the variant fixes
         text = yaml.safe_dump({k: v for k, v in yaml.safe_load(text).items() if k not in fixed}, sort_keys=False)
         space = parse_space(text, source)
     elif fixed:
-        raise BadInput(f"{source}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} "
-                       "from the space, or tune the algo it varies")  # fmt: skip
+        raise BadInput(
+            f"{source}: {algo} fixes {', '.join(fixed)}; remove {'it' if len(fixed) == 1 else 'them'} from the space, "
+            "or tune the algo it varies"
+        )
     text, space = for_action_space(text, space, continuous)  # no σ to tune on discrete actions
     set_keys = {pair.partition("=")[0].strip() for pair in sets}
     for key, option in RESERVED.items():
@@ -192,8 +225,22 @@ def plan_tune(
     swept = sorted(set(space) & set_keys)
     if swept:
         raise BadInput(f"--set {', '.join(swept)} fixes what the space tunes; drop one of the two")
-    plan = TunePlan(name, algo, env_id, continuous, trials, total_steps, tuple(range(first_seed, first_seed + seeds)), space, text,
-                    tuple(sets), storage, pruner, startup_trials, sampler_seed)  # fmt: skip
+    plan = TunePlan(
+        name,
+        algo,
+        env_id,
+        continuous,
+        trials,
+        total_steps,
+        tuple(range(first_seed, first_seed + seeds)),
+        space,
+        text,
+        tuple(sets),
+        storage,
+        pruner,
+        startup_trials,
+        sampler_seed,
+    )
     base = plan.config({})  # the preset with --set: BadInput for a bad key or value
     spec.validate(base)
     for param in space.values():
@@ -201,8 +248,9 @@ def plan_tune(
             try:
                 admitting(plan.config, {param.name: value}, space)
             except BadInput as error:
-                raise BadInput(f"{source}: {param.name} includes {value!r}, which {algo} refuses ({error}); narrow "
-                               "the range")  # fmt: skip
+                raise BadInput(
+                    f"{source}: {param.name} includes {value!r}, which {algo} refuses ({error}); narrow the range"
+                ) from None
     sizes = iteration_sizes(space, plan.config, source)
     asked = base.total_steps  # --total-steps, else the preset's
     steps = asked if sizes is None else math.ceil(asked / math.lcm(*sizes)) * math.lcm(*sizes)
@@ -217,14 +265,23 @@ def open_study(plan: TunePlan, tune_dir: Path) -> optuna.Study:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warmup = plan.config({}).total_steps // 3  # RL Zoo: no pruning in the first third of the budget
-    pruner = (optuna.pruners.MedianPruner(n_startup_trials=plan.startup_trials, n_warmup_steps=warmup)
-              if plan.pruner == "median" else optuna.pruners.NopPruner())  # fmt: skip
-    study = optuna.create_study(storage=storage_for(plan.storage, tune_dir), study_name=plan.name,
-                                direction="maximize", pruner=pruner, load_if_exists=True)  # fmt: skip
+    pruner = (
+        optuna.pruners.MedianPruner(n_startup_trials=plan.startup_trials, n_warmup_steps=warmup)
+        if plan.pruner == "median"
+        else optuna.pruners.NopPruner()
+    )
+    study = optuna.create_study(
+        storage=storage_for(plan.storage, tune_dir),
+        study_name=plan.name,
+        direction="maximize",
+        pruner=pruner,
+        load_if_exists=True,
+    )
     # Seeded by the number of trials the study holds: a study run in one go is reproducible, and a resumed
     # one does not draw the random start-up trials it drew before.
-    study.sampler = optuna.samplers.TPESampler(seed=plan.sampler_seed + len(study.get_trials(deepcopy=False)),
-                                               n_startup_trials=max(plan.startup_trials, 1))  # fmt: skip
+    study.sampler = optuna.samplers.TPESampler(
+        seed=plan.sampler_seed + len(study.get_trials(deepcopy=False)), n_startup_trials=max(plan.startup_trials, 1)
+    )
     return study
 
 
@@ -234,12 +291,14 @@ def check_tune_dir(tune_dir: Path, plan: TunePlan) -> None:
         saved = read_tune_yaml(tune_dir)
         if {k: saved.get(k) for k in plan.definition()} != plan.definition():
             differ = sorted(k for k, v in plan.definition().items() if saved.get(k) != v)
-            raise BadInput(f"{tune_dir} holds a study with other {', '.join(differ)}; use another --name for "
-                           "different settings")  # fmt: skip
+            raise BadInput(
+                f"{tune_dir} holds a study with other {', '.join(differ)}; use another --name for different settings"
+            )
         if saved.get("steps_per_seed", plan.steps_per_seed) != plan.steps_per_seed:  # same settings, other presets
-            raise BadInput(f"{tune_dir} holds a study whose trials trained {saved['steps_per_seed']:,} env steps per "
-                           f"seed, and the same settings now give {plan.steps_per_seed:,} (the presets changed); use "
-                           "another --name")  # fmt: skip
+            raise BadInput(
+                f"{tune_dir} holds a study whose trials trained {saved['steps_per_seed']:,} env steps per seed, and "
+                f"the same settings now give {plan.steps_per_seed:,} (the presets changed); use another --name"
+            )
 
 
 def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> str:
@@ -247,11 +306,19 @@ def write_tune_yaml(tune_dir: Path, plan: TunePlan) -> str:
     (``lab.study.STUDY_ID``), made with the study and kept through reruns, moves and renames."""
     path = tune_dir / TUNE_FILE
     saved = read_tune_yaml(tune_dir) if path.exists() else {}
-    merged = {"name": plan.name, STUDY_ID: study_id_of(saved), **plan.definition(),
-              "steps_per_seed": plan.steps_per_seed, "trials": plan.trials,
-              "iteration_sizes": list(plan.iteration_sizes or []) or None, "storage": plan.storage,
-              "pruner": plan.pruner, "startup_trials": plan.startup_trials, "sampler_seed": plan.sampler_seed,
-              "commands": [*saved.get("commands", []), " ".join(["testbed", *sys.argv[1:]])]}  # fmt: skip
+    merged = {
+        "name": plan.name,
+        STUDY_ID: study_id_of(saved),
+        **plan.definition(),
+        "steps_per_seed": plan.steps_per_seed,
+        "trials": plan.trials,
+        "iteration_sizes": list(plan.iteration_sizes or []) or None,
+        "storage": plan.storage,
+        "pruner": plan.pruner,
+        "startup_trials": plan.startup_trials,
+        "sampler_seed": plan.sampler_seed,
+        "commands": [*saved.get("commands", []), " ".join(["testbed", *sys.argv[1:]])],
+    }
     tune_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(merged, sort_keys=False))
     return merged[STUDY_ID]
@@ -264,8 +331,12 @@ def starting_points(plan: TunePlan) -> dict[str, dict[str, Any]]:
     action space (``default``, what an env without a preset entry gets)."""
     spec = registry.get(plan.algo)
     default, _ = load_preset(spec.preset, "", plan.continuous)  # "": no env entry
-    configs = {"env": plan.config({}), "default": build_config(spec.config, {
-        **default, "env_id": plan.env_id, **spec.fixed, **parse_overrides(list(plan.sets))})}  # fmt: skip
+    configs = {
+        "env": plan.config({}),
+        "default": build_config(
+            spec.config, {**default, "env_id": plan.env_id, **spec.fixed, **parse_overrides(list(plan.sets))}
+        ),
+    }
     points: dict[str, dict[str, Any]] = {}
     for label, cfg in configs.items():
         resolved = rundir.config_to_dict(cfg)
@@ -291,8 +362,10 @@ def enqueue_presets(study: optuna.Study, plan: TunePlan) -> None:
 
 def overrides_of(values: dict[str, Any]) -> list[str]:
     """``key=value`` pairs for ``testbed train --set``, values in YAML's flow style."""
-    return [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-            for k, v in values.items()]  # fmt: skip
+    return [
+        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for k, v in values.items()
+    ]
 
 
 def new_trial(study: optuna.Study, plan: TunePlan, driver: str, study_id: str = "") -> optuna.Trial | None:
@@ -367,8 +440,17 @@ def run_study(
     return tune_dir, counts
 
 
-def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: tuple[str, str], workers: int, backend: str,
-           counts: dict[str, int], stack: int, resumable: list[Any]) -> bool:  # fmt: skip
+def _drive(
+    study: optuna.Study,
+    plan: TunePlan,
+    tune_dir: Path,
+    driver: tuple[str, str],
+    workers: int,
+    backend: str,
+    counts: dict[str, int],
+    stack: int,
+    resumable: list[Any],
+) -> bool:
     """Start trials until the study is full, ``workers`` at a time, the ``resumable`` ones first; True if stopped
     by Ctrl-C or SIGTERM. ``driver``: (where it runs, the folder's identity), as new trials record them."""
     stop = Stop()
@@ -390,8 +472,9 @@ def _drive(study: optuna.Study, plan: TunePlan, tune_dir: Path, driver: tuple[st
             return run_trial(cells, bench_dir, reporter_for(study, trial._trial_id), stack=stack, stop=stop)
         for cell in cells:
             cell.run_dir(bench_dir).parent.mkdir(parents=True, exist_ok=True)
-        ref = remote.remote(cells, [pack_run(c.run_dir(bench_dir)) for c in cells], ray_reporter, trial._trial_id,
-                            stack)  # fmt: skip
+        ref = remote.remote(
+            cells, [pack_run(c.run_dir(bench_dir)) for c in cells], ray_reporter, trial._trial_id, stack
+        )
         remote_refs.add(ref)
         outcomes, pruned, files = ray.get(ref)
         remote_refs.discard(ref)

@@ -65,13 +65,17 @@ def budget_text(requested: int | None, steps: int, sizes: Sequence[int] | None) 
     an iteration of a trial can take, or None where they vary (GRPO's groups end with their episodes)."""
     asked = f"--total-steps {requested:,}" if requested is not None else "the preset's budget"
     if sizes is None:
-        return (f"{steps:,} env steps per seed ({asked}); a run stops after the iteration that reaches it, and this "
-                "algo's iterations vary in length, so a trial may train up to one iteration more: the trial history "
-                "gives each trial's steps per seed")  # fmt: skip
+        return (
+            f"{steps:,} env steps per seed ({asked}); a run stops after the iteration that reaches it, and this algo's "
+            "iterations vary in length, so a trial may train up to one iteration more: the trial history gives each "
+            "trial's steps per seed"
+        )
     listed = ", ".join(f"{n:,}" for n in sizes) if len(sizes) <= SEEDS_LISTED else f"{sizes[0]:,} … {sizes[-1]:,}"
     why = f"{asked}, rounded up to" if steps != requested else f"{asked}:"
-    return (f"{steps:,} env steps per seed in every trial ({why} a multiple of every iteration size n_steps · n_envs "
-            f"the space allows: {listed})")  # fmt: skip
+    return (
+        f"{steps:,} env steps per seed in every trial ({why} a multiple of every iteration size n_steps · n_envs the "
+        f"space allows: {listed})"
+    )
 
 
 def fmt_param(value: Any) -> str:
@@ -101,8 +105,10 @@ def reading_study(tune_dir: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
         try:
             study = optuna.load_study(study_name=saved["name"], storage=storage)
         except KeyError:
-            raise BadInput(f"the study's storage holds no study named {brief(saved['name'], 80)}: check `name` "
-                           f"and `storage` in {tune_dir / TUNE_FILE}; nothing was written") from None  # fmt: skip
+            raise BadInput(
+                f"the study's storage holds no study named {brief(saved['name'], 80)}: check `name` and `storage` in "
+                f"{tune_dir / TUNE_FILE}; nothing was written"
+            ) from None
         yield study, saved
 
 
@@ -124,8 +130,10 @@ def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int, digit
     if saved.get("total_steps") is not None and "total_steps" not in entry:
         entry["total_steps"] = trained
     lines = [
-        (f"# testbed tune {saved['name']}: trial {best.number} of {len(study.trials)}, mean final return "
-         f"{fmt_return(best.value)}, {seeds_text(saved['seeds'])}; the study spent {spent:,} env steps."),
+        (
+            f"# testbed tune {saved['name']}: trial {best.number} of {len(study.trials)}, mean final return "
+            f"{fmt_return(best.value)}, {seeds_text(saved['seeds'])}; the study spent {spent:,} env steps."
+        ),
         f"# Paste the entry under `envs:` in agents/presets/{preset_name}.yaml, or train with --preset on this file.",
         "envs:",
         f"  {env_id}:",
@@ -134,8 +142,13 @@ def preset_block(study: Any, saved: dict[str, Any], best: Any, spent: int, digit
         # Rounded through float(), so YAML still reads a number (it reads "1e-8" as a string, "1.0e-08" not).
         shown = float(fmt_sig(value, digits)) if digits and isinstance(value, float) and math.isfinite(value) else value
         text = yaml.safe_dump(shown, default_flow_style=True).strip().removesuffix("...").strip()
-        source = ("tuned" + ("; the preset's value" if packaged.get(key) == value else "") if key in tuned
-                  else "--set in the study" if key in fixed else "kept from the preset")  # fmt: skip
+        source = (
+            "tuned" + ("; the preset's value" if packaged.get(key) == value else "")
+            if key in tuned
+            else "--set in the study"
+            if key in fixed
+            else "kept from the preset"
+        )
         if key == "total_steps" and trained not in (None, value):
             source += f"; the study trained {trained:,} per seed"
         lines.append(f"    {key}: {text}  # {source}")
@@ -165,8 +178,15 @@ def plot_slices(complete: list[Any], out: Path) -> Path:
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
         labels = sorted({str(v) for v in values}, key=lambda v: (len(v), v))
         x = values if numeric else [labels.index(str(v)) for v in values]
-        ax.scatter(x, [t.value for t in trials], c=[t.number for t in trials], cmap="Blues", vmin=-2,
-                   edgecolors="black", linewidths=0.5)  # fmt: skip
+        ax.scatter(
+            x,
+            [t.value for t in trials],
+            c=[t.number for t in trials],
+            cmap="Blues",
+            vmin=-2,
+            edgecolors="black",
+            linewidths=0.5,
+        )
         distribution = trials[0].distributions[name]
         if getattr(distribution, "log", False):
             ax.set_xscale("log")
@@ -216,8 +236,12 @@ def plot_parallel(study: Any, importances: dict[str, float], out: Path) -> tuple
                 lines.set_cmap(cmap)
         # From the axes' left edge, not centred on them: centred, it ran past the figure's left edge ("arallel").
         ax.set_title("")  # Optuna's own, centred
-        ax.set_title(f"Parallel coordinates: the score and the {len(shown)} most important parameters", y=1.03,
-                     loc="left", fontsize=11)  # fmt: skip
+        ax.set_title(
+            f"Parallel coordinates: the score and the {len(shown)} most important parameters",
+            y=1.03,
+            loc="left",
+            fontsize=11,
+        )
         ax.tick_params(axis="x", labelrotation=20, labelsize=9)
         for label in ax.get_xticklabels():
             label.set_horizontalalignment("right")
@@ -252,26 +276,40 @@ def _write_report(study: Any, saved: dict[str, Any], tune_dir: Path) -> dict[str
     by_state = {s.name.lower(): sum(t.state == s for t in trials) for s in states if any(t.state == s for t in trials)}
     steps = saved.get("steps_per_seed")  # None: a study from before budgets were made equal
     asked = f"{fmt_steps(saved['total_steps'])} env steps" if saved.get("total_steps") else "the preset's budget"
-    budget = (budget_text(saved.get("total_steps"), steps, saved.get("iteration_sizes")) if steps
-              else f"{asked} per seed asked; each trial trained whole iterations past it, see the trial history")
+    budget = (
+        budget_text(saved.get("total_steps"), steps, saved.get("iteration_sizes"))
+        if steps
+        else f"{asked} per seed asked; each trial trained whole iterations past it, see the trial history"
+    )
     facts = [
         f"Algo: {saved['algo']}; env: {saved['env_id']}",
         f"{TRIALS}: {len(trials)} of {saved.get('trials')} ({', '.join(f'{n} {s}' for s, n in by_state.items())})",
         f"Budget: {budget}",
         f"{seeds_text(saved['seeds'])} (a trial's score is the mean of their final evaluations)",
         f"{SPENT}: {spent:,}",
-        (f"Sampler: TPE (seed {saved.get('sampler_seed')}); pruner: {saved.get('pruner')} (after "
-         f"{saved.get('startup_trials')} trials, from a third of the budget on)"),
+        (
+            f"Sampler: TPE (seed {saved.get('sampler_seed')}); pruner: {saved.get('pruner')} (after "
+            f"{saved.get('startup_trials')} trials, from a third of the budget on)"
+        ),
         f"Fixed with --set: {', '.join(saved.get('sets') or []) or 'nothing'}",
-        ("The study starts from the shipped presets: trial 0 holds the env's preset (the values its space can "
-         "express); the next, when the space can express them, the algo's default values for this action space."),
+        (
+            "The study starts from the shipped presets: trial 0 holds the env's preset (the values its space can "
+            "express); the next, when the space can express them, the algo's default values for this action space."
+        ),
     ]
-    starts = {("env" if t.user_attrs["preset"] is True else t.user_attrs["preset"]): t
-              for t in trials if t.user_attrs.get("preset")}  # fmt: skip
+    starts = {
+        ("env" if t.user_attrs["preset"] is True else t.user_attrs["preset"]): t
+        for t in trials
+        if t.user_attrs.get("preset")
+    }
     names = {"env": "the env's preset", "default": "the algo's default for this action space"}
-    against = [f"{fmt_return(t.value)} for {names.get(label, label)} (trial {t.number})" if t.state == states.COMPLETE
-               else f"{names.get(label, label)} (trial {t.number}) {t.state.name.lower()}"
-               for label, t in starts.items() if t.state != states.RUNNING]  # fmt: skip
+    against = [
+        f"{fmt_return(t.value)} for {names.get(label, label)} (trial {t.number})"
+        if t.state == states.COMPLETE
+        else f"{names.get(label, label)} (trial {t.number}) {t.state.name.lower()}"
+        for label, t in starts.items()
+        if t.state != states.RUNNING
+    ]
     pairs = (pair.partition("=") for pair in best.user_attrs.get("overrides", []))
     best_rows = [[key, fmt_param(yaml.safe_load(value))] for key, _, value in pairs]
     best_steps = costs[best.number][1]
@@ -281,14 +319,17 @@ def _write_report(study: Any, saved: dict[str, Any], tune_dir: Path) -> dict[str
         Heading(2, "What was run"),
         Bullets(facts),
         Heading(2, "Best trial"),
-        Para(f"Trial {best.number}: mean final return {fmt_return(best.value)}{trained}"
-             + (f", against {' and '.join(against)}." if against else ".")),
+        Para(
+            f"Trial {best.number}: mean final return {fmt_return(best.value)}{trained}"
+            + (f", against {' and '.join(against)}." if against else ".")
+        ),
         Table(["parameter", "value"], best_rows),
         Heading(2, "Preset block"),
-        Para("Also in `preset.yaml`, with the values in full (here to 4 significant digits): "
-             f"`testbed train --algo {saved['algo']} --env {saved['env_id']} --preset "
-             f"{tune_dir.as_posix()}/preset.yaml` trains with it. Validate it on seeds the study never used "
-             "(`testbed bench` runs seeds 0 …) before you commit it."),
+        Para(
+            f"Also in `preset.yaml`, with the values in full (here to 4 significant digits): `testbed train --algo "
+            f"{saved['algo']} --env {saved['env_id']} --preset {tune_dir.as_posix()}/preset.yaml` trains with it. "
+            f"Validate it on seeds the study never used (`testbed bench` runs seeds 0 …) before you commit it."
+        ),
         Code(preset_block(study, saved, best, spent, digits=4), "yaml"),
     ]
     written["preset"].write_text(preset_block(study, saved, best, spent))
@@ -296,8 +337,12 @@ def _write_report(study: Any, saved: dict[str, Any], tune_dir: Path) -> dict[str
     blocks.append(Heading(2, "Parameter importances"))
     try:
         importances, evaluator = param_importances(study)
-        blocks.append(Para(f"Optuna's {evaluator} over the completed trials: the share of the score's variation "
-                           "that each parameter explains."))  # fmt: skip
+        blocks.append(
+            Para(
+                f"Optuna's {evaluator} over the completed trials: the share of the score's variation that each "
+                "parameter explains."
+            )
+        )
         blocks.append(Table(["parameter", "importance"], [[k, fmt_sig(v, 3)] for k, v in importances.items()]))
     except (RuntimeError, ValueError) as error:
         importances = {}
@@ -308,19 +353,45 @@ def _write_report(study: Any, saved: dict[str, Any], tune_dir: Path) -> dict[str
         spent_t, per_seed, seconds = costs[t.number]
         last = max(t.intermediate_values, default=None)
         pruned = t.state == states.PRUNED and last is not None
-        rows.append([str(t.number), t.state.name.lower(), fmt_return(t.value) if t.state == states.COMPLETE else "—",
-                     f"{last:,} (return {fmt_return(t.intermediate_values[last])})" if pruned else "—",
-                     f"{per_seed:,}", f"{spent_t:,}", f"{seconds:.0f} s", _params_text(t),
-                     t.user_attrs.get("error", "")])  # fmt: skip
+        rows.append(
+            [
+                str(t.number),
+                t.state.name.lower(),
+                fmt_return(t.value) if t.state == states.COMPLETE else "—",
+                f"{last:,} (return {fmt_return(t.intermediate_values[last])})" if pruned else "—",
+                f"{per_seed:,}",
+                f"{spent_t:,}",
+                f"{seconds:.0f} s",
+                _params_text(t),
+                t.user_attrs.get("error", ""),
+            ]
+        )
     blocks.append(Heading(2, "Trial history"))
-    blocks.append(Para("Score: the mean final return over the trial's seeds. A pruned trial stopped at the step shown, "
-                       "where its mean evaluation fell below the median of earlier trials at that step (an evaluation "
-                       "counts at the multiple of eval_interval its run had just passed, so that trials whose "
-                       "iterations differ are compared at the same steps). Steps per "
-                       "seed: what one seed of the trial trained; env steps: all the trial spent, over its seeds and "
-                       "failed attempts."))  # fmt: skip
-    blocks.append(Table(["trial", "state", "score", "pruned at step", "steps per seed", "env steps", "wall-clock",
-                         "values", "error"], rows))  # fmt: skip
+    blocks.append(
+        Para(
+            "Score: the mean final return over the trial's seeds. A pruned trial stopped at the step shown, where its "
+            "mean evaluation fell below the median of earlier trials at that step (an evaluation counts at the "
+            "multiple of eval_interval its run had just passed, so that trials whose iterations differ are compared at "
+            "the same steps). Steps per seed: what one seed of the trial trained; env steps: all the trial spent, over "
+            "its seeds and failed attempts."
+        )
+    )
+    blocks.append(
+        Table(
+            [
+                "trial",
+                "state",
+                "score",
+                "pruned at step",
+                "steps per seed",
+                "env steps",
+                "wall-clock",
+                "values",
+                "error",
+            ],
+            rows,
+        )
+    )
 
     plots = tune_dir / "plots"
     images = []

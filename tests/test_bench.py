@@ -27,8 +27,13 @@ from lab.cli import main
 from tests.conftest import REPO, read_csv, wait_for
 
 # Small budgets: PPO's CartPole preset does 256 steps an iteration; GRPO with B = G = 2 at most 4·500 steps.
-TINY = ["ppo.eval_episodes=2", "grpo.eval_episodes=2", "grpo.num_groups=2", "grpo.group_size=2",
-        "grpo.num_minibatches=2"]
+TINY = [
+    "ppo.eval_episodes=2",
+    "grpo.eval_episodes=2",
+    "grpo.num_groups=2",
+    "grpo.group_size=2",
+    "grpo.num_minibatches=2",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -37,14 +42,18 @@ def _importable_project(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))
 
 
-HEARTBEAT = re.compile(r"^\[\S+\] (?P<where>processes \d+/\d+|Ray tasks \d+) · runs (?P<running>\d+) running, "
-                       r"(?P<done>\d+)/(?P<total>\d+) done(?: \(\d+ failed\))? · (?P<rate>[\d,]+ steps/s|steps/s n/a) · "
-                       r"ETA (?P<eta>\S+)$", re.MULTILINE)  # fmt: skip
+HEARTBEAT = re.compile(
+    r"^\[\S+\] (?P<where>processes \d+/\d+|Ray tasks \d+) · runs (?P<running>\d+) running, "
+    r"(?P<done>\d+)/(?P<total>\d+) done(?: \(\d+ failed\))? · (?P<rate>[\d,]+ steps/s|steps/s n/a) · "
+    r"ETA (?P<eta>\S+)$",
+    re.MULTILINE,
+)
 """A heartbeat line of a bench's board, as printed where stdout is not a terminal."""
 
 
-def tiny_grid(name: str, envs: list[str] | None = None, algos: list[str] | None = None, seeds: int = 2,
-              total_steps: int = 2048) -> bench.Grid:  # fmt: skip
+def tiny_grid(
+    name: str, envs: list[str] | None = None, algos: list[str] | None = None, seeds: int = 2, total_steps: int = 2048
+) -> bench.Grid:
     sets = [s for s in TINY if s.split(".")[0] in (algos or ["ppo", "grpo"])]
     return bench.plan_grid(None, algos or ["ppo", "grpo"], envs or ["CartPole-v1"], seeds, total_steps, sets, name)
 
@@ -55,10 +64,18 @@ def test_tiny_grid_reports_and_a_second_invocation_trains_nothing(
     grid = tiny_grid("tiny")
     bench_dir, outcomes = bench.run_grid(grid, workers=2, backend="local", ray_address=None, root=tmp_path)
     assert sorted((o.cell.algo, o.cell.seed, o.status) for o in outcomes) == [
-        ("grpo", 0, "completed"), ("grpo", 1, "completed"), ("ppo", 0, "completed"), ("ppo", 1, "completed")]  # fmt: skip
+        ("grpo", 0, "completed"),
+        ("grpo", 1, "completed"),
+        ("ppo", 0, "completed"),
+        ("ppo", 1, "completed"),
+    ]
     rows = read_csv(bench_dir / "summary.csv")
     assert sorted((r["algo"], r["seed"], r["status"]) for r in rows) == [
-        ("grpo", "0", "completed"), ("grpo", "1", "completed"), ("ppo", "0", "completed"), ("ppo", "1", "completed")]  # fmt: skip
+        ("grpo", "0", "completed"),
+        ("grpo", "1", "completed"),
+        ("ppo", "0", "completed"),
+        ("ppo", "1", "completed"),
+    ]
     report = (bench_dir / "report.md").read_text()
     assert "CartPole-v1" in report and "ppo" in report and "grpo" in report
     assert (bench_dir / "report.html").exists()
@@ -127,7 +144,10 @@ def test_a_crashing_run_is_recorded_retried_once_and_the_others_finish(tmp_path:
     cell_parent = bench_dir / "tests.toy_envs:testbed-toy_Crash-v0" / "ppo"
     assert (cell_parent / ".seed0.failed1" / "summary.json").exists()  # the first attempt is kept aside
     rows = {r["env_id"]: r for r in read_csv(bench_dir / "summary.csv")}
-    assert rows["CartPole-v1"]["status"] == "completed" and rows["tests.toy_envs:testbed-toy/Crash-v0"]["status"] == "failed"
+    assert (
+        rows["CartPole-v1"]["status"] == "completed"
+        and rows["tests.toy_envs:testbed-toy/Crash-v0"]["status"] == "failed"
+    )
 
 
 def test_a_diverging_run_is_kept_and_neither_retried_nor_trained_again(tmp_path: Path) -> None:
@@ -208,7 +228,7 @@ def test_a_stop_leaves_interrupted_runs_counted_apart_from_the_done_ones(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     cells = [Cell("ppo", "CartPole-v1", seed, 10000, ()) for seed in (0, 1)]
-    board = Board(cells, slots=1, probe=lambda: [])
+    board = Board(cells, slots=1, probe=list)
     board.launched(cells)
     board.exited([Outcome(cells[0], "completed"), Outcome(cells[1], "interrupted")])  # Ctrl-C during seed 1
     assert "runs 0 running, 1/2 done, 1 interrupted · " in board.status()
@@ -235,10 +255,29 @@ def test_the_eta_of_runs_with_a_time_budget_is_at_most_what_their_budgets_leave(
 
 
 def test_an_interrupted_grid_resumes(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "lab", "bench", "--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "1",
-            "--total-steps", "30000", "--set", "ppo.eval_episodes=2", "--workers", "1", "--name", "stop"]  # fmt: skip
-    process = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "lab",
+        "bench",
+        "--algos",
+        "ppo",
+        "--envs",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--total-steps",
+        "30000",
+        "--set",
+        "ppo.eval_episodes=2",
+        "--workers",
+        "1",
+        "--name",
+        "stop",
+    ]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     progress = tmp_path / "runs" / "bench" / "stop" / "CartPole-v1" / "ppo" / "seed0" / "progress.csv"
     wait_for(progress.exists, timeout_s=90, poll_s=0.2)
     time.sleep(1.0)
@@ -307,8 +346,9 @@ def test_bad_input_is_refused_before_any_run(
 def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source, _ = bench.run_grid(tiny_grid("source", algos=["ppo"]), workers=1, backend="local", ray_address=None,
-                               root=tmp_path, report=False)  # fmt: skip
+    source, _ = bench.run_grid(
+        tiny_grid("source", algos=["ppo"]), workers=1, backend="local", ray_address=None, root=tmp_path, report=False
+    )
     # Runs trained with other settings, and runs that did not complete, are left where they are.
     assert bench.adopt_runs(tiny_grid("other", algos=["ppo"], total_steps=4096).cells(), source, tmp_path / "o") == 0
     stopped = tmp_path / "stopped"
@@ -322,20 +362,31 @@ def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
     stale = tmp_path / "target" / "CartPole-v1" / "ppo" / ".seed0.adopting"
     stale.mkdir(parents=True)
     (stale / "checkpoint.pt").write_bytes(b"part of a checkpoint")
-    target, outcomes = bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path,
-                                      report=False, reuse_from=[source])  # fmt: skip
+    target, outcomes = bench.run_grid(
+        grid, workers=1, backend="local", ray_address=None, root=tmp_path, report=False, reuse_from=[source]
+    )
     assert not stale.exists()
     assert "reused 2 completed runs of" in capsys.readouterr().out
     assert sorted((o.cell.seed, o.status, o.attempts) for o in outcomes) == [
-        (0, "completed", 0), (1, "completed", 0), (2, "completed", 1)]  # fmt: skip
+        (0, "completed", 0),
+        (1, "completed", 0),
+        (2, "completed", 1),
+    ]
     for seed in (0, 1):
         copied, original = (d / "CartPole-v1" / "ppo" / f"seed{seed}" for d in (target, source))
         assert (copied / "progress.csv").read_text() == (original / "progress.csv").read_text()
         assert (copied.parent / f"seed{seed}.log").exists()
 
     # From several benches, in their order: seeds 0-1 from the first, seed 2 from the second; nothing trains.
-    _, outcomes = bench.run_grid(tiny_grid("both", algos=["ppo"], seeds=3), 1, "local", None, root=tmp_path,
-                                 report=False, reuse_from=[source, target])  # fmt: skip
+    _, outcomes = bench.run_grid(
+        tiny_grid("both", algos=["ppo"], seeds=3),
+        1,
+        "local",
+        None,
+        root=tmp_path,
+        report=False,
+        reuse_from=[source, target],
+    )
     out = capsys.readouterr().out
     assert f"reused 2 completed runs of {source}" in out and f"reused 1 completed run of {target}" in out
     assert [o.attempts for o in outcomes] == [0, 0, 0]
@@ -384,10 +435,20 @@ def test_every_mujoco_task_has_normalization_anchors_and_a_cited_ppo_figure() ->
 def test_every_task_of_the_mujoco_suite_trains_a_few_steps_with_ppo_and_grpo(tmp_path: Path) -> None:
     # A smoke run: one iteration of 64 steps per task for PPO, one group of 2 members cut at 16 steps for GRPO,
     # one evaluation episode. The presets load, the envs build, both agents step and evaluate every task.
-    sets = ["ppo.n_steps=64", "ppo.minibatch_size=32", "ppo.n_epochs=1", "grpo.group_size=2", "grpo.num_groups=1",
-            "grpo.max_episode_steps=16", "grpo.n_epochs=1", "grpo.num_minibatches=1", "grpo.vine_branches=2",
-            "eval_episodes=1",
-            "eval_interval=0", "checkpoint_interval=0"]  # fmt: skip
+    sets = [
+        "ppo.n_steps=64",
+        "ppo.minibatch_size=32",
+        "ppo.n_epochs=1",
+        "grpo.group_size=2",
+        "grpo.num_groups=1",
+        "grpo.max_episode_steps=16",
+        "grpo.n_epochs=1",
+        "grpo.num_minibatches=1",
+        "grpo.vine_branches=2",
+        "eval_episodes=1",
+        "eval_interval=0",
+        "checkpoint_interval=0",
+    ]
     grid = bench.plan_grid("mujoco", ["ppo", "grpo"], None, 1, 64, sets, "smoke")
     _, outcomes = bench.run_grid(grid, workers=2, backend="local", ray_address=None, root=tmp_path, report=False)
     assert len(outcomes) == 22 and [o for o in outcomes if o.status != "completed"] == []

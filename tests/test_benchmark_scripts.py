@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
-import os
 import importlib.util
 import json
+import os
 import re
 import signal
 import subprocess
@@ -53,8 +53,22 @@ def test_public_command_hides_absolute_paths(tmp_path: Path) -> None:
 
 def test_speed_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    proc = _run(["benchmarks/speed.py", "--cases", "cartpole", "--repeats", "1", "--cartpole-steps", "2048",
-                 "--ceiling-seconds", "0.2", "--out", str(out)], timeout=120)  # fmt: skip
+    proc = _run(
+        [
+            "benchmarks/speed.py",
+            "--cases",
+            "cartpole",
+            "--repeats",
+            "1",
+            "--cartpole-steps",
+            "2048",
+            "--ceiling-seconds",
+            "0.2",
+            "--out",
+            str(out),
+        ],
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_csv(out / "speed.csv")
     by_impl = {r["impl"]: r for r in rows}
@@ -74,8 +88,22 @@ def test_speed_smoke(tmp_path: Path) -> None:
 
 def test_learning_runs_then_skips(tmp_path: Path) -> None:
     out = tmp_path / "results" / "ppo_learning.csv"
-    args = ["benchmarks/learning.py", "--env", "CartPole-v1", "--seeds", "0", "1", "--total-steps", "1024",
-            "--workers", "2", "--root", str(tmp_path / "runs"), "--out", str(out)]  # fmt: skip
+    args = [
+        "benchmarks/learning.py",
+        "--env",
+        "CartPole-v1",
+        "--seeds",
+        "0",
+        "1",
+        "--total-steps",
+        "1024",
+        "--workers",
+        "2",
+        "--root",
+        str(tmp_path / "runs"),
+        "--out",
+        str(out),
+    ]
     proc = _run(args, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_csv(out)
@@ -102,8 +130,22 @@ def test_learning_runs_then_skips(tmp_path: Path) -> None:
 
 def test_learning_records_a_failed_run(tmp_path: Path) -> None:
     out = tmp_path / "learning.csv"
-    proc = _run(["benchmarks/learning.py", "--env", "NoSuchEnv-v0", "--seeds", "0", "--total-steps", "1024",
-                 "--root", str(tmp_path / "runs"), "--out", str(out)], timeout=60)  # fmt: skip
+    proc = _run(
+        [
+            "benchmarks/learning.py",
+            "--env",
+            "NoSuchEnv-v0",
+            "--seeds",
+            "0",
+            "--total-steps",
+            "1024",
+            "--root",
+            str(tmp_path / "runs"),
+            "--out",
+            str(out),
+        ],
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert [(r["env_id"], r["status"]) for r in read_csv(out)] == [("NoSuchEnv-v0", "failed")]
     assert "failed" in out.with_suffix(".md").read_text()
@@ -111,16 +153,54 @@ def test_learning_records_a_failed_run(tmp_path: Path) -> None:
 
 def test_a_sweep_on_its_own_seeds_is_tabulated(tmp_path: Path) -> None:
     bench_dir = tmp_path / "runs" / "bench" / "sweep-a"
-    argv = ["-m", "lab", "bench", "--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "1", "--first-seed", "7",
-            "--total-steps", "1024", "--set", "eval_interval=512", "--set", "ent_coef=0.01", "--workers", "1",
-            "--name", "sweep-a"]  # fmt: skip
-    proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    argv = [
+        "-m",
+        "lab",
+        "bench",
+        "--algos",
+        "ppo",
+        "--envs",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--first-seed",
+        "7",
+        "--total-steps",
+        "1024",
+        "--set",
+        "eval_interval=512",
+        "--set",
+        "ent_coef=0.01",
+        "--workers",
+        "1",
+        "--name",
+        "sweep-a",
+    ]
+    proc = subprocess.run(
+        [sys.executable, *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (bench_dir / "CartPole-v1" / "ppo" / "seed7" / "summary.json").exists()
     out = tmp_path / "sweeps.md"
-    proc = _run(["benchmarks/sweeps.py", "--benches", str(bench_dir), "--title", "A sweep", "--threshold", "5",
-                 "--out", str(out)], timeout=60)  # fmt: skip
+    proc = _run(
+        [
+            "benchmarks/sweeps.py",
+            "--benches",
+            str(bench_dir),
+            "--title",
+            "A sweep",
+            "--threshold",
+            "5",
+            "--out",
+            str(out),
+        ],
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = out.read_text()
     assert "# A sweep" in md and "## CartPole-v1" in md and "first eval ≥ 5" in md
@@ -134,20 +214,46 @@ def test_an_ablation_tables_its_rows_in_order_after_each_and_a_ctrl_c_stops_the_
     tmp_path: Path,
 ) -> None:
     tiny = ["total_steps=1024", "eval_interval=512"]
-    argv = [sys.executable, str(REPO / "benchmarks" / "ablation.py"), "--algo", "ppo", "--env", "CartPole-v1",
-            "--seeds", "1", "--title", "An ablation", "--out", "page.md", "--row", "abl-b", *tiny, "ent_coef=0.01",
-            "--row", "abl-a", *tiny, "--row", "abl-stop", "total_steps=5000000"]  # fmt: skip
-    log, errors = open(tmp_path / "out.log", "w"), open(tmp_path / "err.log", "w")  # no pipe to fill meanwhile
-    ablation = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=errors, text=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)  # fmt: skip
-    run_dir = tmp_path / "runs/bench/abl-stop/CartPole-v1/ppo/seed0"
-    deadline = time.monotonic() + 150
-    while not (run_dir / "progress.csv").exists() and time.monotonic() < deadline and ablation.poll() is None:
-        time.sleep(0.2)
-    os.killpg(ablation.pid, signal.SIGINT)  # a terminal's Ctrl-C: the script and its bench alike
-    ablation.wait(timeout=120)
-    log.close()
-    errors.close()
+    argv = [
+        sys.executable,
+        str(REPO / "benchmarks" / "ablation.py"),
+        "--algo",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--title",
+        "An ablation",
+        "--out",
+        "page.md",
+        "--row",
+        "abl-b",
+        *tiny,
+        "ent_coef=0.01",
+        "--row",
+        "abl-a",
+        *tiny,
+        "--row",
+        "abl-stop",
+        "total_steps=5000000",
+    ]
+    with open(tmp_path / "out.log", "w") as log, open(tmp_path / "err.log", "w") as errors:  # no pipe to fill meanwhile
+        ablation = subprocess.Popen(
+            argv,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=errors,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            start_new_session=True,
+        )
+        run_dir = tmp_path / "runs/bench/abl-stop/CartPole-v1/ppo/seed0"
+        deadline = time.monotonic() + 150
+        while not (run_dir / "progress.csv").exists() and time.monotonic() < deadline and ablation.poll() is None:
+            time.sleep(0.2)
+        os.killpg(ablation.pid, signal.SIGINT)  # a terminal's Ctrl-C: the script and its bench alike
+        ablation.wait(timeout=120)
     out, err = (tmp_path / "out.log").read_text(), (tmp_path / "err.log").read_text()
     assert ablation.returncode != 0 and "interrupted: running cells saved checkpoints" in err, out[-2000:] + err[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())  # the bench stopped its run, not killed
@@ -163,12 +269,29 @@ def test_an_ablation_tables_its_rows_in_order_after_each_and_a_ctrl_c_stops_the_
 
 
 def test_an_ablation_with_a_bad_row_fails_before_any_bench_runs(tmp_path: Path) -> None:
-    for rows, message in [(["--row", "a", "--row", "a"], "--row names must differ"),
-                          (["--row", "a", "--row", "b", "gama=0.9"], "--row b:"),
-                          (["--row", "a", "gamma"], "settings are KEY=VALUE")]:  # fmt: skip
-        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ablation.py"), "--algo", "ppo", "--env",
-                               "CartPole-v1", "--title", "T", *rows], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    for rows, message in [
+        (["--row", "a", "--row", "a"], "--row names must differ"),
+        (["--row", "a", "--row", "b", "gama=0.9"], "--row b:"),
+        (["--row", "a", "gamma"], "settings are KEY=VALUE"),
+    ]:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / "ablation.py"),
+                "--algo",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--title",
+                "T",
+                *rows,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
 

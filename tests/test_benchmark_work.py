@@ -66,7 +66,7 @@ def sb3(cfg: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
     assert flag == "-c"
     monkeypatch.setattr(sys, "argv", [flag, *args])
     capsys.readouterr()
-    exec(compile(script, "<speed.SB3_SCRIPT>", "exec"), {"__name__": "__main__"})  # noqa: S102  our own script
+    exec(compile(script, "<speed.SB3_SCRIPT>", "exec"), {"__name__": "__main__"})  # our own script
     reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert reported["total_steps"] == 2 * cfg.batch_size  # two iterations
     return count[0], reported["gradient_steps"]

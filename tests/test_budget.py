@@ -24,8 +24,26 @@ def summary_of(run_dir: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("algo", ["ppo", "grpo", "sb3-ppo"])
 def test_every_algo_stops_at_its_wall_clock_budget_and_is_evaluated(tmp_path: Path, algo: str) -> None:
     run_dir = tmp_path / algo
-    assert main(["train", "--algo", algo, "--env", "CartPole-v1", "--total-steps", "1000000", "--budget-seconds",
-                 str(BUDGET), "--set", "eval_episodes=2", "--run-dir", str(run_dir)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--algo",
+                algo,
+                "--env",
+                "CartPole-v1",
+                "--total-steps",
+                "1000000",
+                "--budget-seconds",
+                str(BUDGET),
+                "--set",
+                "eval_episodes=2",
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
     s = summary_of(run_dir)
     assert s["status"] == "completed" and s["budget_seconds"] == BUDGET
     assert 0 < s["total_steps"] < 1_000_000  # it stopped at the budget, not at total_steps

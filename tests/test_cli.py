@@ -24,14 +24,31 @@ from tests.conftest import REPO, wait_for
 
 def run_testbed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("cli") / "run"
-    done = run_testbed("train", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "2048", "--seed", "3",
-                   "--set", "eval_interval=1024", "--set", "eval_episodes=3", "--run-dir", str(run_dir))  # fmt: skip
+    done = run_testbed(
+        "train",
+        "--algo",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "2048",
+        "--seed",
+        "3",
+        "--set",
+        "eval_interval=1024",
+        "--set",
+        "eval_episodes=3",
+        "--run-dir",
+        str(run_dir),
+    )
     assert done.returncode == 0, done.stderr
     assert "tensorboard --logdir" in done.stdout
     return run_dir
@@ -65,9 +82,20 @@ def test_tensorboard_has_cleanrl_tags_on_env_steps(cartpole_run: Path) -> None:
     events = EventAccumulator(str(cartpole_run))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    expected = {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
-                "losses/clipfrac", "losses/explained_variance", "eval/return_mean", "eval/return_std"}  # fmt: skip
+    expected = {
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/policy_loss",
+        "losses/value_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "losses/explained_variance",
+        "eval/return_mean",
+        "eval/return_std",
+    }
     assert expected <= tags
     assert [e.step for e in events.Scalars("losses/value_loss")] == list(range(256, 2049, 256))
 
@@ -110,10 +138,27 @@ def test_sigterm_checkpoints_and_marks_the_run_interrupted(tmp_path: Path) -> No
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "lab", "train", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "10000000",
-         "--set", "checkpoint_interval=0", "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "train",
+            "--algo",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--total-steps",
+            "10000000",
+            "--set",
+            "checkpoint_interval=0",
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     wait_for((run_dir / "progress.csv").exists, timeout_s=60, poll_s=0.2)
     time.sleep(1.0)
     process.send_signal(signal.SIGTERM)
@@ -192,11 +237,26 @@ def test_resume_refuses_changed_settings_and_missing_checkpoints(
     assert "no config.yaml" in capsys.readouterr().err
 
 
-def test_resume_accepts_the_same_settings_written_another_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_accepts_the_same_settings_written_another_way(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # A bench resumes a cell with the --set values it started with; config.yaml holds them typed.
     run_dir = tmp_path / "chain"
-    argv = ["train", "--algo", "grpo-step", "--env", "testbed/Chain-v0", "--run-dir", str(run_dir),
-            "--set", "env_kwargs=horizon:5", "--set", "learning_rate=1e-3", "--set", "eval_episodes=2"]  # fmt: skip
+    argv = [
+        "train",
+        "--algo",
+        "grpo-step",
+        "--env",
+        "testbed/Chain-v0",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "env_kwargs=horizon:5",
+        "--set",
+        "learning_rate=1e-3",
+        "--set",
+        "eval_episodes=2",
+    ]
     assert main([*argv, "--total-steps", "1000"]) == 0
     assert main([*argv, "--total-steps", "2000", "--resume"]) == 0
     assert json.loads((run_dir / "summary.json").read_text())["total_steps"] >= 2000
@@ -205,7 +265,9 @@ def test_resume_accepts_the_same_settings_written_another_way(tmp_path: Path, ca
     assert "not env_kwargs" in capsys.readouterr().err
 
 
-def test_corrupted_checkpoint_is_refused(cartpole_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_corrupted_checkpoint_is_refused(
+    cartpole_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import shutil
 
     run_dir = tmp_path / "broken"
@@ -218,7 +280,9 @@ def test_corrupted_checkpoint_is_refused(cartpole_run: Path, tmp_path: Path, cap
     assert "corrupted" in capsys.readouterr().err
 
 
-def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_extra_names_the_install_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import gymnasium as gym
 
     import envs.factory
@@ -262,12 +326,24 @@ print(sorted(m for m in ("torch", "scipy", "matplotlib", "optuna") if m in sys.m
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["bench", "--help"],
-                                  ["train", "--algo", "ppo2", "--env", "CartPole-v1"],
-                                  ["train", "--algo", "ppo", "--env", "CartPol-v1"],
-                                  ["bench", "--algos", "ppo2", "--envs", "CartPole-v1"],
-                                  ["tune", "--algo", "ppo2", "--env", "CartPole-v1"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["train", "--help"],
+        ["bench", "--help"],
+        ["train", "--algo", "ppo2", "--env", "CartPole-v1"],
+        ["train", "--algo", "ppo", "--env", "CartPol-v1"],
+        ["bench", "--algos", "ppo2", "--envs", "CartPole-v1"],
+        ["tune", "--algo", "ppo2", "--env", "CartPole-v1"],
+    ],
+)
 def test_help_and_misspelled_names_are_answered_without_importing_torch(argv: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, *argv], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", STARTUP_PROBE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr

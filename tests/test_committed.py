@@ -33,8 +33,14 @@ def bench(folder: Path, env_id: str = "CartPole-v1", algo: str = "ppo", evaluati
     """A bench of three seeds of ``algo`` on ``env_id``, ``evaluations`` evaluations each 1,024 steps apart (the
     budget), their final returns :data:`FINALS`; ``config``: keys written over each run's config.yaml."""
     for seed, final in FINALS.items():
-        run_dir = make_run(folder / env_id / algo / f"seed{seed}", env_id, algo, seed,
-                           linear_evals(evaluations, start=final), final=final)  # fmt: skip
+        run_dir = make_run(
+            folder / env_id / algo / f"seed{seed}",
+            env_id,
+            algo,
+            seed,
+            linear_evals(evaluations, start=final),
+            final=final,
+        )
         path = run_dir / "config.yaml"
         written = {**yaml.safe_load(path.read_text()), "budget_seconds": None, "eval_interval": 1024, **config}
         path.write_text(yaml.safe_dump(written, sort_keys=False))
@@ -87,9 +93,20 @@ def test_a_manifest_name_reads_its_folder_and_not_the_results_inside_it(tmp_path
     root = tmp_path / "repo"
     kept(bench(tmp_path / "made"), root / "benchmarks/results/one")
     (root / "benchmarks").mkdir(exist_ok=True)
-    entries = [{"name": name, "title": name, "about": "-", "command": "testbed bench", "folder": folder, "keep": [],
-                "seeds": "0-2", "budget": "3,072", "cost": "cheap"}
-               for name, folder in (("one", "benchmarks/results/one"), ("every", "benchmarks/results"))]  # fmt: skip
+    entries = [
+        {
+            "name": name,
+            "title": name,
+            "about": "-",
+            "command": "testbed bench",
+            "folder": folder,
+            "keep": [],
+            "seeds": "0-2",
+            "budget": "3,072",
+            "cost": "cheap",
+        }
+        for name, folder in (("one", "benchmarks/results/one"), ("every", "benchmarks/results"))
+    ]
     (root / "benchmarks/manifest.yaml").write_text(yaml.safe_dump({"code_version": 1, "results": entries}))
 
     finals = committed.finals("one", root=root)
@@ -137,33 +154,53 @@ def test_another_env_is_refused_in_one_line_through_the_command_line(tmp_path: P
     mine = bench(tmp_path / "mine", "Acrobot-v1")
     result = kept(bench(tmp_path / "made"), tmp_path / "baseline")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "lab.cli", "report", str(mine), "--against", str(result)],
-                          check=False, capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "lab.cli", "report", str(mine), "--against", str(result)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr == (f"testbed report: error: {mine} and baseline share no env: {mine} has Acrobot-v1; "
-                           "baseline has CartPole-v1. Run your bench on one of baseline's envs\n")  # fmt: skip
+    assert done.stderr == (
+        f"testbed report: error: {mine} and baseline share no env: {mine} has Acrobot-v1; baseline has CartPole-v1. "
+        "Run your bench on one of baseline's envs\n"
+    )
     assert not (mine / "against-baseline").exists()
 
 
 @pytest.mark.parametrize(
     ("evaluations", "config", "message"),
     [
-        (4, {}, (
-            "budgets differ on the envs both hold (CartPole-v1: total_steps 4,096 in {mine}, 3,072 in baseline): "
-            "rerun the bench with baseline's (--total-steps 3072) to compare like with like"
-        )),
-        (3, {"budget_seconds": 60.0}, (
-            "budgets differ on the envs both hold (CartPole-v1: budget_seconds 60.0 in {mine}, None in baseline): "
-            "rerun the bench with baseline's (no --budget-seconds) to compare like with like"
-        )),
-        (3, {"eval_episodes": 5, "eval_interval": 2048}, (
-            "evaluation differs on the envs both hold (CartPole-v1: eval_episodes 5 in {mine}, 10 in baseline; "
-            "CartPole-v1: eval_interval 2,048 in {mine}, 1,024 in baseline): rerun the bench with baseline's "
-            "(--set eval_episodes=10, --set eval_interval=1024) to compare like with like"
-        )),
+        (
+            4,
+            {},
+            (
+                "budgets differ on the envs both hold (CartPole-v1: total_steps 4,096 in {mine}, 3,072 in baseline): "
+                "rerun the bench with baseline's (--total-steps 3072) to compare like with like"
+            ),
+        ),
+        (
+            3,
+            {"budget_seconds": 60.0},
+            (
+                "budgets differ on the envs both hold (CartPole-v1: budget_seconds 60.0 in {mine}, None in baseline): "
+                "rerun the bench with baseline's (no --budget-seconds) to compare like with like"
+            ),
+        ),
+        (
+            3,
+            {"eval_episodes": 5, "eval_interval": 2048},
+            (
+                "evaluation differs on the envs both hold (CartPole-v1: eval_episodes 5 in {mine}, 10 in baseline; "
+                "CartPole-v1: eval_interval 2,048 in {mine}, 1,024 in baseline): rerun the bench with baseline's "
+                "(--set eval_episodes=10, --set eval_interval=1024) to compare like with like"
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 def test_another_budget_or_evaluation_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], evaluations: int, config: dict[str, object], message: str
 ) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from agents import sb3
 from agents.config import resolve_config
-from agents.ppo import PPOConfig
 from agents.plumbing import open_envs
+from agents.ppo import PPOConfig
 from envs import EnvOptions
 from envs.errors import BadInput
 from lab import bench, credit
@@ -58,14 +58,20 @@ def test_env_labels_keep_horizons_and_delays_apart() -> None:
 
 
 def test_plain_key_value_sets_apply_to_every_algo() -> None:
-    grid = bench.plan_grid(None, ["ppo", "grpo"], ["testbed/Chain-v0"], 1, None,
-                           ["reward_delay=5", "ppo.ent_coef=0.0"], "t")  # fmt: skip
+    grid = bench.plan_grid(
+        None, ["ppo", "grpo"], ["testbed/Chain-v0"], 1, None, ["reward_delay=5", "ppo.ent_coef=0.0"], "t"
+    )
     assert grid.overrides == {"ppo": ["reward_delay=5", "ent_coef=0.0"], "grpo": ["reward_delay=5"]}
 
 
 def test_the_env_options_reach_the_training_and_evaluation_envs() -> None:
-    cfg, _ = resolve_config(PPOConfig, "ppo", "testbed/Chain-v0", False,
-                            {"env_kwargs": "horizon:6", "reward_delay": "3", "eval_episodes": 2})  # fmt: skip
+    cfg, _ = resolve_config(
+        PPOConfig,
+        "ppo",
+        "testbed/Chain-v0",
+        False,
+        {"env_kwargs": "horizon:6", "reward_delay": "3", "eval_episodes": 2},
+    )
     envs = open_envs(cfg, 2, EnvOptions(gamma=1.0, reward_delay=cfg.reward_delay))
     # Training: 6-step episodes with the rewards of steps 0–2 released at step 2 and the rest at step 5
     # (three distractors of ±0.05 never sum to 0).
@@ -88,13 +94,40 @@ def test_the_env_options_reach_the_training_and_evaluation_envs() -> None:
 def test_a_tiny_sweep_writes_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the cells are `python -m lab` processes started here
-    argv = ["credit", "--task", "chain", "--horizons", "4", "8", "--algos", "ppo", "grpo", "--seeds", "1",
-            "--total-steps", "3000", "--set", "eval_interval=1000", "--set", "eval_episodes=4", "--workers", "2",
-            "--name", "tiny"]  # fmt: skip
+    argv = [
+        "credit",
+        "--task",
+        "chain",
+        "--horizons",
+        "4",
+        "8",
+        "--algos",
+        "ppo",
+        "grpo",
+        "--seeds",
+        "1",
+        "--total-steps",
+        "3000",
+        "--set",
+        "eval_interval=1000",
+        "--set",
+        "eval_episodes=4",
+        "--workers",
+        "2",
+        "--name",
+        "tiny",
+    ]
     assert main(argv) == 0
     study_dir = tmp_path / "runs" / "bench" / "tiny"
-    for name in ("credit.md", "credit.html", "report.md", "summary.csv", "plots/credit-score.png",
-                 "plots/credit-steps-to-solve.png", "plots/credit-curves.png"):  # fmt: skip
+    for name in (
+        "credit.md",
+        "credit.html",
+        "report.md",
+        "summary.csv",
+        "plots/credit-score.png",
+        "plots/credit-steps-to-solve.png",
+        "plots/credit-curves.png",
+    ):
         assert (study_dir / name).is_file(), name
     report = (study_dir / "credit.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith(("| 4 |", "| 8 |"))]

@@ -24,8 +24,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The site built as CI builds it: `mkdocs build --strict`, into a temporary folder; (folder, build log)."""
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # the theme's notice about its successor, not a build warning
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                          check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     log = done.stdout + done.stderr
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{log[-6000:]}"
     return out, log
@@ -35,16 +42,24 @@ def test_the_site_builds_in_strict_mode_without_a_warning(site: tuple[Path, str]
     out, log = site
     warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
     assert not warnings, "\n".join(warnings)
-    for page in ["index.html", "ppo_and_grpo/index.html", "design/index.html", "reference/agents/index.html",
-                 "search/search_index.json"]:  # fmt: skip
+    for page in [
+        "index.html",
+        "ppo_and_grpo/index.html",
+        "design/index.html",
+        "reference/agents/index.html",
+        "search/search_index.json",
+    ]:
         assert (out / page).is_file(), f"the site lacks {page}"
 
 
 def test_a_built_page_loads_nothing_from_the_network(site: tuple[Path, str]) -> None:
     # Scripts, stylesheets, fonts and images come from the site itself: it works offline.
     remote = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=\"(?:https?:)?//", re.IGNORECASE)
-    offenders = [f"{page.relative_to(site[0])}: {match.group(0)[:120]}" for page in site[0].rglob("*.html")
-                 for match in remote.finditer(page.read_text(encoding="utf-8"))]  # fmt: skip
+    offenders = [
+        f"{page.relative_to(site[0])}: {match.group(0)[:120]}"
+        for page in site[0].rglob("*.html")
+        for match in remote.finditer(page.read_text(encoding="utf-8"))
+    ]
     assert not offenders, "\n".join(offenders[:10])
 
 
@@ -56,9 +71,17 @@ def test_the_guide_typesets_its_equations_with_mathjax_served_from_the_site(site
     spans = re.findall(r'<span class="arithmatex">(.*?)</span>', page, re.DOTALL)
     assert len(blocks) >= 8 and len(spans) >= 100, (len(blocks), len(spans))
     math = "\n".join(blocks + spans)
-    for objective in [r"\mathcal{L}_{\text{PPO}}", r"\mathcal{L}_{\text{GRPO}}", r"\delta_t &amp;= r_t", r"k_1 = -\log",
-                      r"k_2 = \frac{1}{2}", r"k_3 = \frac{q(x)}{p(x)}", r"\hat A_i^{\text{outcome}}",
-                      r"\text{step (DAPO)}", r"\nabla_\theta J(\theta)"]:  # fmt: skip
+    for objective in [
+        r"\mathcal{L}_{\text{PPO}}",
+        r"\mathcal{L}_{\text{GRPO}}",
+        r"\delta_t &amp;= r_t",
+        r"k_1 = -\log",
+        r"k_2 = \frac{1}{2}",
+        r"k_3 = \frac{q(x)}{p(x)}",
+        r"\hat A_i^{\text{outcome}}",
+        r"\text{step (DAPO)}",
+        r"\nabla_\theta J(\theta)",
+    ]:
         assert objective in math, f"the guide's page does not typeset {objective}"
     # The renderer: one script, by a relative URL, that resolves to a file of the site; its fonts beside it.
     scripts = re.findall(r'<script[^>]*\bsrc="([^"]*mathjax[^"]*)"', page)
@@ -108,8 +131,12 @@ def test_no_code_or_math_block_of_the_guide_is_wider_than_the_page() -> None:
     assert len(displays) >= 8
     long_source = [line for block in displays for line in block.splitlines() if len(line) > CODE_WIDTH]
     assert not long_source, f"display math lines over {CODE_WIDTH} characters: {long_source}"
-    wide = [(glyph_width(row), row.strip()[:80]) for block in displays for row in block.split("\\\\")
-            if glyph_width(row) > MATH_WIDTH]  # fmt: skip
+    wide = [
+        (glyph_width(row), row.strip()[:80])
+        for block in displays
+        for row in block.split("\\\\")
+        if glyph_width(row) > MATH_WIDTH
+    ]
     assert not wide, f"display rows wider than {MATH_WIDTH} glyphs: break them at a \\\\ (aligned): {wide}"
 
 
@@ -121,8 +148,13 @@ def test_glyph_width_counts_what_renders() -> None:
 
 def test_the_api_reference_renders_the_math_with_anchors_and_source(site: tuple[Path, str]) -> None:
     agents = (site[0] / "reference" / "agents" / "index.html").read_text(encoding="utf-8")
-    for anchor in ["agents.advantages.gae", "agents.losses.clipped_surrogate", "agents.losses.k3_kl",
-                   "agents.grpo.GRPOConfig.clip_high", "agents.training.Trainer"]:  # fmt: skip
+    for anchor in [
+        "agents.advantages.gae",
+        "agents.losses.clipped_surrogate",
+        "agents.losses.k3_kl",
+        "agents.grpo.GRPOConfig.clip_high",
+        "agents.training.Trainer",
+    ]:
         assert f'id="{anchor}"' in agents, f"no anchor {anchor} in the API reference"
     # GAE's equation, as its docstring writes it (Unicode; no math renderer needed), and its source one click away.
     assert "δ_t = r_t + γ · (1 − terminated_t) · V(s_{t+1}) − V(s_t)" in agents
@@ -150,8 +182,12 @@ def test_every_module_is_in_the_api_reference() -> None:
     pages = [page.read_text() for page in REFERENCE.glob("*.md")]
     assert sum(algorithms.MARKER in text for text in pages) == 1, "docs/reference/agents.md lost the algorithms' marker"
     rendered = {m for text in pages for m in directive.findall(text)} | set(algorithms.algorithm_modules())
-    on_disk = {".".join(path.relative_to(ROOT).with_suffix("").parts) for package in PACKAGES
-               for path in (ROOT / package).glob("*.py") if path.stem not in ("__init__", "__main__")}  # fmt: skip
+    on_disk = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for package in PACKAGES
+        for path in (ROOT / package).glob("*.py")
+        if path.stem not in ("__init__", "__main__")
+    }
     missing = sorted(on_disk - rendered)
     assert not missing, f"add these modules to docs/reference/<package>.md as `::: module` lines: {missing}"
     gone = sorted(m for m in rendered - on_disk if m not in PACKAGES)
@@ -161,10 +197,21 @@ def test_every_module_is_in_the_api_reference() -> None:
 def test_docstrings_become_markdown_that_keeps_their_blocks() -> None:
     """docs/hooks/docstrings.py, the Griffe extension the API reference renders docstrings through."""
     module = hook("docstrings")
-    text = ("As :func:`normalize` does::\n\n    Â = (A − μ) / σ\n\nSymbols:\n    r_t   reward   ``rewards``\n"
-            "What it estimates:\n- its value;\n- its gradient.\n 1. one;  2. two")  # fmt: skip
+    text = (
+        "As :func:`normalize` does::\n\n    Â = (A − μ) / σ\n\nSymbols:\n    r_t   reward   ``rewards``\n"
+        "What it estimates:\n- its value;\n- its gradient.\n 1. one;  2. two"
+    )
     assert module.to_markdown(text).splitlines() == [
-        "As `normalize` does:", "", "    Â = (A − μ) / σ", "",
-        "Symbols:", "", "    r_t   reward   rewards",
-        "What it estimates:", "", "- its value;", "- its gradient.", " 1. one;  2. two",
-    ]  # fmt: skip
+        "As `normalize` does:",
+        "",
+        "    Â = (A − μ) / σ",
+        "",
+        "Symbols:",
+        "",
+        "    r_t   reward   rewards",
+        "What it estimates:",
+        "",
+        "- its value;",
+        "- its gradient.",
+        " 1. one;  2. two",
+    ]

@@ -119,8 +119,10 @@ def test_a_kill_between_the_last_checkpoint_and_the_summary_logs_the_final_evalu
     run_dir = tmp_path / "run"
     assert main(train_argv(run_dir, 2048, "--set", "eval_interval=1024", "--set", "checkpoint_interval=0")) == 0
     (run_dir / "summary.json").unlink()  # as if killed after the final checkpoint, before the summary
-    assert main(train_argv(run_dir, 2048, "--set", "eval_interval=1024", "--set", "checkpoint_interval=0",
-                           "--resume")) == 0  # fmt: skip
+    assert (
+        main(train_argv(run_dir, 2048, "--set", "eval_interval=1024", "--set", "checkpoint_interval=0", "--resume"))
+        == 0
+    )
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     assert scalar_steps(run_dir, "eval/return_mean") == [1024, 2048]
 
@@ -131,8 +133,9 @@ def test_a_checkpoint_holds_every_row_before_it_and_a_resume_keeps_its_own_step(
     ckpt = runlog.load_checkpoint(run_dir, {"algo": "ppo"})
     assert ckpt["csv_bytes"] == (run_dir / "progress.csv").stat().st_size  # flushed before the last checkpoint
     # Longer budget, resumed at 1024: TensorBoard keeps the point at 1024, which was logged before.
-    assert main(train_argv(run_dir, 1536, "--resume", "--set", "checkpoint_interval=512",
-                           "--set", "eval_interval=0")) == 0  # fmt: skip
+    assert (
+        main(train_argv(run_dir, 1536, "--resume", "--set", "checkpoint_interval=512", "--set", "eval_interval=0")) == 0
+    )
     assert scalar_steps(run_dir, "losses/policy_loss") == list(range(256, 1537, 256))
     assert [int(r["global_step"]) for r in read_progress(run_dir)] == list(range(256, 1537, 256))
 
@@ -167,12 +170,25 @@ def test_a_trainer_checkpoints_within_half_a_second_of_its_drivers_sigkill(tmp_p
     # (checkpoint_interval=0), with iterations of 16 env steps (a few ms) so that the iteration adds little.
     # 0.5 s leaves room for a loaded 2-core machine; 0.03-0.11 s was measured at a load of 4.
     run_dir, log = tmp_path / "run", tmp_path / "trainer.log"
-    tiny = [f"--set={pair}" for pair in ("n_envs=1", "n_steps=16", "minibatch_size=16", "n_epochs=1",
-                                         "checkpoint_interval=0", "eval_interval=0")]  # fmt: skip
+    tiny = [
+        f"--set={pair}"
+        for pair in (
+            "n_envs=1",
+            "n_steps=16",
+            "minibatch_size=16",
+            "n_epochs=1",
+            "checkpoint_interval=0",
+            "eval_interval=0",
+        )
+    ]
     argv = [sys.executable, "-m", "lab", *train_argv(run_dir, 10_000_000, *tiny)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    driver = subprocess.Popen([sys.executable, "-c", STARTS_A_TRAINER, rundir.PARENT_PID, str(log), *argv], env=env,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    driver = subprocess.Popen(
+        [sys.executable, "-c", STARTS_A_TRAINER, rundir.PARENT_PID, str(log), *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert driver.stdout is not None
     trainer = int(driver.stdout.readline())
     try:
@@ -272,7 +288,7 @@ def test_a_tampered_config_is_refused_by_eval_and_resume(
 ) -> None:
     (finished_run / "config.yaml").write_bytes(content)
     fails_cleanly(["eval", str(finished_run)], capsys, fragment)
-    if b"env_id: CartPole-v1" in content or b"[" not in content and b"list" not in content:
+    if b"env_id: CartPole-v1" in content or (b"[" not in content and b"list" not in content):
         fails_cleanly(train_argv(finished_run, 1024, "--resume"), capsys)
     assert (finished_run / "config.yaml").read_bytes() == content
 
@@ -326,14 +342,18 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_last_one_and_leaves_no_temporary_
         original(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk_on_the_second)
-    fails_cleanly(train_argv(run_dir, 1024, "--set", "checkpoint_interval=256", "--set", "eval_interval=0"), capsys,
-                  "No space left on device")  # fmt: skip
+    fails_cleanly(
+        train_argv(run_dir, 1024, "--set", "checkpoint_interval=256", "--set", "eval_interval=0"),
+        capsys,
+        "No space left on device",
+    )
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
     assert runlog.load_checkpoint(run_dir, {"algo": "ppo"})["global_step"] == 256
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
     monkeypatch.setattr(torch, "save", original)
-    assert main(train_argv(run_dir, 1024, "--resume", "--set", "checkpoint_interval=256",
-                           "--set", "eval_interval=0")) == 0  # fmt: skip
+    assert (
+        main(train_argv(run_dir, 1024, "--resume", "--set", "checkpoint_interval=256", "--set", "eval_interval=0")) == 0
+    )
     assert [int(r["global_step"]) for r in read_progress(run_dir)] == [256, 512, 768, 1024]
 
 
@@ -380,7 +400,9 @@ def test_a_stop_signal_during_the_final_evaluation(
 
 def eval_rows(run_dir: Path) -> list[tuple[int, float]]:
     """(global_step, eval/return_mean) of the progress.csv rows that hold an evaluation."""
-    return [(int(r["global_step"]), float(r["eval/return_mean"])) for r in read_progress(run_dir) if r["eval/return_mean"]]
+    return [
+        (int(r["global_step"]), float(r["eval/return_mean"])) for r in read_progress(run_dir) if r["eval/return_mean"]
+    ]
 
 
 @pytest.mark.parametrize("eval_interval", [0, 384])
@@ -443,9 +465,17 @@ def test_a_stop_signal_right_after_the_checkpoint_decision_still_checkpoints_whe
 
 
 def test_mujoco_warnings_are_not_repeated_for_every_env(tmp_path: Path) -> None:
-    code = ("from envs import EnvOptions, make_vector\n"
-            "for _ in range(3): make_vector('HalfCheetah-v5', 4, EnvOptions(vectorization='sync')).close()")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    code = (
+        "from envs import EnvOptions, make_vector\nfor _ in range(3): make_vector('HalfCheetah-v5', 4, "
+        "EnvOptions(vectorization='sync')).close()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "settotalmass" not in done.stdout + done.stderr
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()

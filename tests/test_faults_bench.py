@@ -74,7 +74,11 @@ def test_a_ray_rerun_returns_each_cell_alone_and_keeps_every_seed(tmp_path: Path
         assert "--total-steps 2048" in run_dir.with_name(f"{run_dir.name}.log").read_text()
         assert not (run_dir / rundir.LOCK).exists()  # the worker's lock stayed on the worker
     assert sorted(p.name for p in run_dirs[0].parent.iterdir() if not p.name.startswith(".")) == [
-        "seed0", "seed0.log", "seed1", "seed1.log"]  # fmt: skip
+        "seed0",
+        "seed0.log",
+        "seed1",
+        "seed1.log",
+    ]
 
 
 def archive(files: dict[str, str]) -> bytes:
@@ -103,8 +107,13 @@ def test_a_ray_result_replaces_only_its_own_run_and_never_a_completed_one(tmp_pa
     assert json.loads((done.run_dir(tmp_path) / "summary.json").read_text()) == {"status": "completed"}
 
     # A task that started over replaces the failed run, which is set aside; other cells' files are ignored.
-    files = archive({"seed1/summary.json": from_worker, "seed1.log": "worker log\n",
-                     "seed0/summary.json": json.dumps({"status": "interrupted"})})  # fmt: skip
+    files = archive(
+        {
+            "seed1/summary.json": from_worker,
+            "seed1.log": "worker log\n",
+            "seed0/summary.json": json.dumps({"status": "interrupted"}),
+        }
+    )
     assert executor.receive_cell(cells.Outcome(failed, "completed"), files, tmp_path).status == "completed"
     assert json.loads((failed.run_dir(tmp_path) / "summary.json").read_text())["from"] == "worker"
     assert status_of(failed.run_dir(tmp_path).with_name(".seed1.failed1")) == "failed"
@@ -116,8 +125,13 @@ def test_a_ray_result_replaces_only_its_own_run_and_never_a_completed_one(tmp_pa
     files = archive({"seed2/summary.json": from_worker})
     assert executor.receive_cell(cells.Outcome(resumed, "completed", resumed=True), files, tmp_path).resumed
     assert sorted(p.name for p in resumed.run_dir(tmp_path).iterdir()) == ["summary.json"]
-    assert sorted(p.name for p in tmp_path.glob("CartPole-v1/ppo/*")) == [".seed1.failed1", "seed0", "seed1",
-                                                                          "seed1.log", "seed2"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.glob("CartPole-v1/ppo/*")) == [
+        ".seed1.failed1",
+        "seed0",
+        "seed1",
+        "seed1.log",
+        "seed2",
+    ]
 
 
 # ── 2. one driver per bench directory ────────────────────────────────────────────────────────────
@@ -153,9 +167,28 @@ def test_a_second_driver_of_a_bench_is_refused_naming_the_holder_then_runs_once_
 
 
 def test_a_trainer_stops_when_its_driver_is_killed_and_a_rerun_continues_it(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "lab", "bench", "--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "1",
-            "--total-steps", "20000", "--set", "eval_interval=0", "--set", "eval_episodes=2", "--workers", "1",
-            "--name", "b"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "lab",
+        "bench",
+        "--algos",
+        "ppo",
+        "--envs",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--total-steps",
+        "20000",
+        "--set",
+        "eval_interval=0",
+        "--set",
+        "eval_episodes=2",
+        "--workers",
+        "1",
+        "--name",
+        "b",
+    ]
     run_dir = tmp_path / "runs" / "bench" / "b" / "CartPole-v1" / "ppo" / "seed0"
     driver = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (run_dir / "progress.csv").exists() and len(steps_of(run_dir)) > 0, timeout_s=60, poll_s=0.05)
@@ -203,8 +236,11 @@ def test_a_cell_waits_for_the_last_writer_of_its_run_directory(tmp_path: Path, m
 # ── 4. unreadable summary.json files ─────────────────────────────────────────────────────────────
 
 
-@pytest.mark.parametrize("content", [b'{"status": "interr', b"\xff\xfe\x00garbage", b'["completed"]'],
-                         ids=["cut-short", "not-utf8", "not-an-object"])  # fmt: skip
+@pytest.mark.parametrize(
+    "content",
+    [b'{"status": "interr', b"\xff\xfe\x00garbage", b'["completed"]'],
+    ids=["cut-short", "not-utf8", "not-an-object"],
+)
 def test_an_unreadable_summary_is_refused_before_any_cell_starts(tmp_path: Path, content: bytes) -> None:
     grid = ppo_grid("corrupt", seeds=2)
     bench_dir = tmp_path / "corrupt"
@@ -282,8 +318,9 @@ def test_the_report_modules_import_no_circle_and_build_reports_writes_both(tmp_p
     config = {"algo": "ppo", "env_id": "CartPole-v1", "seed": 0, "total_steps": 2000, "reward_delay": "1"}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     (run_dir / "progress.csv").write_text("global_step,wall_time_s,eval/return_mean\n1000,1.0,50.0\n2000,2.0,200.0\n")
-    (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "total_steps": 2000,
-                                                      "final_eval_return_mean": 200.0}))  # fmt: skip
+    (run_dir / "summary.json").write_text(
+        json.dumps({"status": "completed", "total_steps": 2000, "final_eval_return_mean": 200.0})
+    )
     credit.write_study(bench_dir, credit.plan_study("delayed:CartPole-v1", ["1"]))
 
     written = bench.build_reports(bench_dir)
@@ -311,11 +348,14 @@ def test_report_refuses_a_bench_that_a_driver_is_running(tmp_path: Path, capsys:
 def test_a_local_ray_instance_ends_with_its_driver_even_by_sigkill(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     # A driver that starts a local instance, runs one task, then waits; its task leaves a child behind, as a trainer.
-    code = ("import subprocess, sys, time\nimport ray\nfrom lab import executor\nexecutor.connect_ray(None, 1)\n"
-            "child = ray.remote(lambda: subprocess.Popen(['sleep', '600'], start_new_session=True).pid)\n"
-            "print(ray.get(child.remote()), flush=True)\ntime.sleep(600)\n")  # fmt: skip
-    driver = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)  # fmt: skip
+    code = (
+        "import subprocess, sys, time\nimport ray\nfrom lab import executor\nexecutor.connect_ray(None, 1)\n"
+        "child = ray.remote(lambda: subprocess.Popen(['sleep', '600'], start_new_session=True).pid)\n"
+        "print(ray.get(child.remote()), flush=True)\ntime.sleep(600)\n"
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert driver.stdout is not None
     started = [int(driver.stdout.readline())]  # the task's child
     stack = [driver.pid]

@@ -35,8 +35,10 @@ def status_of(run_dir: Path) -> str:
 
 def rows_but_times(run_dir: Path) -> list[dict[str, str]]:
     """progress.csv without its timing columns: what an interrupted and resumed run repeats bit for bit."""
-    return [{k: v for k, v in row.items() if k not in TIMING and not k.endswith("_time_s")}
-            for row in read_progress(run_dir)]  # fmt: skip
+    return [
+        {k: v for k, v in row.items() if k not in TIMING and not k.endswith("_time_s")}
+        for row in read_progress(run_dir)
+    ]
 
 
 def same_weights(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> bool:
@@ -81,7 +83,10 @@ def test_a_run_stopped_past_its_budget_is_finished_by_resume_without_training(
     assert after["global_step"] == 1024 and same_weights(after["model"], weights)  # evaluated, not trained further
     assert main(train_argv(straight, 1000, "--set", "eval_interval=0")) == 0
     assert rows_but_times(stopped) == rows_but_times(straight) and same_model(stopped, straight)
-    assert summary["final_eval_return_mean"] == json.loads((straight / "summary.json").read_text())["final_eval_return_mean"]
+    assert (
+        summary["final_eval_return_mean"]
+        == json.loads((straight / "summary.json").read_text())["final_eval_return_mean"]
+    )
 
     # A finished run resumed again has nothing left to do, and changes nothing.
     files = {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file() and p.name != rundir.LOCK}
@@ -94,8 +99,9 @@ def test_a_run_stopped_past_its_budget_is_finished_by_resume_without_training(
 def test_a_bench_cell_stopped_past_its_budget_is_finished_by_the_rerun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    grid = bench.Grid("stuck", ["ppo"], ["CartPole-v1"], [0], 1000,
-                      overrides={"ppo": ["eval_episodes=2", "eval_interval=0"]})  # fmt: skip
+    grid = bench.Grid(
+        "stuck", ["ppo"], ["CartPole-v1"], [0], 1000, overrides={"ppo": ["eval_episodes=2", "eval_interval=0"]}
+    )
     run_dir = grid.cells()[0].run_dir(tmp_path / "stuck")
     stopped_in_its_last_iteration(run_dir, monkeypatch, "--seed", "0")
     _, outcomes = bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path, report=False)
@@ -109,16 +115,18 @@ def test_a_tune_trial_whose_runs_stopped_past_their_budget_completes_on_rerun(
     import optuna
 
     space = space_in(tmp_path, monkeypatch, "learning_rate: [1.0e-3]\n")
-    plan = tune.plan_tune("ppo", "CartPole-v1", 1, 1000, 1, str(space), ["eval_episodes=2", "eval_interval=0"],
-                          "stuck", startup_trials=0)  # fmt: skip
+    plan = tune.plan_tune(
+        "ppo", "CartPole-v1", 1, 1000, 1, str(space), ["eval_episodes=2", "eval_interval=0"], "stuck", startup_trials=0
+    )
     # The driver was killed after its trial's run had stopped in its last iteration, before it told the study.
     run_dir = plan.cells([])[0].run_dir(tune.trial_dir(tmp_path / "runs" / "tune" / "stuck", 0))
     with monkeypatch.context() as patch:
         patch.setattr(tune, "settle", lambda *args: ("interrupted", None))
         tune.run_study(plan, 1, "local", None)
     summary = json.loads((run_dir / "summary.json").read_text())
-    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted",
-                                                      "final_eval_return_mean": None}))  # fmt: skip
+    (run_dir / "summary.json").write_text(
+        json.dumps({**summary, "status": "interrupted", "final_eval_return_mean": None})
+    )
     tune_dir, counts = tune.run_study(plan, 1, "local", None)
     assert counts == {"completed": 1}
     study = optuna.load_study(study_name="stuck", storage=tune.storage_for(None, tune_dir))
@@ -130,8 +138,24 @@ def test_a_tune_trial_whose_runs_stopped_past_their_budget_completes_on_rerun(
 
 
 def stack_argv(parent: Path, algo: str, total: int, *extra: str) -> list[str]:
-    return ["train", "--algo", algo, "--env", "CartPole-v1", "--seeds", "0,1,2", "--total-steps", str(total),
-            "--set", "eval_episodes=2", "--set", "eval_interval=0", "--run-dir", str(parent), *extra]  # fmt: skip
+    return [
+        "train",
+        "--algo",
+        algo,
+        "--env",
+        "CartPole-v1",
+        "--seeds",
+        "0,1,2",
+        "--total-steps",
+        str(total),
+        "--set",
+        "eval_episodes=2",
+        "--set",
+        "eval_interval=0",
+        "--run-dir",
+        str(parent),
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
@@ -154,8 +178,12 @@ def test_a_stack_resumes_any_mix_of_finished_partial_and_unstarted_seeds(tmp_pat
         assert same_model(mixed / f"seed{seed}", whole / f"seed{seed}")
 
 
-def test_a_resumed_stack_whose_seeds_never_started_says_to_start_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    fails_cleanly(stack_argv(tmp_path / "none", "ppo", 1000, "--resume"), capsys, "drop --resume to start a new run there")
+def test_a_resumed_stack_whose_seeds_never_started_says_to_start_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fails_cleanly(
+        stack_argv(tmp_path / "none", "ppo", 1000, "--resume"), capsys, "drop --resume to start a new run there"
+    )
     assert not (tmp_path / "none").exists()
 
 
@@ -167,8 +195,23 @@ def test_a_bench_refuses_finished_runs_trained_with_other_settings(
 ) -> None:
     grid = bench.Grid("changed", ["ppo"], ["CartPole-v1"], [0], 512, overrides={"ppo": ["eval_episodes=2"]})
     run_dir = grid.cells()[0].run_dir(tmp_path / "changed")
-    assert main(["train", *SMALL, "--seed", "0", "--total-steps", "512", "--set", "learning_rate=0.01",
-                 "--run-dir", str(run_dir)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                *SMALL,
+                "--seed",
+                "0",
+                "--total-steps",
+                "512",
+                "--set",
+                "learning_rate=0.01",
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
     with pytest.raises(BadInput, match=r"other settings .*seed0 \(learning_rate\)"):
         bench.run_grid(grid, workers=1, backend="local", ray_address=None, root=tmp_path)
     assert status_of(run_dir) == "completed"
@@ -182,8 +225,18 @@ def test_a_study_whose_journal_was_deleted_trains_its_trials_afresh_where_their_
     space = space_in(tmp_path, monkeypatch, "learning_rate: [2.0e-3, 3.0e-3, 4.0e-3, 5.0e-3, 6.0e-3, 7.0e-3]\n")
 
     def study(sampler_seed: int) -> Any:
-        plan = tune.plan_tune("ppo", "CartPole-v1", 1, 512, 1, str(space), ["eval_episodes=2"], "deleted",
-                              startup_trials=0, sampler_seed=sampler_seed)  # fmt: skip
+        plan = tune.plan_tune(
+            "ppo",
+            "CartPole-v1",
+            1,
+            512,
+            1,
+            str(space),
+            ["eval_episodes=2"],
+            "deleted",
+            startup_trials=0,
+            sampler_seed=sampler_seed,
+        )
         tune_dir, _ = tune.run_study(plan, 1, "local", None)
         return optuna.load_study(study_name="deleted", storage=tune.storage_for(None, tune_dir)), tune_dir
 
@@ -214,9 +267,14 @@ def full_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[tune.Tu
     tune.write_tune_yaml(tune_dir, plan)
     study = optuna.create_study(study_name="journal", storage=tune.storage_for(None, tune_dir), direction="maximize")
     # A sampled trial: a rerun queues the env's preset, which it has not tried, and so writes to the journal.
-    study.add_trial(optuna.trial.create_trial(params={"learning_rate": 2e-3}, value=100.0, user_attrs={
-        "overrides": ["learning_rate=0.002"], trials.COST: [512, 512, 1.0]},
-        distributions={"learning_rate": optuna.distributions.CategoricalDistribution([1e-3, 2e-3])}))  # fmt: skip
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"learning_rate": 2e-3},
+            value=100.0,
+            user_attrs={"overrides": ["learning_rate=0.002"], trials.COST: [512, 512, 1.0]},
+            distributions={"learning_rate": optuna.distributions.CategoricalDistribution([1e-3, 2e-3])},
+        )
+    )
     return plan, tune_dir
 
 
@@ -293,8 +351,21 @@ def test_values_out_of_range_or_size_are_refused_before_the_run_directory_exists
 
 
 def test_the_size_limits_can_be_lifted(tmp_path: Path) -> None:
-    assert main(train_argv(tmp_path / "run", 2048, "--set", "eval_episodes=1001", "--set", "size_limits=false",
-                           "--set", "eval_interval=0")) == 0  # fmt: skip
+    assert (
+        main(
+            train_argv(
+                tmp_path / "run",
+                2048,
+                "--set",
+                "eval_episodes=1001",
+                "--set",
+                "size_limits=false",
+                "--set",
+                "eval_interval=0",
+            )
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_eval_episodes"] == 1001
 
 
@@ -317,8 +388,11 @@ def test_binary_and_damaged_files_are_one_line(tmp_path: Path, capsys: pytest.Ca
     space = tmp_path / "space.bin"
     space.write_bytes(bytes(range(256)) * 4)
     fails_cleanly(["tune", "--algo", "ppo", "--env", "CartPole-v1", "--space", str(space)], capsys, "UTF-8")
-    fails_cleanly(["tune", "--algo", "ppo", "--env", "CartPole-v1", "--storage", "nosuchdb://x", "--name", "bad"],
-                  capsys, "cannot open the study storage")  # fmt: skip
+    fails_cleanly(
+        ["tune", "--algo", "ppo", "--env", "CartPole-v1", "--storage", "nosuchdb://x", "--name", "bad"],
+        capsys,
+        "cannot open the study storage",
+    )
     assert not (tmp_path / "runs").exists()  # no folder, no lock
 
 
@@ -337,7 +411,9 @@ def test_a_full_disk_during_a_stack_checkpoint_is_one_line(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def full_disk_open(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        return FullFile(path, "w") if str(path).endswith(".checkpoint.pt.tmp") else real_open(path, mode, *args, **kwargs)
+        return (
+            FullFile(path, "w") if str(path).endswith(".checkpoint.pt.tmp") else real_open(path, mode, *args, **kwargs)
+        )
 
     def torch_writer(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         if isinstance(f, FullFile):
@@ -346,8 +422,22 @@ def test_a_full_disk_during_a_stack_checkpoint_is_one_line(
 
     monkeypatch.setattr(runlog, "open", full_disk_open, raising=False)
     monkeypatch.setattr(torch, "save", torch_writer)
-    err = fails_cleanly(["train", *SMALL, "--seeds", "0,1", "--total-steps", "512", "--run-dir", str(tmp_path / "s"),
-                         "--set", "checkpoint_interval=256"], capsys, "No space left on device")  # fmt: skip
+    err = fails_cleanly(
+        [
+            "train",
+            *SMALL,
+            "--seeds",
+            "0,1",
+            "--total-steps",
+            "512",
+            "--run-dir",
+            str(tmp_path / "s"),
+            "--set",
+            "checkpoint_interval=256",
+        ],
+        capsys,
+        "No space left on device",
+    )
     assert err.count("\n") == 1
     assert not list(tmp_path.rglob("*.tmp"))
 
@@ -394,11 +484,14 @@ def test_the_log_of_a_stack_whose_driver_was_killed_reaches_its_seeds_logs(tmp_p
 # ── 9. a study's space or --set may not set what the study sets ──────────────────────────────────────
 
 
-@pytest.mark.parametrize("space,extra,fragment", [
-    ("seed: [1, 2]\n", [], "tunes seed"),
-    ("total_steps: [1000, 2000]\n", [], "tunes total_steps"),
-    ("learning_rate: [1.0e-3]\n", ["--set", "seed=2"], "--set fixes seed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "space,extra,fragment",
+    [
+        ("seed: [1, 2]\n", [], "tunes seed"),
+        ("total_steps: [1000, 2000]\n", [], "tunes total_steps"),
+        ("learning_rate: [1.0e-3]\n", ["--set", "seed=2"], "--set fixes seed"),
+    ],
+)
 def test_a_study_refuses_to_tune_or_fix_what_it_sets_itself(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], space: str, extra: list[str], fragment: str
 ) -> None:

@@ -50,8 +50,9 @@ def forget_payload() -> None:
 def run_lab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``python -m lab ARGS`` in ``cwd``: the way that puts the working folder on the import path."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "lab", *args], check=False, capture_output=True, text=True,
-                          timeout=120, env=env, cwd=cwd)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "lab", *args], check=False, capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+    )
 
 
 # ── 1. no code from data ───────────────────────────────────────────────────────────────────────────────
@@ -94,8 +95,9 @@ def test_audit_of_a_run_folder_naming_a_module_runs_nothing_without_trust(
     assert shipped.exists() and "--trust-env-module" not in capsys.readouterr().err
 
 
-def test_a_resume_imports_only_the_env_typed_on_the_command_line(tmp_path: Path, shipped: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_resume_imports_only_the_env_typed_on_the_command_line(
+    tmp_path: Path, shipped: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Held already before this round: --env is required and must equal the run's, so the saved id is never made.
     run = tmp_path / "run"
     run.mkdir()
@@ -134,15 +136,23 @@ BENCH = ["bench", "--envs", "CartPole-v1", "--algos", "ppo", "--total-steps", "6
 TUNE = ["tune", "--algo", "ppo", "--env", "CartPole-v1", "--space", "no-such-space.yaml"]
 
 
-@pytest.mark.parametrize(("argv", "within", "beyond", "message"), [
-    (["train", "--algo", "ppo", "--env", "CartPole-v1", *BAD_KEY, "--seeds"], "256", "257", "from 1 to 256"),
-    ([*BENCH, *BAD_KEY, "--seeds"], "256", "257", "--seeds takes at most 256"),
-    (["credit", "--task", "chain", "--horizons", "10", *BAD_KEY, "--seeds"], "256", "257", "--seeds takes at most 256"),
-    ([*TUNE, "--seeds"], "256", "257", "--seeds takes at most 256"),
-    ([*BENCH, *BAD_KEY, "--name"], "b" * 100, "b" * 101, "give at most 100"),
-    ([*TUNE, "--name"], "t" * 100, "t" * 101, "give at most 100"),
-    (["eval", "no-run", "--episodes"], "1000", "1001", "--episodes must be from 1 to 1,000"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "within", "beyond", "message"),
+    [
+        (["train", "--algo", "ppo", "--env", "CartPole-v1", *BAD_KEY, "--seeds"], "256", "257", "from 1 to 256"),
+        ([*BENCH, *BAD_KEY, "--seeds"], "256", "257", "--seeds takes at most 256"),
+        (
+            ["credit", "--task", "chain", "--horizons", "10", *BAD_KEY, "--seeds"],
+            "256",
+            "257",
+            "--seeds takes at most 256",
+        ),
+        ([*TUNE, "--seeds"], "256", "257", "--seeds takes at most 256"),
+        ([*BENCH, *BAD_KEY, "--name"], "b" * 100, "b" * 101, "give at most 100"),
+        ([*TUNE, "--name"], "t" * 100, "t" * 101, "give at most 100"),
+        (["eval", "no-run", "--episodes"], "1000", "1001", "--episodes must be from 1 to 1,000"),
+    ],
+)
 def test_sizes_are_bounded_at_their_edge_before_any_planning(
     argv: list[str], within: str, beyond: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,12 +164,15 @@ def test_sizes_are_bounded_at_their_edge_before_any_planning(
     assert not Path("runs").exists()
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    ([*BENCH, "--seeds", "1000000000"], "--seeds takes at most 256 seeds, got 1,000,000,000"),
-    ([*TUNE, "--seeds", "1000000000"], "--seeds takes at most 256 seeds, got 1,000,000,000"),
-    ([*TUNE, "--seeds", "5000000"], "--seeds takes at most 256 seeds, got 5,000,000"),
-    (["eval", "no-run", "--episodes", "100000000"], "--episodes must be from 1 to 1,000, got 100,000,000"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([*BENCH, "--seeds", "1000000000"], "--seeds takes at most 256 seeds, got 1,000,000,000"),
+        ([*TUNE, "--seeds", "1000000000"], "--seeds takes at most 256 seeds, got 1,000,000,000"),
+        ([*TUNE, "--seeds", "5000000"], "--seeds takes at most 256 seeds, got 5,000,000"),
+        (["eval", "no-run", "--episodes", "100000000"], "--episodes must be from 1 to 1,000, got 100,000,000"),
+    ],
+)
 def test_absurd_sizes_are_refused_at_once(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
@@ -190,11 +203,16 @@ def test_every_numeric_field_refuses_a_boolean(cls: type) -> None:
             build_config(cls, {"env_id": "CartPole-v1", name: value})
 
 
-def test_a_preset_or_run_file_with_a_boolean_for_a_number_is_refused(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_preset_or_run_file_with_a_boolean_for_a_number_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "preset.yaml").write_text("envs:\n  CartPole-v1:\n    learning_rate: true\n")
-    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--preset", "preset.yaml", *TINY[:2],
-                 "--run-dir", "run"]) == 2  # fmt: skip
+    assert (
+        main(
+            ["train", "--algo", "ppo", "--env", "CartPole-v1", "--preset", "preset.yaml", *TINY[:2], "--run-dir", "run"]
+        )
+        == 2
+    )
     assert "learning_rate=true is a boolean, not a number" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
     run = tmp_path / "shared"
@@ -214,14 +232,21 @@ def test_a_300_character_name_leaves_no_folder(command: list[str], capsys: pytes
     assert not Path("runs").exists()
 
 
-@pytest.mark.parametrize(("make", "given", "message"), [
-    (lambda: os.symlink("loop", "loop"), "loop", "'loop' is a loop of symbolic links"),
-    (lambda: os.symlink("loop", "loop"), "loop/run", "'loop' is a loop of symbolic links"),
-    (lambda: os.symlink("nowhere", "dangling"), "dangling", "'dangling' is a symbolic link to 'nowhere', which does not exist"),
-    (lambda: os.symlink("nowhere", "dangling"), "dangling/run", "'dangling' is a symbolic link to 'nowhere'"),
-    (lambda: Path("file").write_text(""), "file", "'file' is a file where a folder is wanted"),
-    (lambda: Path("file").write_text(""), "file/run", "'file' is a file where a folder is wanted"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("make", "given", "message"),
+    [
+        (lambda: os.symlink("loop", "loop"), "loop", "'loop' is a loop of symbolic links"),
+        (lambda: os.symlink("loop", "loop"), "loop/run", "'loop' is a loop of symbolic links"),
+        (
+            lambda: os.symlink("nowhere", "dangling"),
+            "dangling",
+            "'dangling' is a symbolic link to 'nowhere', which does not exist",
+        ),
+        (lambda: os.symlink("nowhere", "dangling"), "dangling/run", "'dangling' is a symbolic link to 'nowhere'"),
+        (lambda: Path("file").write_text(""), "file", "'file' is a file where a folder is wanted"),
+        (lambda: Path("file").write_text(""), "file/run", "'file' is a file where a folder is wanted"),
+    ],
+)
 @pytest.mark.parametrize("stack", [[], ["--seeds", "2"]])
 def test_a_run_dir_that_cannot_be_a_folder_is_named_for_what_it_is(
     make: typing.Callable[[], object], given: str, message: str, stack: list[str], capsys: pytest.CaptureFixture[str]

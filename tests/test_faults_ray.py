@@ -9,6 +9,7 @@ worker's death, and ends those still alive when it ends. Ray runs on this machin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -37,8 +38,13 @@ class Marked:
         self.tmp = tmp  # short: Ray's sockets live under TMPDIR too
         self.token = secrets.token_hex(8)
         # RAY_AUTH_MODE: a token left in the user's home by another Ray would otherwise be asked of the driver.
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp), "RAY_AUTH_MODE": "disabled",
-                    MARK: self.token}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "TMPDIR": str(tmp),
+            "RAY_AUTH_MODE": "disabled",
+            MARK: self.token,
+        }
 
     def processes(self) -> dict[int, str]:
         """pid → start time of every live process bearing the mark, and of their descendants (Ray's agents
@@ -75,10 +81,8 @@ class Marked:
             if not left:
                 return
             for pid in left:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.1)
 
 
@@ -131,16 +135,46 @@ def checkpointed(trainer: int) -> bool:
 
 def bench_argv(name: str, total_steps: int, *extra: str) -> list[str]:
     """A bench of one PPO cell on CartPole-v1 on the Ray backend, one CPU, a checkpoint every iteration."""
-    return [sys.executable, "-m", "lab", "bench", "--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "1",
-            "--total-steps", str(total_steps), "--backend", "ray", "--workers", "1", "--name", name,
-            "--set", "eval_interval=0", "--set", "eval_episodes=2", "--set", "checkpoint_interval=256",
-            *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "lab",
+        "bench",
+        "--algos",
+        "ppo",
+        "--envs",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--total-steps",
+        str(total_steps),
+        "--backend",
+        "ray",
+        "--workers",
+        "1",
+        "--name",
+        name,
+        "--set",
+        "eval_interval=0",
+        "--set",
+        "eval_episodes=2",
+        "--set",
+        "checkpoint_interval=256",
+        *extra,
+    ]
 
 
 def start_driver(argv: list[str], cwd: Path, marked: Marked) -> subprocess.Popen[str]:
     """The bench's driver in its own session, as a terminal's foreground job; its output is read at its end."""
-    return subprocess.Popen(argv, cwd=cwd, env=marked.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=marked.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def next_trainer(marked: Marked, driver: subprocess.Popen[str], old: set[int], timeout_s: float = 60) -> int:
@@ -218,16 +252,37 @@ def test_a_joined_cluster_outlives_a_bench_and_its_ctrl_c_with_nothing_of_it_lef
     pytest.importorskip("ray")
     port = free_port()
     ray_cli = str(Path(sys.executable).with_name("ray"))
-    head = subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=1",
-                           "--include-dashboard=false", "--disable-usage-stats"], check=False, env=marked.env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    head = subprocess.run(
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=1",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        check=False,
+        env=marked.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert head.returncode == 0, head.stderr[-2000:]
     cluster = marked.processes()  # the cluster's own processes: GCS, raylet, its agents
     assert len(cluster) >= 3 and any("raylet" in command_of(pid) for pid in cluster)
     address = ["--ray-address", f"127.0.0.1:{port}"]
 
-    done = subprocess.run(bench_argv("done", 1024, *address), check=False, cwd=tmp_path, env=marked.env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        bench_argv("done", 1024, *address),
+        check=False,
+        cwd=tmp_path,
+        env=marked.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert_completed_once(seed0(tmp_path / "runs" / "bench" / "done"), 1024)
     wait_for(lambda: marked.processes().keys() == cluster.keys(), timeout_s=10, poll_s=0.1)

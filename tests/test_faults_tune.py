@@ -32,9 +32,33 @@ RUN = Path("runs") / "tune" / "t" / "trial0000" / "CartPole-v1" / "ppo" / "seed1
 
 def tune_command(space: Path, *extra: str) -> list[str]:
     """A study of one trial, the env's preset, of 4,096 steps that checkpoints every 4 iterations of 256."""
-    return [sys.executable, "-m", "lab", "tune", "--algo", "ppo", "--env", "CartPole-v1", "--trials", "1",
-            "--total-steps", "4096", "--space", str(space), "--pruner", "none", "--name", "t",
-            "--set", "checkpoint_interval=1024", "--set", "eval_interval=0", "--set", "eval_episodes=2", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "lab",
+        "tune",
+        "--algo",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--trials",
+        "1",
+        "--total-steps",
+        "4096",
+        "--space",
+        str(space),
+        "--pruner",
+        "none",
+        "--name",
+        "t",
+        "--set",
+        "checkpoint_interval=1024",
+        "--set",
+        "eval_interval=0",
+        "--set",
+        "eval_episodes=2",
+        *extra,
+    ]
 
 
 @functools.cache
@@ -53,16 +77,20 @@ def trial_states(home: Path, storage: str | None) -> list[str]:
 
 def files_of(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under ``folder``: its bytes and modification time, by path."""
-    return {p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 # ── 1. a trial left running is continued wherever its study folder is now ───────────────────────────
 
 
 @pytest.mark.parametrize("storage", [None, "sqlite:///t.db"], ids=["journal", "sqlite"])
-def test_a_trial_left_by_a_killed_driver_is_continued_after_its_folder_moved(tmp_path: Path,
-                                                                            storage: str | None) -> None:  # fmt: skip
+def test_a_trial_left_by_a_killed_driver_is_continued_after_its_folder_moved(
+    tmp_path: Path, storage: str | None
+) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     command = tune_command(space, *(["--storage", storage] if storage else []))
@@ -128,10 +156,14 @@ def a_finished_study(home: Path, storage: str | None) -> Path:
     os.chdir(home)  # a relative SQLite path is the folder's that `tune` ran in
     try:
         made = optuna.create_study(study_name="t", storage=study.storage_for(storage, tune_dir), direction="maximize")
-        made.add_trial(optuna.trial.create_trial(
-            value=100.0, params={"learning_rate": 1e-3},
-            distributions={"learning_rate": optuna.distributions.CategoricalDistribution([1e-3, 1e-9])},
-            user_attrs={"overrides": ["learning_rate=0.001"], trials.COST: [2048, 2048, 1.0]}))  # fmt: skip
+        made.add_trial(
+            optuna.trial.create_trial(
+                value=100.0,
+                params={"learning_rate": 1e-3},
+                distributions={"learning_rate": optuna.distributions.CategoricalDistribution([1e-3, 1e-9])},
+                user_attrs={"overrides": ["learning_rate=0.001"], trials.COST: [2048, 2048, 1.0]},
+            )
+        )
     finally:
         os.chdir(cwd)
     return tune_dir
@@ -150,8 +182,11 @@ def test_a_report_from_another_folder_leaves_the_storage_and_the_tree_as_they_we
     before = files_of(tmp_path)
     os.chdir(elsewhere)
     assert main(["report", str(tune_dir)]) == 0, capsys.readouterr().err
-    after = {path: kept for path, kept in files_of(tmp_path).items()
-             if not path.removeprefix("home/runs/tune/t/").startswith(REPORTED)}  # fmt: skip
+    after = {
+        path: kept
+        for path, kept in files_of(tmp_path).items()
+        if not path.removeprefix("home/runs/tune/t/").startswith(REPORTED)
+    }
     assert after == before  # same files, bytes and times: no t.db here, no lock file, no table added
     assert "Trial 0: mean final return 100" in (tune_dir / "tune.md").read_text()
 
@@ -174,8 +209,9 @@ def test_a_report_refuses_a_storage_that_is_missing_or_holds_no_study_and_writes
         err = capsys.readouterr().err
         assert said in err and "nothing was written" in err and len(err.strip().splitlines()) == 1
     assert files_of(tmp_path) == before and not (tmp_path / "none").exists()
-    (other / "tune.yaml").write_text((other / "tune.yaml").read_text().replace("sqlite:///none/t.db",
-                                                                                 f"sqlite:///{foreign}"))  # fmt: skip
+    (other / "tune.yaml").write_text(
+        (other / "tune.yaml").read_text().replace("sqlite:///none/t.db", f"sqlite:///{foreign}")
+    )
     before = files_of(tmp_path)
     assert main(["report", str(other)]) == 2
     assert "holds no study Optuna can read" in capsys.readouterr().err
@@ -188,11 +224,17 @@ def test_a_report_refuses_a_storage_that_is_missing_or_holds_no_study_and_writes
 # ── 3. a malformed tune.yaml is refused in one line ────────────────────────────────────────────────
 
 
-@pytest.mark.parametrize(("text", "said"), [
-    ("- name: t\n- algo: ppo\n", "holds list where a study's settings belong"),
-    ("algo: ppo\nenv_id: CartPole-v1\nseeds: [100]\n", "lacks `name`, which a study's tune.yaml holds; add `name: t`"),
-    ("name: [t]\nalgo: ppo\nenv_id: CartPole-v1\nseeds: [100]\n", "`name` is ['t'], not a text"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("- name: t\n- algo: ppo\n", "holds list where a study's settings belong"),
+        (
+            "algo: ppo\nenv_id: CartPole-v1\nseeds: [100]\n",
+            "lacks `name`, which a study's tune.yaml holds; add `name: t`",
+        ),
+        ("name: [t]\nalgo: ppo\nenv_id: CartPole-v1\nseeds: [100]\n", "`name` is ['t'], not a text"),
+    ],
+)
 def test_a_report_refuses_a_malformed_tune_yaml_in_one_line(
     tmp_path: Path, text: str, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -228,14 +270,37 @@ def test_a_killed_ray_drivers_scratch_folders_go_with_it(tmp_path: Path) -> None
     pytest.importorskip("ray")
     tmp = Path(tempfile.mkdtemp())  # short: Ray's sockets live under TMPDIR too
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
-    command = [sys.executable, "-m", "lab", "bench", "--algos", "ppo", "--envs", "CartPole-v1", "--seeds", "1",
-               "--total-steps", "1000000", "--backend", "ray", "--workers", "1", "--name", "r",
-               "--set", "eval_interval=0"]  # fmt: skip
-    driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "lab",
+        "bench",
+        "--algos",
+        "ppo",
+        "--envs",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--total-steps",
+        "1000000",
+        "--backend",
+        "ray",
+        "--workers",
+        "1",
+        "--name",
+        "r",
+        "--set",
+        "eval_interval=0",
+    ]
+    driver = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
-        wait_for(lambda: any((f / "ppo").is_dir() for f in tmp.glob("**/testbed-cells-*/CartPole-v1")), timeout_s=60,
-                 poll_s=0.1)  # fmt: skip
+        wait_for(
+            lambda: any((f / "ppo").is_dir() for f in tmp.glob("**/testbed-cells-*/CartPole-v1")),
+            timeout_s=60,
+            poll_s=0.1,
+        )
         assert scratch_folders(tmp)
         driver.kill()
         driver.wait()

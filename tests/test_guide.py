@@ -22,8 +22,11 @@ LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
 
 def links(path: Path) -> list[tuple[str, str]]:
     """(text, target) of every Markdown link in ``path`` that points inside the repository."""
-    return [(text, target) for text, target in LINK.findall(path.read_text())
-            if not target.startswith(("http://", "https://", "#"))]  # fmt: skip
+    return [
+        (text, target)
+        for text, target in LINK.findall(path.read_text())
+        if not target.startswith(("http://", "https://", "#"))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +38,11 @@ def quick_figures(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_quick_mode_writes_every_file_the_guide_links(quick_figures: Path) -> None:
-    figures = [target.removeprefix("figures/") for _, target in links(GUIDE)
-               if target.startswith("figures/") and target != "figures/"]  # fmt: skip
+    figures = [
+        target.removeprefix("figures/")
+        for _, target in links(GUIDE)
+        if target.startswith("figures/") and target != "figures/"
+    ]
     assert len(set(figures)) >= 12  # the six experiments the issue names, their tables, the cost table
     missing = [name for name in figures if not (quick_figures / name).is_file()]
     assert not missing, f"the guide links files that `testbed docs --quick` did not write: {missing}"
@@ -48,10 +54,16 @@ def test_quick_mode_writes_every_file_the_guide_links(quick_figures: Path) -> No
 
 def test_the_cost_and_dynamic_sampling_tables_count_steps_per_iteration_alike(quick_figures: Path) -> None:
     # The same GRPO CartPole runs appear in both tables: their env steps per iteration must be one number.
-    cost = next(line for line in (quick_figures / "cost.md").read_text().splitlines()
-                if line.startswith("| CartPole-v1 | grpo |"))  # fmt: skip
-    plain = next(line for line in (quick_figures / "dynamic_sampling.md").read_text().splitlines()
-                 if line.startswith("| without |"))  # fmt: skip
+    cost = next(
+        line
+        for line in (quick_figures / "cost.md").read_text().splitlines()
+        if line.startswith("| CartPole-v1 | grpo |")
+    )
+    plain = next(
+        line
+        for line in (quick_figures / "dynamic_sampling.md").read_text().splitlines()
+        if line.startswith("| without |")
+    )
     assert cost.split(" | ")[4] == plain.split(" | ")[6]
 
 
@@ -85,7 +97,8 @@ def test_quick_length_bias_table_holds_the_hand_computed_pushes(quick_figures: P
     # Per token (step): every weight is 1/ΣL = 1/440, so a token gets 0.866024/440 = 0.001968 either way; in all
     # 20 · 0.001968 = 0.03936 for a correct response and 200 · 0.001968 = 0.3936 for a wrong one.
     assert "| correct short, wrong long | step | 0.001968 | 0.001968 | 0.03936 | 0.3936 |" in table
-    # Constant, H = 200: every weight 1/(M·H) = 1/800, a token 0.001083; in all 20 · that = 0.02165, 200 · that = 0.2165.
+    # Constant, H = 200: every weight 1/(M·H) = 1/800, a token 0.001083; in all 20 · that = 0.02165,
+    # 200 · that = 0.2165.
     assert "| correct short, wrong long | constant | 0.001083 | 0.001083 | 0.02165 | 0.2165 |" in table
     # Swapped: the per-response mean now favours the short wrong response's tokens (Â/(M·20) = 0.01083 each);
     # per token and constant make the long correct response earn ten times the short wrong one's penalty.
@@ -97,10 +110,12 @@ def test_quick_length_bias_table_holds_the_hand_computed_pushes(quick_figures: P
 
 @pytest.mark.parametrize(
     ("mode", "per_token"),
-    [("trajectory", [1 / 80, 1 / 80, -1 / 800, -1 / 800]),  # 1/(M·L_i), M = 4, L = 20, 20, 200, 200
-     ("step", [1 / 440] * 2 + [-1 / 440] * 2),  # 1/ΣL, ΣL = 440
-     ("constant", [1 / 800] * 2 + [-1 / 800] * 2)],  # 1/(M·H), H = 200
-)  # fmt: skip
+    [
+        ("trajectory", [1 / 80, 1 / 80, -1 / 800, -1 / 800]),  # 1/(M·L_i), M = 4, L = 20, 20, 200, 200
+        ("step", [1 / 440] * 2 + [-1 / 440] * 2),  # 1/ΣL, ΣL = 440
+        ("constant", [1 / 800] * 2 + [-1 / 800] * 2),  # 1/(M·H), H = 200
+    ],
+)
 def test_token_push_is_the_advantage_times_the_aggregation_weight(mode: str, per_token: list[float]) -> None:
     lengths = [20, 20, 200, 200]
     push = ex.token_push([1.0, 1.0, 0.0, 0.0], lengths, mode, 200)
@@ -115,8 +130,10 @@ def test_a_wrong_response_costs_the_same_at_any_length_only_under_the_per_respon
     # The figure's sweep: three responses of 20 tokens, one wrong one of L, H = 500. Its total penalty |Â|·w·L:
     # trajectory |Â|/M = |Â|/4 at every L; step |Â|·L/(60 + L); constant |Â|·L/(M·H) = |Â|·L/2000.
     for L in (10, 100, 500):
-        total = {mode: -float(ex.token_push([1.0, 1.0, 0.0, 0.0], [20, 20, L, 20], mode, 500)[2]) * L
-                 for mode in losses.AGGREGATIONS}  # fmt: skip
+        total = {
+            mode: -float(ex.token_push([1.0, 1.0, 0.0, 0.0], [20, 20, L, 20], mode, 500)[2]) * L
+            for mode in losses.AGGREGATIONS
+        }
         assert total["trajectory"] == pytest.approx(A_HAND / 4, rel=1e-9)
         assert total["step"] == pytest.approx(A_HAND * L / (60 + L), rel=1e-9)
         assert total["constant"] == pytest.approx(A_HAND * L / 2000, rel=1e-9)
@@ -178,8 +195,10 @@ def test_every_link_from_the_guide_resolves_and_names_its_target() -> None:
             continue
         assert anchor, f"{target}: name the object, e.g. reference/agents.md#agents.losses.k3_kl"
         parts = anchor.split(".")
-        module = next((parts[:i] for i in range(len(parts), 0, -1)
-                       if (ROOT / Path(*parts[:i])).with_suffix(".py").is_file()), None)  # fmt: skip
+        module = next(
+            (parts[:i] for i in range(len(parts), 0, -1) if (ROOT / Path(*parts[:i])).with_suffix(".py").is_file()),
+            None,
+        )
         assert module is not None, f"{target}: no module of {anchor!r} in the repository"
         name = ".".join(module)
         assert path == f"reference/{module[0]}.md", f"{target}: {name} is documented in reference/{module[0]}.md"
@@ -190,8 +209,9 @@ def test_every_link_from_the_guide_resolves_and_names_its_target() -> None:
         assert node is not None, f"{target}: {anchor} is not a documented object of {source_file.name}"
         symbol = text.strip("`").removesuffix("()").split(".")[-1]
         if symbol != parts[-1] and symbol not in defined_names(node):
-            failures.append(f"[{text}]({target}): {anchor} neither is nor defines {symbol!r}; link the object that "
-                            "defines it")  # fmt: skip
+            failures.append(
+                f"[{text}]({target}): {anchor} neither is nor defines {symbol!r}; link the object that defines it"
+            )
         checked += 1
     assert not failures, "\n".join(failures)
     assert checked >= 20
@@ -215,8 +235,22 @@ def loss(ratio, *extra, clip=0.2, **options):
 """
     tree = ast.parse(source)
     assert defined_names(tree.body[0]) == {"Config", "horizon"}
-    assert defined_names(tree.body[1]) == {"loss", "ratio", "extra", "clip", "options", "a", "b", "c", "step",
-                                           "total", "kept", "item", "inner", "x"}  # fmt: skip
+    assert defined_names(tree.body[1]) == {
+        "loss",
+        "ratio",
+        "extra",
+        "clip",
+        "options",
+        "a",
+        "b",
+        "c",
+        "step",
+        "total",
+        "kept",
+        "item",
+        "inner",
+        "x",
+    }
 
 
 def test_the_readme_links_the_guide_from_its_top() -> None:
@@ -245,8 +279,10 @@ def test_read_series_keeps_the_rows_that_hold_the_column(tmp_path: Path) -> None
     from lab.results import read_series
 
     path = tmp_path / "progress.csv"
-    path.write_text("global_step,wall_time_s,losses/explained_variance,eval/return_mean\n"
-                    "256,0.1,0.5,\n512,0.2,,20.0\n768,0.3,-0.25,\nbad,0.4,0.9,\n")  # fmt: skip
+    path.write_text(
+        "global_step,wall_time_s,losses/explained_variance,eval/return_mean\n"
+        "256,0.1,0.5,\n512,0.2,,20.0\n768,0.3,-0.25,\nbad,0.4,0.9,\n"
+    )
     steps, values = read_series(path, "losses/explained_variance")
     assert steps.tolist() == [256, 768] and values.tolist() == [0.5, -0.25]
     assert read_series(path, "grpo/frac_zero_std_groups")[0].size == 0

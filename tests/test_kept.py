@@ -55,8 +55,13 @@ def test_a_kept_run_holds_its_record_and_no_cache_and_reads_back_as_the_run(tmp_
     out = tmp_path / "result"
     assert kept.keep_runs(tmp_path / "runs/bench/b", out) == [Path("CartPole-v1/ppo/seed3")]
     copy = out / "CartPole-v1/ppo/seed3"
-    assert sorted(p.name for p in copy.iterdir()) == ["config.yaml", "meta.json", "meta.resume1700000000.json",
-                                                      "progress.csv.gz", "summary.json"]  # fmt: skip
+    assert sorted(p.name for p in copy.iterdir()) == [
+        "config.yaml",
+        "meta.json",
+        "meta.resume1700000000.json",
+        "progress.csv.gz",
+        "summary.json",
+    ]
     data = (copy / kept.KEPT_PROGRESS).read_bytes()
     assert _steps(gzip.decompress(data).decode())[:3] == [0, 200, 400] and len(data) < 2000
     kept.keep_run(run, copy)

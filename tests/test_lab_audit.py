@@ -12,14 +12,52 @@ from lab.cli import main
 
 
 def train_chain(run_dir: Path, algo: str, seed: int = 0) -> None:
-    assert main(["train", "--algo", algo, "--env", "testbed/Chain-v0", "--env-kwargs", "horizon:6", "--seed", str(seed),
-                 "--total-steps", "3000", "--set", "keep_checkpoints=1000", "--set", "eval_episodes=2",
-                 "--run-dir", str(run_dir)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--algo",
+                algo,
+                "--env",
+                "testbed/Chain-v0",
+                "--env-kwargs",
+                "horizon:6",
+                "--seed",
+                str(seed),
+                "--total-steps",
+                "3000",
+                "--set",
+                "keep_checkpoints=1000",
+                "--set",
+                "eval_episodes=2",
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
 
 
 def audit(paths: list[Path], out: Path, *extra: str) -> int:
-    return main(["audit", *map(str, paths), "--samples", "6", "--branches", "4", "--groups", "2", "--group-size", "3",
-                 "--vine-branches", "2", "--out", str(out), *extra])  # fmt: skip
+    return main(
+        [
+            "audit",
+            *map(str, paths),
+            "--samples",
+            "6",
+            "--branches",
+            "4",
+            "--groups",
+            "2",
+            "--group-size",
+            "3",
+            "--vine-branches",
+            "2",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def read(path: Path) -> list[dict[str, str]]:
@@ -31,17 +69,29 @@ def test_an_audit_of_kept_and_final_checkpoints_writes_samples_scores_and_a_repo
     train_chain(tmp_path / "runs" / "ppo", "ppo")
     train_chain(tmp_path / "runs" / "grpo", "grpo")
     assert sorted(p.name for p in (tmp_path / "runs" / "ppo").glob("checkpoint*.pt")) == [
-        "checkpoint-at-1000.pt", "checkpoint.pt"]
+        "checkpoint-at-1000.pt",
+        "checkpoint.pt",
+    ]
     assert audit([tmp_path / "runs"], tmp_path / "one", "--workers", "1") == 0
     folders = sorted(p.parent.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("audit.json"))
-    assert [str(f) for f in folders] == ["runs/grpo/checkpoint", "runs/grpo/checkpoint-at-1000",
-                                         "runs/ppo/checkpoint", "runs/ppo/checkpoint-at-1000"]  # fmt: skip
+    assert [str(f) for f in folders] == [
+        "runs/grpo/checkpoint",
+        "runs/grpo/checkpoint-at-1000",
+        "runs/ppo/checkpoint",
+        "runs/ppo/checkpoint-at-1000",
+    ]
     samples = read(tmp_path / "one" / "runs" / "ppo" / "checkpoint" / "samples.csv")
     assert len(samples) == 6 and "gae(0.95)" in samples[0] and "vine" in samples[0]
     assert "gae(0.95)" not in read(tmp_path / "one" / "runs" / "grpo" / "checkpoint" / "samples.csv")[0]
     scores = read(tmp_path / "one" / "scores.csv")
     assert {row["estimator"] for row in scores if row["algo"] == "grpo"} == {
-        "outcome", "rloo", "process", "step_baseline", "step_alive", "vine"}
+        "outcome",
+        "rloo",
+        "process",
+        "step_baseline",
+        "step_alive",
+        "vine",
+    }
     report = (tmp_path / "one" / "audit.md").read_text()
     assert "testbed/Chain-v0[horizon=6]" in report and (tmp_path / "one" / "plots" / "audit-scores.png").exists()
     # Two workers audit the same checkpoints to the same numbers.
@@ -73,14 +123,18 @@ def test_an_audit_done_is_not_redone(tmp_path: Path) -> None:
     assert f"up to 16 (reached: {branches})" in (tmp_path / "out" / "audit.md").read_text()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--samples", "0"], "--samples must be at least 1"),
-    (["--group-size", "1"], "--group-size must be at least 2"),
-    (["--checkpoints", "kept"], "keep_checkpoints"),
-    (["--branches", "4", "--max-branches", "6"], "--max-branches must be 0 (off) or at least twice --branches"),
-])  # fmt: skip
-def test_bad_audits_are_refused_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
-                                                 message: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--samples", "0"], "--samples must be at least 1"),
+        (["--group-size", "1"], "--group-size must be at least 2"),
+        (["--checkpoints", "kept"], "keep_checkpoints"),
+        (["--branches", "4", "--max-branches", "6"], "--max-branches must be 0 (off) or at least twice --branches"),
+    ],
+)
+def test_bad_audits_are_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("algo: ppo\nenv_id: testbed/Chain-v0\n")
@@ -103,16 +157,19 @@ def test_ray_tasks_audit_to_the_same_numbers_as_local_workers(tmp_path: Path) ->
     train_chain(tmp_path / "run", "ppo")
     assert audit([tmp_path / "run"], tmp_path / "local", "--checkpoints", "final") == 0
     try:
-        assert audit([tmp_path / "run"], tmp_path / "ray", "--checkpoints", "final", "--backend", "ray",
-                     "--workers", "1") == 0  # fmt: skip
+        assert (
+            audit([tmp_path / "run"], tmp_path / "ray", "--checkpoints", "final", "--backend", "ray", "--workers", "1")
+            == 0
+        )
     finally:
         ray.shutdown()
     folder = Path("run") / "checkpoint"
     assert read(tmp_path / "local" / folder / "samples.csv") == read(tmp_path / "ray" / folder / "samples.csv")
 
 
-def test_a_checkpoint_that_fails_is_reported_and_the_others_are_audited(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_checkpoint_that_fails_is_reported_and_the_others_are_audited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     train_chain(tmp_path / "run", "grpo")
     (tmp_path / "run" / "checkpoint-at-1000.pt").write_bytes(b"not a checkpoint")
     assert audit([tmp_path / "run"], tmp_path / "out", "--workers", "1") == 1

@@ -16,13 +16,13 @@ from envs.members import step_members
 from envs.start_states import reset_groups
 
 
-def cartpole_states(env) -> np.ndarray:  # noqa: ANN001
+def cartpole_states(env) -> np.ndarray:
     return np.stack([np.array(sub.unwrapped.state) for sub in env.unwrapped.envs])
 
 
 def test_sync_steps_only_live_members_and_normalizes_with_their_observations() -> None:
     env = make_vector("CartPole-v1", 4, EnvOptions(normalize_obs=True, vectorization="sync"))
-    obs, _ = env.reset(seed=[1, 2, 3, 4])
+    _obs, _ = env.reset(seed=[1, 2, 3, 4])
     before = cartpole_states(env)
     norm = find_wrapper(env, vector_wrappers.NormalizeObservation)
     count = norm.obs_rms.count

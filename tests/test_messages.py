@@ -118,8 +118,15 @@ def test_a_failed_frame_is_one_line_without_glfw_warnings(tmp_path: Path) -> Non
     run = fake_run(tmp_path / "run")
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "WAYLAND_DISPLAY")}
     env |= {"DISPLAY": ":97", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "lab.cli", "eval", str(run), "--video", str(tmp_path / "v")],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "lab.cli", "eval", str(run), "--video", str(tmp_path / "v")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot render here" in lines[0] and "MUJOCO_GL=" in lines[0], done.stderr
@@ -355,7 +362,7 @@ def test_a_cluster_that_wants_a_token_is_not_called_unreachable(
     monkeypatch.setattr(executor, "import_ray", lambda: ray)
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     # Was: "cannot reach a Ray cluster", after ray.init's 20 s of retries, though the cluster was up.
-    with pytest.raises(BadInput, match="is up but uses token authentication.*set RAY_AUTH_MODE=token") as refused:
+    with pytest.raises(BadInput, match=r"is up but uses token authentication.*set RAY_AUTH_MODE=token") as refused:
         executor.connect_ray(token_cluster.address, 1)
     assert "cannot reach" not in str(refused.value) and ray.inits == 0  # asked at once, before ray.init
     # A driver in token mode whose token the cluster refuses.

@@ -44,11 +44,27 @@ def _result(root: Path, report: str = REPORT) -> manifest.Manifest:
     (folder / "report.md").write_text(report)
     (folder / "summary.csv").write_text(SUMMARY)
     (folder / "bench.yaml").write_text("name: toy\n")
-    produced = {"commit": "abc1234", "code_version": 3, "date": "2026-12-01", "machine": "a machine", "wall_s": 18.0,
-                "reused_runs": True}  # fmt: skip
-    entry = {"name": "toy", "title": "Toy", "about": "What the toy result is, at length.", "command": "testbed bench",
-             "folder": "benchmarks/results/toy", "keep": ["report.md", "summary.csv", "bench.yaml", "plots"],
-             "page": "report.md", "seeds": "0–2", "budget": "4,096 env steps", "cost": "cheap", "produced": produced}  # fmt: skip
+    produced = {
+        "commit": "abc1234",
+        "code_version": 3,
+        "date": "2026-12-01",
+        "machine": "a machine",
+        "wall_s": 18.0,
+        "reused_runs": True,
+    }
+    entry = {
+        "name": "toy",
+        "title": "Toy",
+        "about": "What the toy result is, at length.",
+        "command": "testbed bench",
+        "folder": "benchmarks/results/toy",
+        "keep": ["report.md", "summary.csv", "bench.yaml", "plots"],
+        "page": "report.md",
+        "seeds": "0–2",
+        "budget": "4,096 env steps",
+        "cost": "cheap",
+        "produced": produced,
+    }
     (root / manifest.MANIFEST).write_text(yaml.safe_dump({"code_version": 3, "results": [entry]}))
     return manifest.load(root)
 
@@ -56,9 +72,18 @@ def _result(root: Path, report: str = REPORT) -> manifest.Manifest:
 def test_a_page_opens_with_the_scores_then_the_report_then_how_it_was_made_then_the_prose(tmp_path: Path) -> None:
     found = _result(tmp_path)
     page = pages.result_page(tmp_path, found, found.entry("toy"))
-    order = ["# Toy", "## Final return by task and algo", "## The report", "### CartPole-v1", "### Plots",
-             "## How it was made", "| command | `testbed bench` |", "### What was run", "## About this result",
-             "What the toy result is"]  # fmt: skip
+    order = [
+        "# Toy",
+        "## Final return by task and algo",
+        "## The report",
+        "### CartPole-v1",
+        "### Plots",
+        "## How it was made",
+        "| command | `testbed bench` |",
+        "### What was run",
+        "## About this result",
+        "What the toy result is",
+    ]
     assert [page.index(part) for part in order] == sorted(page.index(part) for part in order)
     # Scores by task and algo: ppo's two seeds give a marked CI with its footnote, sb3-ppo's three do not.
     assert "| CartPole-v1 | 450.00 [400.00, 500.00] † | 310.00 [300.00, 320.00] |" in page
@@ -71,8 +96,10 @@ def test_the_page_states_the_compute_the_runs_spent_and_labels_the_last_invocati
     page = pages.result_page(tmp_path, found, found.entry("toy"))
     assert "| compute | 2.5 core-hours for 12,288 env steps, all its runs |" in page
     assert "| wall-clock | 1.75 h in 3 invocations of `testbed bench`, start to end |" in page
-    assert ("| last run's wall time | 18 s (the whole command, as last run; it reused runs an earlier invocation had "
-            "finished) |") in page  # fmt: skip
+    assert (
+        "| last run's wall time | 18 s (the whole command, as last run; it reused runs an earlier invocation had "
+        "finished) |"
+    ) in page
     assert "| wall time |" not in page
     # A report that states no compute: the runs' wall times of summary.csv add up, 3 × 1800 + 2 × 3600 s = 3.5 h.
     found = _result(tmp_path / "older", REPORT.replace("- Compute", "- Spent").replace("- Wall-clock", "- Took"))
@@ -83,6 +110,8 @@ def test_the_page_states_the_compute_the_runs_spent_and_labels_the_last_invocati
 def test_kept_files_are_links_where_the_site_carries_them(tmp_path: Path) -> None:
     found = _result(tmp_path)
     page = pages.result_page(tmp_path, found, found.entry("toy"))
-    assert ("Kept files, in `benchmarks/results/toy/`: `report.md` (this page), [summary.csv](files/toy/summary.csv), "
-            "[bench.yaml](files/toy/bench.yaml), `plots/`.") in page  # fmt: skip
+    assert (
+        "Kept files, in `benchmarks/results/toy/`: `report.md` (this page), [summary.csv](files/toy/summary.csv), "
+        "[bench.yaml](files/toy/bench.yaml), `plots/`."
+    ) in page
     assert "![CartPole-v1: curve](files/toy/plots/CartPole-v1-steps.png)" in page

@@ -98,14 +98,21 @@ def test_training_return_on_the_wall_clock_and_averaged_over_runs(tmp_path: Path
     np.testing.assert_allclose(curve.mean, [30.0, 30.0, 30.0])
 
 
-@pytest.mark.parametrize(("metric", "name", "titles"), [
-    ("eval", "curves-eval-time", ["CartPole-v1"]),
-    ("train", "curves-train-time", ["CartPole-v1"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("metric", "name", "titles"),
+    [
+        ("eval", "curves-eval-time", ["CartPole-v1"]),
+        ("train", "curves-train-time", ["CartPole-v1"]),
+    ],
+)
 def test_one_metric_is_one_panel_named_for_it(
-    tmp_path: Path, figures: list[Figure], capsys: pytest.CaptureFixture[str], metric: str, name: str,
+    tmp_path: Path,
+    figures: list[Figure],
+    capsys: pytest.CaptureFixture[str],
+    metric: str,
+    name: str,
     titles: list[str],
-) -> None:  # fmt: skip
+) -> None:
     run_dir = write_run(tmp_path / "run")
     assert main(["plot", str(run_dir), "--metric", metric, "--x", "time"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"wrote {run_dir / 'plots' / name}.png"]
@@ -133,8 +140,24 @@ def test_a_short_real_run_gives_a_training_curve(tmp_path: Path, figures: list[F
     """1,024 steps of PPO on CartPole: one evaluation (at the end), and a training point per iteration in
     which some episode ended, at the numbers progress.csv holds."""
     run_dir = tmp_path / "run"
-    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "1024",
-                 "--set", "eval_episodes=2", "--run-dir", str(run_dir)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--algo",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--total-steps",
+                "1024",
+                "--set",
+                "eval_episodes=2",
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
     rows = [r for r in read_progress(run_dir) if r["charts/episodic_return"]]
     assert len(rows) >= 2
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "curves.png")]) == 0

@@ -62,16 +62,16 @@ def run_probe(code: str) -> str:
 
 def test_names_are_known_without_importing_an_algorithm() -> None:
     probe = (
-        "import sys; from agents import registry; registry.check_name('grpo-vine'); print(registry.NAMES[0], "
-        "sorted(m for m in ('torch', 'agents.ppo', 'agents.grpo', 'agents.sb3') if m in sys.modules))"
+        "import sys; from agents import registry; registry.check_name('grpo-vine'); print(registry.NAMES[0], sorted(m "
+        "for m in ('torch', 'agents.ppo', 'agents.grpo', 'agents.sb3') if m in sys.modules))"
     )
     assert run_probe(probe) == "ppo []"
 
 
 def test_get_imports_only_the_module_that_declares_the_algo() -> None:
     probe = (
-        "import sys; from agents import registry; registry.get('ppo-lambda1'); "
-        "print(sorted(m for m in ('agents.ppo', 'agents.grpo', 'agents.sb3') if m in sys.modules))"
+        "import sys; from agents import registry; registry.get('ppo-lambda1'); print(sorted(m for m in ('agents.ppo', "
+        "'agents.grpo', 'agents.sb3') if m in sys.modules))"
     )
     assert run_probe(probe) == "['agents.ppo']"
 

@@ -17,15 +17,15 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from PIL import Image
 from matplotlib.figure import Figure
+from PIL import Image
 
 from envs.errors import BadInput
 from lab import plot
-from lab.plot import mean_curve, plot_runs
-from lab.normalized import left_out_pairs, load_reference_scores, reference_for
-from lab.published import best_point, load_published, published_section
 from lab.cost import machine_text, wall_clock_text
+from lab.normalized import left_out_pairs, load_reference_scores, reference_for
+from lab.plot import mean_curve, plot_runs
+from lab.published import best_point, load_published, published_section
 from lab.report import build_report
 from lab.results import find_runs
 from lab.stats import bootstrap_ci, iqm, score_matrices
@@ -64,13 +64,19 @@ def make_run(
         if status == "completed" and final is None:
             final = evals[-1][2]
         summary: dict[str, Any] = {
-            "algo": algo, "env_id": env_id, "seed": seed, "status": status, "total_steps": total_steps,
-            "wall_time_s": evals[-1][1] if evals else 0.0, "sps": sps,
+            "algo": algo,
+            "env_id": env_id,
+            "seed": seed,
+            "status": status,
+            "total_steps": total_steps,
+            "wall_time_s": evals[-1][1] if evals else 0.0,
+            "sps": sps,
             "final_eval_return_mean": final if status == "completed" else None,
             "final_eval_return_std": 0.0 if status == "completed" else None,
             "final_eval_episodes": 10 if status == "completed" else 0,
-            "eval_convention": CONVENTION, "error": error,
-        }  # fmt: skip
+            "eval_convention": CONVENTION,
+            "error": error,
+        }
         (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
 
@@ -104,8 +110,11 @@ def test_find_runs_walks_a_bench_and_takes_env_ids_from_config(tmp_path: Path) -
     make_run(bench / "CartPole-v1" / "ppo" / "seed0", "CartPole-v1", "ppo", 0, linear_evals(3), status=None)
     runs = find_runs([bench])
     assert [(r.env_id, r.algo, r.seed) for r in runs] == [
-        ("CartPole-v1", "grpo", 0), ("CartPole-v1", "ppo", 0), ("MyNS/Toy-v0", "ppo", 0), ("MyNS/Toy-v0", "ppo", 1),
-    ]  # fmt: skip
+        ("CartPole-v1", "grpo", 0),
+        ("CartPole-v1", "ppo", 0),
+        ("MyNS/Toy-v0", "ppo", 0),
+        ("MyNS/Toy-v0", "ppo", 1),
+    ]
     running = runs[1]
     assert (running.status, running.summary, running.final_return) == ("running", {}, None)
     assert running.steps.size == 3 and running.last_step == 3072
@@ -210,8 +219,15 @@ def bench(tmp_path: Path) -> Path:
     make_run(cell / "ppo" / "seed1", "CartPole-v1", "ppo", 1, ppo1, final=480.0, sps=1000.0)
     make_run(cell / "grpo" / "seed0", "CartPole-v1", "grpo", 0, linear_evals(4, slope=10), final=200.0)
     make_run(cell / "grpo" / "seed1", "CartPole-v1", "grpo", 1, linear_evals(4, slope=10), final=300.0)
-    make_run(cell / "grpo" / "seed2", "CartPole-v1", "grpo", 2, linear_evals(2), status="failed",
-             error="non-finite values in losses/policy_loss; training stopped")  # fmt: skip
+    make_run(
+        cell / "grpo" / "seed2",
+        "CartPole-v1",
+        "grpo",
+        2,
+        linear_evals(2),
+        status="failed",
+        error="non-finite values in losses/policy_loss; training stopped",
+    )
     return bench
 
 
@@ -229,13 +245,26 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     with open(written["summary"], newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
-    assert reader.fieldnames == ["algo", "env_id", "seed", "status", "final_eval_return_mean",
-                                 "final_eval_return_std", "total_steps", "wall_time_s", "sps", "run_dir"]  # fmt: skip
+    assert reader.fieldnames == [
+        "algo",
+        "env_id",
+        "seed",
+        "status",
+        "final_eval_return_mean",
+        "final_eval_return_std",
+        "total_steps",
+        "wall_time_s",
+        "sps",
+        "run_dir",
+    ]
     assert len(rows) == 5
     assert [(r["algo"], r["seed"], r["status"]) for r in rows] == [
-        ("grpo", "0", "completed"), ("grpo", "1", "completed"), ("grpo", "2", "failed"),
-        ("ppo", "0", "completed"), ("ppo", "1", "completed"),
-    ]  # fmt: skip
+        ("grpo", "0", "completed"),
+        ("grpo", "1", "completed"),
+        ("grpo", "2", "failed"),
+        ("ppo", "0", "completed"),
+        ("ppo", "1", "completed"),
+    ]
     assert rows[3]["run_dir"] == "CartPole-v1/ppo/seed0"
     assert rows[2]["final_eval_return_mean"] == ""
 
@@ -247,8 +276,17 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     # ppo seed 0 logged 500 (at 4.0 s) and seed 1 475 (at 3.5 s): 487.5; grpo 50 and 50 (20 + 3 · 10).
     # Two seeds' CI is marked: a bootstrap of two values spans them.
     assert _table_row(markdown, "CartPole-v1", "ppo") == [
-        "ppo", "2/2", "490.00", "[480.00, 500.00] †", "490.00", "2,560", "2.8 s", "2/2", "1,500", "487.50",
-    ]  # fmt: skip
+        "ppo",
+        "2/2",
+        "490.00",
+        "[480.00, 500.00] †",
+        "490.00",
+        "2,560",
+        "2.8 s",
+        "2/2",
+        "1,500",
+        "487.50",
+    ]
     assert "† CI from 2 seeds, fewer than 3" in markdown
     assert "Equal core time: 4.0 s, the median run time of grpo, whose runs ended soonest" in markdown
     assert "Every run had its own process." in markdown
@@ -270,8 +308,13 @@ def test_build_report_writes_every_part(bench: Path) -> None:
     # The env's two curves; the aggregates, the performance profiles and the sample-efficiency curves.
     assert html.count("data:image/png;base64,") == 5
     assert "<table>" in html and 'src="plots/' not in html
-    for name in ("CartPole-v1-steps", "CartPole-v1-time", "normalized-scores", "performance-profiles",
-                 "sample-efficiency"):  # fmt: skip
+    for name in (
+        "CartPole-v1-steps",
+        "CartPole-v1-time",
+        "normalized-scores",
+        "performance-profiles",
+        "sample-efficiency",
+    ):
         path = bench / "plots" / f"{name}.png"
         assert written[f"plots/{name}.png"] == path and path.stat().st_size > 0
         assert f"plots/{name}.svg" not in written and not path.with_suffix(".svg").exists()  # one format
@@ -295,13 +338,28 @@ def test_every_plot_has_a_title_and_a_caption_and_its_axes_cover_every_algos_bud
     # ppo evaluates every 10k steps up to 100k, grpo every 50k up to 500k.
     bench = tmp_path / "b"
     for seed in (0, 1):
-        make_run(bench / "CartPole-v1" / "ppo" / f"seed{seed}", "CartPole-v1", "ppo", seed,
-                 linear_evals(10, every=10_000, start=100.0, slope=30.0 + seed))  # fmt: skip
-        make_run(bench / "CartPole-v1" / "grpo" / f"seed{seed}", "CartPole-v1", "grpo", seed,
-                 linear_evals(10, every=50_000, start=50.0, slope=40.0 + seed))  # fmt: skip
+        make_run(
+            bench / "CartPole-v1" / "ppo" / f"seed{seed}",
+            "CartPole-v1",
+            "ppo",
+            seed,
+            linear_evals(10, every=10_000, start=100.0, slope=30.0 + seed),
+        )
+        make_run(
+            bench / "CartPole-v1" / "grpo" / f"seed{seed}",
+            "CartPole-v1",
+            "grpo",
+            seed,
+            linear_evals(10, every=50_000, start=50.0, slope=40.0 + seed),
+        )
     written = build_report(bench)
-    assert sorted(figures) == ["CartPole-v1-steps", "CartPole-v1-time", "normalized-scores", "performance-profiles",
-                               "sample-efficiency"]  # fmt: skip
+    assert sorted(figures) == [
+        "CartPole-v1-steps",
+        "CartPole-v1-time",
+        "normalized-scores",
+        "performance-profiles",
+        "sample-efficiency",
+    ]
     for name, fig in figures.items():
         assert fig.get_suptitle() or all(ax.get_title() for ax in fig.axes if ax.get_visible()), name
 
@@ -332,7 +390,7 @@ def test_every_plot_has_a_title_and_a_caption_and_its_axes_cover_every_algos_bud
         "*Sample efficiency: the IQM over runs and envs of the normalized evaluation return at each env step; band: "
         "95% stratified bootstrap CI (2000 resamples). The axis runs to the longest run's last step; each algo's line "
         f"covers the steps all of its runs reached, ending at grpo 500,000, ppo 100,000 steps; {runs}*",
-    ]  # fmt: skip
+    ]
     for caption in captions:
         assert f".png)\n\n{caption}\n" in markdown
         assert f"<figcaption>{html_text.escape(caption.strip('*'))}</figcaption></figure>" in html
@@ -347,8 +405,10 @@ def test_the_report_counts_a_stack_of_seeds_as_one_process_in_its_core_hours(ben
         (bench / "CartPole-v1" / "ppo" / f"seed{seed}" / "meta.json").write_text(json.dumps(meta))
     markdown = build_report(bench)["markdown"].read_text()
     steps = 2 * 4096 + 2 * 4096 + 2048
-    assert (f"- Compute: {steps:,} env steps in 0.00403 core-hours: the wall time of 4 trainer processes "
-            "of one thread each, up to 2 seeds side by side in one") in markdown  # fmt: skip
+    assert (
+        f"- Compute: {steps:,} env steps in 0.00403 core-hours: the wall time of 4 trainer processes of one thread "
+        "each, up to 2 seeds side by side in one"
+    ) in markdown
 
 
 def test_a_stacked_run_s_speed_and_times_are_its_share_of_the_process(bench: Path) -> None:
@@ -364,7 +424,10 @@ def test_a_stacked_run_s_speed_and_times_are_its_share_of_the_process(bench: Pat
     assert _table_row(markdown, "CartPole-v1", "grpo")[8:] == ["1,000", "30.00"]
     assert "Equal core time: 2.1 s, the median run time of ppo" in markdown
     assert "Seeds per process: ppo 2 seeds; the others one." in markdown
-    assert "| algo | seeds completed | final return (mean) | 95% CI | IQM | steps to threshold (median) | core time to" in markdown
+    assert (
+        "| algo | seeds completed | final return (mean) | 95% CI | IQM | steps to threshold (median) | core time to"
+        in markdown
+    )
 
 
 def test_a_ci_from_three_seeds_or_more_is_not_marked(tmp_path: Path) -> None:
@@ -404,8 +467,18 @@ def test_build_report_leaves_out_envs_without_references(tmp_path: Path) -> None
     assert "nothing to aggregate" in markdown
     assert "Threshold: none" in markdown
     # One algo: equal core time is its own run time (3.0 s), where its one completed run logged 120.
-    assert _table_row(markdown, "MyNS/Toy-v0", "ppo") == ["ppo", "1/2", "120.00", "[120.00, 120.00] †", "120.00",
-                                               "—", "—", "—", "1,000", "120.00"]  # fmt: skip
+    assert _table_row(markdown, "MyNS/Toy-v0", "ppo") == [
+        "ppo",
+        "1/2",
+        "120.00",
+        "[120.00, 120.00] †",
+        "120.00",
+        "—",
+        "—",
+        "—",
+        "1,000",
+        "120.00",
+    ]
     assert "no summary.json yet" in markdown
     assert (bench / "plots" / "MyNS_Toy-v0-steps.png").stat().st_size > 0
     assert "plots/normalized-scores.png" not in written
@@ -417,14 +490,19 @@ def test_build_report_leaves_out_envs_without_references(tmp_path: Path) -> None
 
 def test_env_kwargs_that_only_choose_the_observation_keep_the_reference_scores(tmp_path: Path) -> None:
     # Ant's presets leave out the contact forces: the reward is the same, so the suite's aggregate counts it.
-    for env_id, kwargs in (("Ant-v5", {"include_cfrc_ext_in_observation": False}), ("Hopper-v5", {"healthy_reward": 0})):
+    for env_id, kwargs in (
+        ("Ant-v5", {"include_cfrc_ext_in_observation": False}),
+        ("Hopper-v5", {"healthy_reward": 0}),
+    ):
         run_dir = make_run(tmp_path / env_id, env_id, "ppo", 0, linear_evals(2))
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "env_kwargs": kwargs}))
     refs = load_reference_scores()
     found = {run.env_id: reference_for(run, refs) for run in find_runs([tmp_path])}
-    assert found == {"Ant-v5[include_cfrc_ext_in_observation=False]": refs["Ant-v5"],
-                     "Hopper-v5[healthy_reward=0]": None}  # another reward: another scale
+    assert found == {
+        "Ant-v5[include_cfrc_ext_in_observation=False]": refs["Ant-v5"],
+        "Hopper-v5[healthy_reward=0]": None,  # another reward: another scale
+    }
 
 
 def test_build_report_refuses_a_dir_without_runs(tmp_path: Path) -> None:
@@ -436,9 +514,19 @@ def test_build_report_refuses_a_dir_without_runs(tmp_path: Path) -> None:
 def test_reference_scores_cover_the_envs_we_benchmark() -> None:
     refs = load_reference_scores()
     benchmarked = (
-        "CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3", "Pendulum-v1", "HalfCheetah-v5",
-        "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5", "Swimmer-v5", "InvertedPendulum-v5",
-    )  # fmt: skip
+        "CartPole-v1",
+        "Acrobot-v1",
+        "MountainCar-v0",
+        "LunarLander-v3",
+        "Pendulum-v1",
+        "HalfCheetah-v5",
+        "Hopper-v5",
+        "Walker2d-v5",
+        "Ant-v5",
+        "Humanoid-v5",
+        "Swimmer-v5",
+        "InvertedPendulum-v5",
+    )
     for env_id in benchmarked:
         assert math.isfinite(refs[env_id].random) and refs[env_id].target > refs[env_id].random
     assert refs["CartPole-v1"].target == 475.0 and refs["Acrobot-v1"].target == -100.0
@@ -449,8 +537,13 @@ def test_reference_scores_cover_the_envs_we_benchmark() -> None:
 
 def test_best_point_is_the_top_of_the_mean_curve_on_the_steps_every_run_reached(tmp_path: Path) -> None:
     make_run(tmp_path / "a", "Hopper-v5", "ppo", 0, [(1024, 1.0, 10.0), (2048, 2.0, 50.0), (3072, 3.0, 20.0)])
-    make_run(tmp_path / "b", "Hopper-v5", "ppo", 1, [(1024, 1.0, 10.0), (2048, 2.0, 30.0), (3072, 3.0, 50.0),
-                                                     (4096, 4.0, 100.0)])  # fmt: skip
+    make_run(
+        tmp_path / "b",
+        "Hopper-v5",
+        "ppo",
+        1,
+        [(1024, 1.0, 10.0), (2048, 2.0, 30.0), (3072, 3.0, 50.0), (4096, 4.0, 100.0)],
+    )
     # Means: 10, 40, 35 on the steps both reached; 4096, which only b reached, is left out.
     assert best_point(find_runs([tmp_path])) == (40.0, 2048.0)
 
@@ -463,43 +556,60 @@ def test_the_report_scores_each_algo_by_the_measure_of_the_published_figure(tmp_
     make_run(bench / "hc-grpo-0", "HalfCheetah-v5", "grpo", 0, linear_evals(3), final=6000.0)
     make_run(bench / "hc-grpo-1", "HalfCheetah-v5", "grpo", 1, linear_evals(2), status=None)
     for seed, returns in enumerate(((2000.0, 3000.0, 1000.0), (2000.0, 2400.0, 500.0))):
-        make_run(bench / f"hop-ppo-{seed}", "Hopper-v5", "ppo", seed,
-                 [(1024 * (i + 1), float(i + 1), ret) for i, ret in enumerate(returns)])  # fmt: skip
+        make_run(
+            bench / f"hop-ppo-{seed}",
+            "Hopper-v5",
+            "ppo",
+            seed,
+            [(1024 * (i + 1), float(i + 1), ret) for i, ret in enumerate(returns)],
+        )
     make_run(bench / "cp-ppo-0", "CartPole-v1", "ppo", 0, linear_evals(2))
     blocks = published_section(find_runs([bench]), load_published())
     table = next(b for b in blocks if hasattr(b, "rows"))
     rows = {row[0]: row for row in table.rows if row[0] != "Hopper-v5"}
     assert table.header[3:] == ["grpo", "ppo"] and {row[0] for row in table.rows} == {"HalfCheetah-v5", "Hopper-v5"}
     low, high = bootstrap_ci(np.array([6000.0, 5000.0]))
-    assert rows["HalfCheetah-v5"][1:3] == ["5819.1 ± 663.5", "final return, mean over seeds; RL Baselines3 Zoo "
-                                           "benchmark.md, HalfCheetah-v3, one agent"]  # fmt: skip
+    assert rows["HalfCheetah-v5"][1:3] == [
+        "5819.1 ± 663.5",
+        "final return, mean over seeds; RL Baselines3 Zoo benchmark.md, HalfCheetah-v3, one agent",
+    ]
     assert rows["HalfCheetah-v5"][4] == f"5500.00 [{low:.2f}, {high:.2f}]: below by 319.10"
     assert rows["HalfCheetah-v5"][3] == "6000.00 [6000.00, 6000.00]: at or above (1 of 2 seeds)"
     # Hopper has two figures. Tianshou's best point, 2609.3: the mean curve is 2000, 2700, 750, so 2700 at 2048
     # steps is above it. The zoo's final return, 2410.4: the final evaluations 1000 and 500 are below it.
     hopper = [row for row in table.rows if row[0] == "Hopper-v5"]
     assert [row[1] for row in hopper] == ["2609.3 ± 700.8", "2410.4"]
-    assert [row[3:] for row in hopper] == [["—", "2700.00 at 2,048 steps: at or above"],
-                                           ["—", "750.00 [500.00, 1000.00]: below by 1660.40"]]  # fmt: skip
-    assert blocks[-1].text == ("grpo at or above 1 of 1 figures; ppo at or above 1 of 3 figures "
-                               "(below: HalfCheetah-v5 (final), Hopper-v5 (final)).")  # fmt: skip
+    assert [row[3:] for row in hopper] == [
+        ["—", "2700.00 at 2,048 steps: at or above"],
+        ["—", "750.00 [500.00, 1000.00]: below by 1660.40"],
+    ]
+    assert blocks[-1].text == (
+        "grpo at or above 1 of 1 figures; ppo at or above 1 of 3 figures (below: HalfCheetah-v5 (final), Hopper-v5 "
+        "(final))."
+    )
     assert "## Against the published PPO figures" in build_report(bench)["markdown"].read_text()
 
 
 def test_published_figures_refuse_malformed_entries(tmp_path: Path) -> None:
     path = tmp_path / "published.yaml"
-    for text, why in (("Hopper-v5: {score: 1}", "needs a list of figures"),
-                      ("Hopper-v5: [{score: 1, source: s}]", "needs a numeric 'score', a 'measure'"),
-                      ("Hopper-v5: [{score: 1, measure: best, source: s}]", "choose one of final, best_point"),
-                      ("Hopper-v5: [{score: null}]", "or a 'note' saying why")):  # fmt: skip
+    for text, why in (
+        ("Hopper-v5: {score: 1}", "needs a list of figures"),
+        ("Hopper-v5: [{score: 1, source: s}]", "needs a numeric 'score', a 'measure'"),
+        ("Hopper-v5: [{score: 1, measure: best, source: s}]", "choose one of final, best_point"),
+        ("Hopper-v5: [{score: null}]", "or a 'note' saying why"),
+    ):
         path.write_text(text)
         with pytest.raises(BadInput, match=why):
             load_published(path)
-    path.write_text("Hopper-v5: [{score: null, note: none yet}]\n"
-                    "Swimmer-v5: [{score: 2, measure: final, source: s}, {score: 3, measure: best_point, source: t}]")
+    path.write_text(
+        "Hopper-v5: [{score: null, note: none yet}]\nSwimmer-v5: [{score: 2, measure: final, source: s}, {score: 3, "
+        "measure: best_point, source: t}]"
+    )
     read = {env: [(f.score, f.measure, f.source) for f in figures] for env, figures in load_published(path).items()}
-    assert read == {"Hopper-v5": [(None, None, "none yet")],
-                    "Swimmer-v5": [(2.0, "final", "s"), (3.0, "best_point", "t")]}  # fmt: skip
+    assert read == {
+        "Hopper-v5": [(None, None, "none yet")],
+        "Swimmer-v5": [(2.0, "final", "s"), (3.0, "best_point", "t")],
+    }
 
 
 def test_the_wall_clock_sums_the_invocations_that_ended(tmp_path: Path) -> None:
@@ -507,27 +617,37 @@ def test_the_wall_clock_sums_the_invocations_that_ended(tmp_path: Path) -> None:
     make_run(tmp_path / "b", "CartPole-v1", "ppo", 1, linear_evals(2))  # no meta.json: not placed in time
     (early / "meta.json").write_text(json.dumps({"start_time": "2026-12-01T09:00:00+0000"}))
     assert wall_clock_text(tmp_path, find_runs([tmp_path])) is None  # no bench.yaml: nothing recorded
-    (tmp_path / "bench.yaml").write_text(yaml.safe_dump({"invocations": [
-        {"start": "2026-12-01T10:00:00+0000", "end": "2026-12-01T11:30:00+0000", "workers": 2},
-        {"start": "2026-12-02T12:00:00+0000", "end": None, "workers": 1},  # killed outright
-        {"start": "2026-12-02T13:00:00+0000", "end": "2026-12-02T13:30:00+0000", "workers": 1}]}))  # fmt: skip
+    (tmp_path / "bench.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "invocations": [
+                    {"start": "2026-12-01T10:00:00+0000", "end": "2026-12-01T11:30:00+0000", "workers": 2},
+                    {"start": "2026-12-02T12:00:00+0000", "end": None, "workers": 1},  # killed outright
+                    {"start": "2026-12-02T13:00:00+0000", "end": "2026-12-02T13:30:00+0000", "workers": 1},
+                ]
+            }
+        )
+    )
     assert wall_clock_text(tmp_path, find_runs([tmp_path])) == (
         "Wall-clock: 2 h in 2 invocations of `testbed bench`, and 1 invocation killed outright (no end), not counted; "
         "1 run started before the first invocation recorded here (2026-12-01 10:00 UTC): adopted from another bench, "
-        "or trained before invocations were recorded, not counted")  # fmt: skip
+        "or trained before invocations were recorded, not counted"
+    )
     # Runs between invocations were trained by a cell's own command; one after a killed invocation belongs to it.
     for name, seed, start in (("c", 2, "2026-12-01T12:00:00+0000"), ("d", 3, "2026-12-02T12:30:00+0000")):
         run = make_run(tmp_path / name, "CartPole-v1", "ppo", seed, linear_evals(2))
         (run / "meta.json").write_text(json.dumps({"start_time": start}))
     assert wall_clock_text(tmp_path, find_runs([tmp_path])).endswith(
-        "; 1 run trained outside every invocation, by a cell's own `testbed train` command: in the core-hours, "
-        "not in this wall-clock")  # fmt: skip
+        "; 1 run trained outside every invocation, by a cell's own `testbed train` command: in the core-hours, not in "
+        "this wall-clock"
+    )
 
 
 def test_the_report_names_the_cpus_and_versions_the_runs_trained_under(tmp_path: Path) -> None:
     def meta(cpu: str | None, mujoco: str) -> str:
-        return json.dumps({"python": "3.11.7", "packages": {"torch": "2.13.0", "mujoco": mujoco},
-                           **({"cpu": cpu} if cpu else {})})  # fmt: skip
+        return json.dumps(
+            {"python": "3.11.7", "packages": {"torch": "2.13.0", "mujoco": mujoco}, **({"cpu": cpu} if cpu else {})}
+        )
 
     first = make_run(tmp_path / "a", "Hopper-v5", "ppo", 0, linear_evals(2))
     second = make_run(tmp_path / "b", "Hopper-v5", "ppo", 1, linear_evals(2))
@@ -537,15 +657,20 @@ def test_the_report_names_the_cpus_and_versions_the_runs_trained_under(tmp_path:
     assert machine_text(find_runs([tmp_path])) == "Machine and software: python 3.11.7; torch 2.13.0; mujoco 4.0.0"
     (second / "meta.resume1796000000.json").write_text(meta("Xeon", "4.0.1"))  # resumed on another machine
     assert machine_text(find_runs([tmp_path])) == (
-        "Machine and software: cpu Xeon (1 run), not recorded (2 runs); python 3.11.7; torch 2.13.0; "
-        "mujoco 4.0.0 (2 runs), 4.0.1 (1 run) (a run resumed under another counts under both; where the CPU "
-        "model or the physics engine's version differs, runs of the same seed and settings differ too)")  # fmt: skip
+        "Machine and software: cpu Xeon (1 run), not recorded (2 runs); python 3.11.7; torch 2.13.0; mujoco 4.0.0 (2 "
+        "runs), 4.0.1 (1 run) (a run resumed under another counts under both; where the CPU model or the physics "
+        "engine's version differs, runs of the same seed and settings differ too)"
+    )
 
 
 def test_a_report_over_several_envs_gives_the_probability_of_improvement_on_each(tmp_path: Path) -> None:
     # ppo beats grpo in every pairing on CartPole (500, 480 against 100, 90) and loses every one on Acrobot.
-    finals = {("CartPole-v1", "ppo"): (500.0, 480.0), ("CartPole-v1", "grpo"): (100.0, 90.0),
-              ("Acrobot-v1", "ppo"): (-400.0, -380.0), ("Acrobot-v1", "grpo"): (-90.0, -100.0)}  # fmt: skip
+    finals = {
+        ("CartPole-v1", "ppo"): (500.0, 480.0),
+        ("CartPole-v1", "grpo"): (100.0, 90.0),
+        ("Acrobot-v1", "ppo"): (-400.0, -380.0),
+        ("Acrobot-v1", "grpo"): (-90.0, -100.0),
+    }
     for (env_id, algo), values in finals.items():
         for seed, final in enumerate(values):
             make_run(tmp_path / env_id / algo / f"seed{seed}", env_id, algo, seed, linear_evals(2), final=final)
@@ -575,8 +700,10 @@ def test_an_algo_that_has_only_begun_does_not_shrink_the_comparison_of_the_other
     # It is still measured where it ran: on CartPole, 475 normalizes to 1 and the others' 70 to
     # (70 − 22.15) / (475 − 22.15) = 0.106, so sb3-ppo beats each in every pairing.
     table, envs = left_out_pairs(runs, matrices, normalize)[1:]
-    assert table.rows == [["sb3-ppo", other, "1", "1, 1", "1.000 [1.000, 1.000]", "0.106 [0.106, 0.106]",
-                           "1.000 [1.000, 1.000]"] for other in ("grpo", "ppo")]  # fmt: skip
+    assert table.rows == [
+        ["sb3-ppo", other, "1", "1, 1", "1.000 [1.000, 1.000]", "0.106 [0.106, 0.106]", "1.000 [1.000, 1.000]"]
+        for other in ("grpo", "ppo")
+    ]
     assert envs.items == ["sb3-ppo and grpo: CartPole-v1", "sb3-ppo and ppo: CartPole-v1"]
     # Once every algo has run both envs, all three are compared.
     make_run(tmp_path / "Acrobot-v1-sb3", "Acrobot-v1", "sb3-ppo", 0, linear_evals(2))

@@ -55,7 +55,9 @@ def test_probability_of_improvement_equals_rliables_and_hand_cases() -> None:
     assert stats.probability_of_improvement(x, y) == pytest.approx(metrics.probability_of_improvement(x, y))
     # Hand: env 0, x = (1, 3) against y = (2, 2): two of four pairs greater → 0.5; env 1, (1, 1) against
     # (1, 0): two greater, two tied → (2 + 1)/4 = 0.75. Mean over envs 0.625.
-    assert stats.probability_of_improvement(np.array([[1, 1], [3, 1]]), np.array([[2, 1], [2, 0]])) == pytest.approx(0.625)
+    assert stats.probability_of_improvement(np.array([[1, 1], [3, 1]]), np.array([[2, 1], [2, 0]])) == pytest.approx(
+        0.625
+    )
     both = stats.improvement_probabilities({"a": SPLIT + 0.5, "b": SPLIT})
     assert both[("a", "b")].point == pytest.approx(1.0) and both[("b", "a")].point == pytest.approx(0.0)
     assert both[("b", "a")].high == pytest.approx(1.0 - both[("a", "b")].low)
@@ -94,13 +96,28 @@ def test_the_bootstrap_is_stratified_where_pooling_would_give_another_interval()
 
 
 def run(algo: str, env_id: str, seed: int, final: float, steps: list[int], returns: list[float]) -> Run:
-    return Run(Path(f"{algo}/{env_id}/{seed}"), algo, env_id, seed, "completed", {}, np.array(steps),
-               np.zeros(len(steps)), np.array(returns, dtype=float), final)  # fmt: skip
+    return Run(
+        Path(f"{algo}/{env_id}/{seed}"),
+        algo,
+        env_id,
+        seed,
+        "completed",
+        {},
+        np.array(steps),
+        np.zeros(len(steps)),
+        np.array(returns, dtype=float),
+        final,
+    )
 
 
 def test_score_matrices_keep_common_envs_and_equal_run_counts() -> None:
-    runs = [run("a", "E1", 0, 1.0, [0], [0]), run("a", "E1", 1, 2.0, [0], [0]), run("a", "E2", 0, 3.0, [0], [0]),
-            run("b", "E1", 0, 4.0, [0], [0]), run("b", "E3", 0, 5.0, [0], [0])]  # fmt: skip
+    runs = [
+        run("a", "E1", 0, 1.0, [0], [0]),
+        run("a", "E1", 1, 2.0, [0], [0]),
+        run("a", "E2", 0, 3.0, [0], [0]),
+        run("b", "E1", 0, 4.0, [0], [0]),
+        run("b", "E3", 0, 5.0, [0], [0]),
+    ]
     matrices = stats.score_matrices(runs, lambda r, score: score / 10)
     assert matrices.envs == ["E1"] and matrices.unshared == ["E2", "E3"]
     np.testing.assert_allclose(matrices.scores["a"], [[0.1], [0.2]])

@@ -32,8 +32,24 @@ def in_tmp(tmp_path: Path) -> Path:
 
 
 def tune_argv(name: str, space: Path, *extra: str) -> list[str]:
-    return ["tune", "--algo", "ppo", "--env", "CartPole-v1", "--trials", "3", "--total-steps", "20000", "--space",
-            str(space), "--startup-trials", "1", "--name", name, *extra]  # fmt: skip
+    return [
+        "tune",
+        "--algo",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--trials",
+        "3",
+        "--total-steps",
+        "20000",
+        "--space",
+        str(space),
+        "--startup-trials",
+        "1",
+        "--name",
+        name,
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -72,12 +88,15 @@ def test_a_tiny_study_prunes_reports_adds_nothing_when_rerun_and_exports_a_prese
     for name in ("tune.html", "plots/history.png", "plots/slice.png", "plots/parallel.png"):
         assert (tune_dir / name).stat().st_size > 0
     # The tuning ledger reads this report, as it reads a committed study's without its sqlite file.
-    kept = manifest.Entry("tiny", "tiny", "a study", "testbed tune", "runs/tune/tiny", ("tune.md",), "100", "", "long",
-                          page="tune.md")  # fmt: skip
+    kept = manifest.Entry(
+        "tiny", "tiny", "a study", "testbed tune", "runs/tune/tiny", ("tune.md",), "100", "", "long", page="tune.md"
+    )
     lines = ledger.report_lines(in_tmp, kept)
     assert ledger.trials_done(in_tmp, lines, "tiny", None) == 3  # 2 complete and the pruned one
-    assert ledger.steps_spent(lines) == sum(int(s["total_steps"]) for s in map(
-        yaml.safe_load, map(Path.read_text, tune_dir.glob("trial*/*/*/*/summary.json"))))  # fmt: skip
+    assert ledger.steps_spent(lines) == sum(
+        int(s["total_steps"])
+        for s in map(yaml.safe_load, map(Path.read_text, tune_dir.glob("trial*/*/*/*/summary.json")))
+    )
 
     # The second invocation adds nothing: the study is full.
     summaries = {p: p.stat().st_mtime_ns for p in tune_dir.glob("trial*/*/*/*/summary.json")}
@@ -93,8 +112,24 @@ def test_a_tiny_study_prunes_reports_adds_nothing_when_rerun_and_exports_a_prese
     assert preset["envs"]["CartPole-v1"]["learning_rate"] == 1e-3
     assert "```yaml\n# testbed tune tiny: trial 0 of 3" in report
     run_dir = in_tmp / "from-preset"
-    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--preset", str(tune_dir / "preset.yaml"),
-                 "--total-steps", "512", "--run-dir", str(run_dir)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--algo",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--preset",
+                str(tune_dir / "preset.yaml"),
+                "--total-steps",
+                "512",
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
     assert rundir.read_config(run_dir)["n_steps"] == preset["envs"]["CartPole-v1"]["n_steps"]
 
 
@@ -108,8 +143,21 @@ def test_a_failed_trial_is_recorded_and_the_study_goes_on(
 
     space = in_tmp / "space.yaml"
     space.write_text("learning_rate: {low: 1.0e-4, high: 1.0e-3, log: true}\n")
-    argv = ["tune", "--algo", "ppo", "--env", "tests.toy_envs:testbed-toy/Crash-v0", "--trials", "2", "--total-steps",
-            "2048", "--space", str(space), "--name", "crash"]  # fmt: skip
+    argv = [
+        "tune",
+        "--algo",
+        "ppo",
+        "--env",
+        "tests.toy_envs:testbed-toy/Crash-v0",
+        "--trials",
+        "2",
+        "--total-steps",
+        "2048",
+        "--space",
+        str(space),
+        "--name",
+        "crash",
+    ]
     assert main(argv) == 0
     study = optuna.load_study(study_name="crash", storage=tune.storage_for(None, in_tmp / "runs" / "tune" / "crash"))
     assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]
@@ -118,23 +166,45 @@ def test_a_failed_trial_is_recorded_and_the_study_goes_on(
 
 
 def test_a_space_file_is_read_as_choices_and_ranges() -> None:
-    space = tune.parse_space("n_steps: [256, 512]\nlr: {low: 1.0e-5, high: 1.0e-3, log: true}\n"
-                             "hidden_sizes: [[64, 64], [256, 256]]\nn: {low: 1, high: 4, int: true}\n", "s.yaml")  # fmt: skip
+    space = tune.parse_space(
+        "n_steps: [256, 512]\nlr: {low: 1.0e-5, high: 1.0e-3, log: true}\n"
+        "hidden_sizes: [[64, 64], [256, 256]]\nn: {low: 1, high: 4, int: true}\n",
+        "s.yaml",
+    )
     assert space["n_steps"].choices == (256, 512)
     assert (space["lr"].low, space["lr"].high, space["lr"].log) == (1e-5, 1e-3, True)
     assert space["hidden_sizes"].contains([256, 256]) and not space["hidden_sizes"].contains([32])
     assert space["n"].integer and space["n"].ends() == [1, 4]
     assert tune.overrides_of({"hidden_sizes": [64, 64], "lr": 0.001, "anneal_lr": True}) == [
-        "hidden_sizes=[64, 64]", "lr=0.001", "anneal_lr=true"]  # fmt: skip
+        "hidden_sizes=[64, 64]",
+        "lr=0.001",
+        "anneal_lr=true",
+    ]
 
 
 def test_the_default_spaces_are_valid_for_their_algos() -> None:
-    for algo, env_id in (("ppo", "Hopper-v5"), ("ppo", "CartPole-v1"), ("grpo", "HalfCheetah-v5"), ("grpo-step", "CartPole-v1")):
+    for algo, env_id in (
+        ("ppo", "Hopper-v5"),
+        ("ppo", "CartPole-v1"),
+        ("grpo", "HalfCheetah-v5"),
+        ("grpo-step", "CartPole-v1"),
+    ):
         space = tune.plan_tune(algo, env_id, 10, None, 1, None, [], None).space
         assert len(space) >= 10
-    assert {"group_size", "num_groups", "max_episode_steps", "n_epochs", "num_minibatches", "learning_rate",
-            "log_std_init", "beta", "clip_low", "clip_high", "advantage", "aggregation"} <= set(
-        tune.parse_space(tune.default_space(registry.get("grpo"))[0], "grpo's space"))  # fmt: skip
+    assert {
+        "group_size",
+        "num_groups",
+        "max_episode_steps",
+        "n_epochs",
+        "num_minibatches",
+        "learning_rate",
+        "log_std_init",
+        "beta",
+        "clip_low",
+        "clip_high",
+        "advantage",
+        "aggregation",
+    } <= set(tune.parse_space(tune.default_space(registry.get("grpo"))[0], "grpo's space"))
 
 
 def test_a_space_comes_from_the_declaration_else_the_mirrored_algos_else_the_config() -> None:
@@ -218,7 +288,8 @@ def test_vary_sets_one_keys_range_and_keeps_the_rest_of_the_space(in_tmp: Path) 
     assert varied.space["reward_offset"].choices == (0.0, 5.0)
     assert (varied.space["learning_rate"].low, varied.space["learning_rate"].log) == (1e-4, False)
     assert {k: v for k, v in varied.space.items() if k not in ("reward_offset", "learning_rate")} == {
-        k: v for k, v in shared.space.items() if k not in ("reward_offset", "learning_rate")}
+        k: v for k, v in shared.space.items() if k not in ("reward_offset", "learning_rate")
+    }
     added = tune.plan_tune("ppo", "CartPole-v1", 4, 5000, 1, None, [], "added", varies=("target_kl=[0.01, 0.02]",))
     # ppo.yaml's 17 keys, less log_std_init (CartPole's actions are discrete), plus target_kl.
     assert added.space["target_kl"].choices == (0.01, 0.02) and len(added.space) == 17
@@ -244,8 +315,18 @@ def test_a_trial_left_running_by_a_killed_driver_resumes_from_its_checkpoint(in_
 
     from tests.conftest import wait_for
 
-    argv = [sys.executable, "-m", "lab", *tune_argv("killed", in_tmp / "space.yaml")[:-2], "--name", "killed",
-            "--trials", "1", "--set", "checkpoint_interval=4096"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "lab",
+        *tune_argv("killed", in_tmp / "space.yaml")[:-2],
+        "--name",
+        "killed",
+        "--trials",
+        "1",
+        "--set",
+        "checkpoint_interval=4096",
+    ]
     (in_tmp / "space.yaml").write_text(SPACE)
     run_dir = in_tmp / "runs" / "tune" / "killed" / "trial0000" / "CartPole-v1" / "ppo" / "seed100"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
@@ -304,8 +385,9 @@ def test_a_resumed_study_does_not_draw_its_random_trials_again(in_tmp: Path) -> 
     reopened = tune.open_study(plan, in_tmp / "again")  # a driver started again on the same study
     assert tune.new_trial(reopened, plan, "driver").params["learning_rate"] not in drawn
     # A study run in one go is reproducible: the same seed draws the same values.
-    other = tune.open_study(tune.plan_tune("ppo", "CartPole-v1", 9, 2048, 1, str(in_tmp / "space.yaml"), [], "b"),
-                            in_tmp / "b")  # fmt: skip
+    other = tune.open_study(
+        tune.plan_tune("ppo", "CartPole-v1", 9, 2048, 1, str(in_tmp / "space.yaml"), [], "b"), in_tmp / "b"
+    )
     assert tune.new_trial(other, plan, "driver").params["learning_rate"] == drawn[0]
 
 
@@ -330,7 +412,11 @@ def test_a_study_starts_from_the_env_preset_then_the_action_space_default() -> N
     # sits outside the log range and is moved to its low end.
     assert (points["env"]["n_steps"], points["env"]["n_epochs"], points["env"]["clip_range"]) == (1024, 10, 0.3)
     assert points["env"]["anneal_lr"] is True
-    assert (points["default"]["n_steps"], points["default"]["n_epochs"], points["default"]["clip_range"]) == (2048, 10, 0.2)
+    assert (points["default"]["n_steps"], points["default"]["n_epochs"], points["default"]["clip_range"]) == (
+        2048,
+        10,
+        0.2,
+    )
     assert points["default"]["ent_coef"] == 1e-8
     # An env without a preset entry has one starting point: its preset is the default.
     assert list(tune.starting_points(tune.plan_tune("ppo", "Pendulum-v1", 10, None, 1, None, [], "p"))) == ["env"]
@@ -362,11 +448,39 @@ def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None
     import optuna
 
     (in_tmp / "space.yaml").write_text(SPACE)
-    assert main(["tune", "--algo", "ppo", "--env", "CartPole-v1", "--trials", "1", "--seeds", "2", "--total-steps", "4096",
-                 "--space", str(in_tmp / "space.yaml"), "--pruner", "none", "--name", "two", "--set", "eval_interval=2048"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "tune",
+                "--algo",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--trials",
+                "1",
+                "--seeds",
+                "2",
+                "--total-steps",
+                "4096",
+                "--space",
+                str(in_tmp / "space.yaml"),
+                "--pruner",
+                "none",
+                "--name",
+                "two",
+                "--set",
+                "eval_interval=2048",
+            ]
+        )
+        == 0
+    )
     tune_dir = in_tmp / "runs" / "tune" / "two"
-    finals = [json.loads((tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" / "summary.json").read_text())
-              ["final_eval_return_mean"] for seed in (100, 101)]  # fmt: skip
+    finals = [
+        json.loads((tune_dir / "trial0000" / "CartPole-v1" / "ppo" / f"seed{seed}" / "summary.json").read_text())[
+            "final_eval_return_mean"
+        ]
+        for seed in (100, 101)
+    ]
     trial = optuna.load_study(study_name="two", storage=tune.storage_for(None, tune_dir)).trials[0]
     assert trial.value == pytest.approx(sum(finals) / 2)
     assert "- 2 seeds per trial: 100, 101 (a trial's score is the mean" in (tune_dir / "tune.md").read_text()
@@ -377,8 +491,26 @@ def test_a_trial_scores_the_mean_final_return_of_its_seeds(in_tmp: Path) -> None
     assert "--seeds 100,101" in (tune_dir / "trial0000" / "CartPole-v1" / "ppo" / "seed100.log").read_text()
     # Trial 0 trains the env's preset: its seed 101 is `testbed train --seed 101`, bit for bit.
     single = in_tmp / "single"
-    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--seed", "101", "--total-steps", "4096",
-                 "--set", "eval_interval=2048", "--run-dir", str(single)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--algo",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--seed",
+                "101",
+                "--total-steps",
+                "4096",
+                "--set",
+                "eval_interval=2048",
+                "--run-dir",
+                str(single),
+            ]
+        )
+        == 0
+    )
     trial_run = tune_dir / "trial0000" / "CartPole-v1" / "ppo" / "seed101"
     assert rundir.read_config(trial_run) == rundir.read_config(single)
     columns = ["global_step", "losses/policy_loss", "losses/value_loss", "losses/approx_kl", "eval/return_mean"]
@@ -391,8 +523,25 @@ def test_a_study_in_a_database_given_by_storage(in_tmp: Path) -> None:
 
     (in_tmp / "space.yaml").write_text(SPACE)
     url = f"sqlite:///{in_tmp / 'studies.db'}"
-    argv = ["tune", "--algo", "ppo", "--env", "CartPole-v1", "--trials", "1", "--total-steps", "2048", "--space",
-            str(in_tmp / "space.yaml"), "--pruner", "none", "--name", "db", "--storage", url]  # fmt: skip
+    argv = [
+        "tune",
+        "--algo",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--trials",
+        "1",
+        "--total-steps",
+        "2048",
+        "--space",
+        str(in_tmp / "space.yaml"),
+        "--pruner",
+        "none",
+        "--name",
+        "db",
+        "--storage",
+        url,
+    ]
     assert main(argv) == 0
     assert not (in_tmp / "runs" / "tune" / "db" / "study.log").exists()
     assert [t.state.name for t in optuna.load_study(study_name="db", storage=url).trials] == ["COMPLETE"]
@@ -409,7 +558,8 @@ def test_values_print_to_4_significant_digits_and_seeds_with_their_count() -> No
     assert fmt_sig(0.000123456789) == "0.0001235"
     assert (fmt_sig(1e-8), fmt_sig(0.95), fmt_sig(2.0), fmt_sig(123456.7)) == ("1e-8", "0.95", "2", "1.235e+5")
     assert pairs_text(["learning_rate=0.000123456789", "hidden_sizes=[64, 64]", "anneal_lr=true", "n_steps=512"]) == (
-        "learning_rate=0.0001235 hidden_sizes=[64, 64] anneal_lr=true n_steps=512")  # fmt: skip
+        "learning_rate=0.0001235 hidden_sizes=[64, 64] anneal_lr=true n_steps=512"
+    )
     assert seeds_text([100]) == "1 seed per trial: 100"
     assert seeds_text([100, 101]) == "2 seeds per trial: 100, 101"
     assert seeds_text(list(range(100, 110))) == "10 seeds per trial: 100, 101, …, 109"
@@ -448,9 +598,38 @@ def test_two_trials_of_different_iterations_train_equal_budgets_and_the_report_s
     # Trial 0: the env's preset, n_steps 32 × n_envs 8 = 256 env steps an iteration; trial 1: the algo's
     # discrete default, 128 × 4 = 512. Asked 1,100 steps, they used to train 5 · 256 = 1,280 and 3 · 512 = 1,536.
     (in_tmp / "space.yaml").write_text("n_steps: [32, 128]\nn_envs: [4, 8]\n")
-    assert main(["tune", "--algo", "ppo", "--env", "CartPole-v1", "--trials", "2", "--total-steps", "1100", "--seeds", "1",
-                 "--first-seed", "100", "--space", str(in_tmp / "space.yaml"), "--pruner", "none", "--name", "equal",
-                 "--set", "eval_interval=0", "--set", "eval_episodes=2", "--set", "minibatch_size=64"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "tune",
+                "--algo",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--trials",
+                "2",
+                "--total-steps",
+                "1100",
+                "--seeds",
+                "1",
+                "--first-seed",
+                "100",
+                "--space",
+                str(in_tmp / "space.yaml"),
+                "--pruner",
+                "none",
+                "--name",
+                "equal",
+                "--set",
+                "eval_interval=0",
+                "--set",
+                "eval_episodes=2",
+                "--set",
+                "minibatch_size=64",
+            ]
+        )
+        == 0
+    )
     assert "2 trials; 1 seed per trial: 100; budget 2,048 env steps per seed in every trial" in capsys.readouterr().out
     tune_dir = in_tmp / "runs" / "tune" / "equal"
     configs, trained = [], []
@@ -462,8 +641,10 @@ def test_two_trials_of_different_iterations_train_equal_budgets_and_the_report_s
     assert configs == [(32, 8), (128, 4)] and trained == [2048, 2048]
     report = (tune_dir / "tune.md").read_text()
     assert "- 1 seed per trial: 100 (a trial's score" in report
-    assert ("- Budget: 2,048 env steps per seed in every trial (--total-steps 1,100, rounded up to a multiple of every "
-            "iteration size n_steps · n_envs the space allows: 128, 256, 512, 1,024)") in report  # fmt: skip
+    assert (
+        "- Budget: 2,048 env steps per seed in every trial (--total-steps 1,100, rounded up to a multiple of every "
+        "iteration size n_steps · n_envs the space allows: 128, 256, 512, 1,024)"
+    ) in report
     assert "| 0 | complete |" in report and report.count("| 2,048 | 2,048 |") == 2  # steps per seed, env steps
     # The study keeps each trial's cost: a report rebuilt without the trials' runs counts the same steps.
     for number in (0, 1):
@@ -479,8 +660,9 @@ def test_a_report_refuses_finished_trials_whose_runs_are_elsewhere_and_whose_cos
     import optuna
 
     states, x = optuna.trial.TrialState, {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
-    recorded = optuna.trial.create_trial(value=1.0, params={"x": 0.5}, distributions=x,
-                                         user_attrs={trials.COST: [4096, 2048, 12.5]})  # fmt: skip
+    recorded = optuna.trial.create_trial(
+        value=1.0, params={"x": 0.5}, distributions=x, user_attrs={trials.COST: [4096, 2048, 12.5]}
+    )
     refused = optuna.trial.create_trial(state=states.FAIL, user_attrs={"error": "config refused: n_steps"})
     waiting = optuna.trial.create_trial(state=states.WAITING)
     older = optuna.trial.create_trial(value=2.0, params={"x": 0.1}, distributions=x)  # before costs were recorded
@@ -489,8 +671,11 @@ def test_a_report_refuses_finished_trials_whose_runs_are_elsewhere_and_whose_cos
     assert trials.trial_cost(recorded, tmp_path) == (4096, 2048, 12.5)
     assert trials.trial_cost(refused, tmp_path) == trials.trial_cost(waiting, tmp_path) == (0, 0, 0.0)
     assert trials.trial_cost(older, tmp_path) is None
-    assert trials.known_costs([recorded, refused, waiting], tmp_path) == {0: (4096, 2048, 12.5), 1: (0, 0, 0.0),
-                                                                          2: (0, 0, 0.0)}  # fmt: skip
+    assert trials.known_costs([recorded, refused, waiting], tmp_path) == {
+        0: (4096, 2048, 12.5),
+        1: (0, 0, 0.0),
+        2: (0, 0, 0.0),
+    }
     with pytest.raises(BadInput, match=r"lacks the runs of trials 3 .*nothing was run or written"):
         trials.known_costs([recorded, older], tmp_path)
 
@@ -537,9 +722,13 @@ def test_the_parallel_coordinate_plot_shows_the_score_and_the_most_important_par
     names = [f"param_{i:02d}" for i in range(15)]
     for _ in range(20):
         params = {name: float(rng.uniform()) for name in names}
-        study.add_trial(optuna.trial.create_trial(
-            params=params, distributions={n: optuna.distributions.FloatDistribution(0, 1) for n in names},
-            value=10 * params["param_03"] + params["param_07"]))  # fmt: skip
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions={n: optuna.distributions.FloatDistribution(0, 1) for n in names},
+                value=10 * params["param_03"] + params["param_07"],
+            )
+        )
     importances, _ = param_importances(study)  # the evaluator there is: fANOVA, or PED-ANOVA without scikit-learn
     path, labels = plot_parallel(study, importances, tmp_path / "parallel.png")
     # The score, then the 6 most important parameters of 15 (Optuna draws them in name order).
@@ -554,7 +743,7 @@ def test_the_parallel_coordinate_plot_shows_the_score_and_the_most_important_par
     title = ax.title if ax.get_title() else ax._left_title
     box = title.get_window_extent()
     assert ax.get_title() == "" and ax.get_title(loc="left").startswith("Parallel coordinates")
-    assert 0 <= box.x0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height
+    assert box.x0 >= 0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height
     line_type = matplotlib.collections.LineCollection
     lines = [c for c in ax.collections if isinstance(c, line_type) and c.get_array() is not None]
     assert lines
@@ -569,6 +758,8 @@ def test_a_study_heartbeat_says_trials_done_running_rate_and_eta() -> None:
     # pruned), 2 running whose 4 seeds trained 250,000 steps each at 500 steps/s: left = 21 · 2 · 10⁶ −
     # 4 · 250,000 = 41,000,000 steps at 2,000 steps/s = 20,500 s = 5h41m.
     live = [(250_000, 500.0)] * 4
-    assert study_status(130.0, {"complete": 1, "pruned": 1}, 1, 24, 2, live, 2, 1_000_000) == \
-        "[2m10s] trials 3/24 done, 2 running · 2,000 steps/s · ETA 5h41m"
+    assert (
+        study_status(130.0, {"complete": 1, "pruned": 1}, 1, 24, 2, live, 2, 1_000_000)
+        == "[2m10s] trials 3/24 done, 2 running · 2,000 steps/s · ETA 5h41m"
+    )
     assert study_status(5.0, {}, 0, 4, 1, [], 1, None) == "[5s] trials 0/4 done, 1 running · steps/s n/a · ETA n/a"
