@@ -5,7 +5,7 @@ Each side runs as its benchmark runs it, in this process: ours through ``lab tra
 arguments, SB3's through the benchmark's own script (``speed.SB3_SCRIPT``). The budget is one step past one
 iteration, which both sides round up to two, as they round the benchmarks' own (50,000 steps in iterations of
 1,024 are 49 iterations): the number of iterations is part of the work. Gradient steps
-are counted where they happen, at the optimizer: ``SeedAdam.step`` for ours (one seed, so one step a call),
+are counted where they happen, at the optimizer: ``SeedOptimizer.step`` for ours (one seed, so one step a call),
 ``torch.optim.Adam.step`` for SB3's. The counts the benchmarks report beside their times (ours from the final
 checkpoint, SB3's from its script) must say the same.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from agents.seeds import SeedAdam
+from agents.optimizers import SeedOptimizer
 from benchmarks import speed, stacking
 from lab import cli
 
@@ -50,7 +50,7 @@ def counted(monkeypatch: pytest.MonkeyPatch, owner: type, name: str, steps: Call
 def ours(case: speed.Case, cfg: Any, run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int | None]:
     """Our gradient steps over ``cfg.total_steps`` as the benchmarks run ours (``lab train``, one seed): counted
     at the optimizer, and as the benchmark reads them from the final checkpoint."""
-    count = counted(monkeypatch, SeedAdam, "step", lambda stepping: int(stepping.sum()))
+    count = counted(monkeypatch, SeedOptimizer, "step", lambda stepping: int(stepping.sum()))
     argv = speed.train_argv(dataclasses.replace(case, total_steps=cfg.total_steps), run_dir)
     assert argv == stacking.ours_argv(case, cfg.total_steps, run_dir, [speed.SEED])[3:]  # the same command in both
     assert cli.main(argv) == 0

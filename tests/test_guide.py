@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents import losses
+from agents import losses, registry
 from lab import guide
 from lab import guide_experiments as ex
 from lab.cli import main
@@ -202,7 +202,8 @@ def test_every_link_from_the_guide_resolves_and_names_its_target() -> None:
         assert module is not None, f"{target}: no module of {anchor!r} in the repository"
         name = ".".join(module)
         assert path == f"reference/{module[0]}.md", f"{target}: {name} is documented in reference/{module[0]}.md"
-        rendered = re.search(rf"^::: {re.escape(name)}\s*$", file.read_text(), re.MULTILINE)
+        # the algorithm modules are added to the page when the site is built (docs/hooks/algorithms.py)
+        rendered = name in registry.MODULES or re.search(rf"^::: {re.escape(name)}\s*$", file.read_text(), re.MULTILINE)
         assert rendered, f"{target}: {path} lacks {name}"
         source_file = (ROOT / Path(*module)).with_suffix(".py")
         node = documented(source_file, parts[len(module) :])
