@@ -51,7 +51,7 @@ HEADER = """\
 # code_version: raise it when a change alters what the algorithms compute; results produced at a lower
 # version are shown as from older code, with their commit, and stay out of the headline tables.
 """
-ENTRY_KEYS = {
+ENTRY_KEYS = (
     "name",
     "title",
     "about",
@@ -70,7 +70,8 @@ ENTRY_KEYS = {
     "stopped",
     "produced",
     "progress",
-}
+)
+"""An entry's keys, in the order the manifest is written."""
 TRY_KEYS = {"what", "runs", "steps", "algo", "env", "result"}
 COSTS = ("cheap", "long")
 
@@ -135,7 +136,7 @@ class Manifest:
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict) or "name" not in raw:
         raise BadInput(f"{where}: each entry of `results` is a mapping with at least a `name`")
-    unknown = set(raw) - ENTRY_KEYS
+    unknown = set(raw) - set(ENTRY_KEYS)
     if unknown:
         raise BadInput(
             f"{where}: entry {raw['name']!r} has unknown keys {sorted(unknown)}; the keys: {sorted(ENTRY_KEYS)}"
@@ -223,26 +224,6 @@ def load(root: Path) -> Manifest:
 
 def save(root: Path, manifest: Manifest) -> None:
     """Write the manifest back, keys in a fixed order; written whole to a temporary file, then renamed."""
-    order = [
-        "name",
-        "title",
-        "about",
-        "command",
-        "output",
-        "folder",
-        "keep",
-        "page",
-        "seeds",
-        "budget",
-        "cost",
-        "fresh",
-        "last_line",
-        "keep_runs",
-        "tries",
-        "stopped",
-        "produced",
-        "progress",
-    ]
     results = []
     for e in manifest.entries:
         values = {
@@ -265,7 +246,7 @@ def save(root: Path, manifest: Manifest) -> None:
             "produced": e.produced or None,
             "progress": e.progress or None,
         }
-        results.append({k: values[k] for k in order if values[k] is not None})
+        results.append({k: values[k] for k in ENTRY_KEYS if values[k] is not None})
     text = HEADER + yaml.safe_dump(
         {"code_version": manifest.code_version, "results": results},
         sort_keys=False,

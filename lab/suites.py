@@ -30,7 +30,10 @@ MUJOCO_V5 = (
 SUITES: dict[str, Suite] = {
     # A few minutes on 2 cores: the presets' budgets on CartPole.
     "quick": Suite(envs=("CartPole-v1",)),
-    "classic": Suite(envs=("CartPole-v1", "Acrobot-v1", "LunarLander-v3")),
+    # A2C and SB3's A2C beside them: the third algorithm and its reference, on the Zoo's A2C presets.
+    "classic": Suite(
+        envs=("CartPole-v1", "Acrobot-v1", "LunarLander-v3"), algos=("ppo", "grpo", "a2c", "sb3-ppo", "sb3-a2c")
+    ),
     # Every MuJoCo v5 task at 1e6 env steps, 5 seeds of each algo. SB3's PPO runs our PPO's hyperparameters and
     # so checks our implementation; with 3 of its seeds, their luck on Walker2d and Humanoid decided the comparison
     # (benchmarks/results/sb3-ppo-*-matched).
