@@ -128,6 +128,11 @@ class Manifest:
         """Whether the entry was produced, but by algorithms that computed otherwise than today's."""
         return bool(entry.produced) and not self.current(entry)
 
+    def rerunning(self, entry: Entry) -> bool:
+        """Whether the entry, produced by older code, is being rerun by today's: ``testbed results save`` kept
+        the rerun's runs so far, and ``testbed results run NAME`` continues from them."""
+        return self.older(entry) and entry.progress.get("code_version") == self.code_version
+
     def in_progress(self, entry: Entry) -> bool:
         """Whether the entry is not produced yet but its files so far were kept (``testbed results save``)."""
         return bool(entry.progress) and not entry.produced
@@ -342,11 +347,17 @@ def keep_progress(root: Path, manifest: Manifest, entry: Entry) -> Manifest | No
     """Keep what a long result's command has written so far (a bench's report as its last invocation left
     it, say) and record where in ``progress``; the manifest as saved, or None when there is nothing to keep.
 
-    Only for a result not produced yet: a produced one's kept files stay the finished result's until a
-    rerun ends. Its page then shows the part so far, marked as such (``lab.pages``)."""
-    if entry.produced or entry.output is None or entry.page is None or not (root / entry.output / entry.page).is_file():
+    A result not produced yet keeps its files so far, and its page shows that part, marked as such
+    (``lab.pages``). A produced one's kept files stay the finished result's until a rerun ends: for a rerun of
+    a result from older code, only the record is written (``Manifest.rerunning``; its runs so far are kept by
+    ``keep``)."""
+    if entry.output is None or entry.page is None or not (root / entry.output / entry.page).is_file():
         return None
-    _copy_kept(root / entry.output, root / entry.folder, [k for k in entry.keep if (root / entry.output / k).exists()])
+    if entry.produced and not manifest.older(entry):
+        return None
+    if not entry.produced:
+        kept = [k for k in entry.keep if (root / entry.output / k).exists()]
+        _copy_kept(root / entry.output, root / entry.folder, kept)
     progress = {
         "commit": git_commit(root),
         "date": datetime.date.today().isoformat(),

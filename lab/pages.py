@@ -108,6 +108,11 @@ def headline_table(root: Path, manifest: Manifest) -> str:
     lines = [score_table(completed_runs(root, entry))]
     p = entry.produced
     caveat = "" if manifest.current(entry) else f" **From older code (commit {p.get('commit')}).**"
+    if manifest.rerunning(entry):
+        caveat += (
+            f" Its rerun with today's algorithms is under way (runs so far kept on {entry.progress.get('date')}; "
+            f"`testbed results run {entry.name}` continues it)."
+        )
     lines += [
         "",
         f"Final evaluation return, mean over seeds {entry.seeds} [95% bootstrap CI], each algo at its preset's budget; "
