@@ -1,6 +1,6 @@
 """How well an advantage estimate Â agrees with the true advantage A on the same samples. Imports only torch.
 
-The audit (``agents/audit.py``) measures A^π(s_n, a_n) = Q^π(s_n, a_n) − V^π(s_n) at N sampled steps by
+The audit (``agents/true_advantage.py``) measures A^π(s_n, a_n) = Q^π(s_n, a_n) − V^π(s_n) at N sampled steps by
 Monte-Carlo rollouts from the restored state, with a standard error SE_n; every estimator the testbed has
 is computed on the same steps. The scores below compare the two vectors (N,). Sign agreement and rank
 correlation do not depend on the estimate's scale, so they also judge estimators that normalize (GRPO's

@@ -23,10 +23,10 @@ from agents import advantages as adv
 from agents import vine
 from agents.networks import Sample
 from agents.onpolicy import env_options
-from agents.plumbing import Envs, open_envs
+from agents.run_envs import Envs, open_envs
 from agents.rollout import Episodes, Policy, SegmentBuffers, concat_episodes, episode_steps
 from agents.seeding import start_seeds
-from agents.training import Collected
+from agents.training import Experience
 from agents.vine import VineValues
 from envs import EnvOptions, episode_limit, make_vector
 from envs import start_states as starts
@@ -263,10 +263,10 @@ def pad_groups(
                         flat(valid).to(device), advantages.to(device), loss_mask.to(device), trajectories)  # fmt: skip
 
 
-def collected(groups: Groups) -> Collected:
+def experience(groups: Groups) -> Experience:
     """An iteration's groups as the lifecycle counts and logs them."""
     lengths = torch.cat([e.lengths for e in groups.rounds]).tolist()
-    return Collected(groups, groups.env_steps, groups.episode_returns, lengths)
+    return Experience(groups, groups.env_steps, groups.episode_returns, lengths)
 
 
 def group_statistics(groups: Groups) -> dict[str, float | None]:

@@ -40,8 +40,8 @@ from agents.groups import (
     Groups,
     MemberEnvs,
     close_member_envs,
-    collected,
     diagnostics,
+    experience,
     group_steps,
     horizon,
     open_member_envs,
@@ -51,10 +51,10 @@ from agents.groups import (
 )
 from agents.networks import Actor, Sample, StackedNetworks, adapt_step_size, refresh_reference
 from agents.onpolicy import SeedParts, SeedStack
-from agents.plumbing import Envs, network_spec, obs_statistics
 from agents.rollout import SegmentBuffers, drive_seeds
-from agents.seeds import ROWS, Minibatches, log_probs_at, masked_mean, pick_steps, trajectories_at
-from agents.training import Collected, run_stack
+from agents.run_envs import Envs, network_spec, obs_statistics
+from agents.stacked import ROWS, Minibatches, log_probs_at, masked_mean, pick_steps, trajectories_at
+from agents.training import Experience, run_stack
 from envs import load_normalizer_state, normalizer_state
 
 TAGS = [
@@ -202,7 +202,7 @@ def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, floa
     means over its minibatches and its whole update's KL.
 
     Seed k's batch is padded to (H, B·G) (``groups.pad_groups``); each epoch, its own generator shuffles its
-    trajectories into near-equal minibatches, padded to ⌈B·G / minibatches⌉ (``seeds.Minibatches``), whose
+    trajectories into near-equal minibatches, padded to ⌈B·G / minibatches⌉ (``stacked.Minibatches``), whose
     loss steps run in chunks (:func:`minibatch_loss`). A seed whose approx_kl passes twice ``kl_target``
     stops stepping, as its epochs end.
     """
@@ -264,13 +264,13 @@ class Seed:
 
 class Learner:
     """S seeds' GRPO (a :class:`~agents.training.Trainer`): each seed's own state and groups, on the shared seed
-    stack (``onpolicy.SeedStack``: the actors computed together, one optimizer, generators and lanes)."""
+    stack (``onpolicy.SeedStack``: the actors computed together, one optimizer, generators and trainees)."""
 
     tags, finite = TAGS, FINITE
 
     def __init__(self, cfgs: list[GRPOConfig]) -> None:
         """Each seed's envs, actor and reference, seeded as a single run seeds them, then stacked
-        (``onpolicy.SeedStack``: the actors (S, P), their optimizer, generators and lanes)."""
+        (``onpolicy.SeedStack``: the actors (S, P), their optimizer, generators and trainees)."""
         self.seeds: list[Seed] = []
         self.H = horizon(cfgs[0])  # H: the training time limit
 
@@ -286,7 +286,7 @@ class Learner:
         except BaseException:
             self.close()
             raise
-        self.lanes, self.random = self.stack.lanes, self.stack.random
+        self.trainees, self.random = self.stack.trainees, self.stack.random
         self.references = StackedNetworks([seed.reference for seed in self.seeds])  # (S, P)
 
     @property
@@ -294,12 +294,12 @@ class Learner:
         """The settings every seed shares (all but the seed)."""
         return self.seeds[0].cfg
 
-    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Experience | None]:
         """Every running seed's B groups of G trajectories (``groups.group_steps``). At each step, the live
         members of every seed act through one batched forward pass; each seed draws from its own generator."""
         S, M, obs_dim = len(self.seeds), self.cfg.batch_trajectories, self.seeds[0].envs.obs_dim
         net = self.stack.net
-        steps = {k: group_steps(seed.cfg, seed.groups, net.alone(k, seed.actor, self.random.torch[k]),
+        steps = {k: group_steps(seed.cfg, seed.groups, net.seed_policy(k, seed.actor, self.random.torch[k]),
                                 self.random.numpy[k], seed.buffers, iterations[k])
                  for k, seed in enumerate(self.seeds) if running[k]}  # fmt: skip
 
@@ -309,10 +309,10 @@ class Learner:
                     for k in range(S)]  # fmt: skip
 
         groups = drive_seeds(steps, act, (S, M, obs_dim))
-        return [collected(groups[k]) if running[k] else None for k in range(S)]
+        return [experience(groups[k]) if running[k] else None for k in range(S)]
 
     def learn(
-        self, batches: list[Collected | None], iterations: list[int], remaining: list[float],
+        self, batches: list[Experience | None], iterations: list[int], remaining: list[float],
         learning_rates: list[float], running: list[bool],
     ) -> list[dict[str, float | None]]:  # fmt: skip
         """The update at each seed's scheduled learning rate times its KL-target factor; then each seed's step

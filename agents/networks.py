@@ -312,7 +312,7 @@ class StackedNetworks:
         actions = out + torch.exp(self.log_std[k]) * torch.randn(out.shape, generator=generator, device=out.device)
         return Sample(actions, D.gaussian_log_prob(out, self.log_std[k], actions))
 
-    def alone(self, k: int, model: Actor, generator: torch.Generator) -> Callable[[Tensor], Sample]:
+    def seed_policy(self, k: int, model: Actor, generator: torch.Generator) -> Callable[[Tensor], Sample]:
         """Seed k's π_θ acting on its own, outside the stack's batched steps (GRPO's trunks and vine
         branches): its own module, which computes as its row of the stack, and its own generator."""
         device = self.flat.device

@@ -60,8 +60,8 @@ from agents.onpolicy import (
     join_segments,
     load_network,
 )  # fmt: skip
-from agents.seeds import Minibatches, by_seed, masked_mean
-from agents.training import Collected, run_stack
+from agents.stacked import Minibatches, by_seed, masked_mean
+from agents.training import Experience, run_stack
 
 TAGS = [
     "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
@@ -167,14 +167,14 @@ class Learner:
         self.cfgs, self.cfg = list(cfgs), cfg  # cfg: the settings every seed shares (all but the seed)
         self.onpolicy = OnPolicy(cfgs, actor_critic, options)
         self.stack = self.onpolicy.stack  # the networks (S, P), the optimizer, the generators
-        self.lanes, self.random = self.stack.lanes, self.stack.random
+        self.trainees, self.random = self.stack.trainees, self.stack.random
 
-    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Experience | None]:
         """T steps of every seed's N envs (``onpolicy.OnPolicy.collect``)."""
         return self.onpolicy.collect(iterations, running)
 
     def learn(
-        self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
+        self, collected: list[Experience | None], iterations: list[int], remaining: list[float],
         learning_rates: list[float], running: list[bool],
     ) -> list[dict[str, float | None]]:  # fmt: skip
         """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns

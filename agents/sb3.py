@@ -48,10 +48,10 @@ from agents import a2c, runlog
 from agents.a2c import A2CConfig
 from agents.config import check
 from agents.networks import load_weights
-from agents.plumbing import make_eval_env, observation_statistics
 from agents.ppo import FINITE, TAGS, PPOConfig
+from agents.run_envs import make_eval_env, observation_statistics
 from agents.seeding import env_seeds, generator_seeds, restart_seeds, seed_everything
-from agents.training import Collected, Lane, run_stack
+from agents.training import Experience, Trainee, run_stack
 from envs.delay import DelayedReward
 from envs.errors import BadInput
 
@@ -338,11 +338,11 @@ class Learner:
         self.recorder: BaseCallback = EpisodeRecorder()
         self.started = False
         policy = self.model.policy
-        self.lanes = [Lane(policy, SB3Policy(policy), policy.optimizer, eval_env,
+        self.trainees = [Trainee(policy, SB3Policy(policy), policy.optimizer, eval_env,
                            lambda: observation_statistics(normalizer_state(self.env)), {"actor_critic": policy})]
         self.random = ProcessGenerators()
 
-    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Experience | None]:
         """One rollout of ``n_steps`` in each env, as ``OnPolicyAlgorithm.learn`` makes it."""
         model = self.model
         if not self.started:  # learn()'s set-up: the first reset, and the step count it schedules against
@@ -356,10 +356,10 @@ class Learner:
         returns, lengths = list(recorder.returns), list(recorder.lengths)
         recorder.returns.clear()
         recorder.lengths.clear()
-        return [Collected(None, model.num_timesteps - before, returns, lengths)]
+        return [Experience(None, model.num_timesteps - before, returns, lengths)]
 
     def learn(
-        self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
+        self, collected: list[Experience | None], iterations: list[int], remaining: list[float],
         learning_rates: list[float], running: list[bool],
     ) -> list[dict[str, float | None]]:  # fmt: skip
         """SB3's own ``train()``, at SB3's own schedule (the same as ours); its logged values under our tags.
@@ -393,7 +393,7 @@ class Learner:
         self.env.unwrapped._seeds = restart_seeds(self.cfg.seed, checkpoint["global_step"], self.cfg.n_envs)
 
     def close(self) -> None:
-        self.lanes[0].eval_env.close()
+        self.trainees[0].eval_env.close()
         self.env.close()
 
 

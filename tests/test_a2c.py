@@ -111,7 +111,7 @@ def test_our_update_is_sb3s_a2c_train_on_the_same_batch_from_the_same_weights(ov
             sample_mask=torch.ones(T, N, dtype=torch.bool),
             last_obs=torch.zeros(1, N, buffer.obs_shape[0]),
         )
-        parameters = dict(ours.lanes[0].model.named_parameters())
+        parameters = dict(ours.trainees[0].model.named_parameters())
         with torch.no_grad():
             for name, weight in reference.model.policy.state_dict().items():
                 parameters[ours_of(name)].copy_(weight)

@@ -559,7 +559,7 @@ def test_vector_env_state_continues_exactly(
     if via_checkpoint:
         state = _checkpoint_round_trip(state, tmp_path)
 
-    # As agents.plumbing.restore_envs does: reset with some seed, then load.
+    # As agents.run_envs.restore_envs does: reset with some seed, then load.
     restored.reset(seed=1234)
     load_vector_env_state(restored, state)
     actions = _actions(original, steps, seed=4)

@@ -12,7 +12,7 @@ import torch
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch import nn
 
-from agents import plumbing, ppo, runlog, sb3, tracking
+from agents import ppo, run_envs, runlog, sb3, tracking
 from agents.onpolicy import Segment
 from agents.ppo import TAGS
 from agents.seeding import generator_seeds
@@ -147,7 +147,7 @@ def test_our_update_is_sb3s_train_on_the_same_batch_from_the_same_weights(overri
             truncated=torch.zeros(T, N, dtype=torch.bool), sample_mask=torch.ones(T, N, dtype=torch.bool),
             last_obs=torch.zeros(1, N, buffer.obs_shape[0]),
         )  # fmt: skip
-        model = ours.lanes[0].model
+        model = ours.trainees[0].model
         parameters = dict(model.named_parameters())
         with torch.no_grad():
             for name, weight in reference.model.policy.state_dict().items():
@@ -198,8 +198,8 @@ def test_cartpole_run_writes_our_run_directory(tmp_path: Path) -> None:
     assert {"model", "rng", "wall_time_s"} <= set(ckpt)
     # The checkpoint's policy, rebuilt without PPO (as `testbed eval` would), plays the final evaluation again.
     policy = sb3.load_policy(cfg, ckpt["model"])
-    eval_env = plumbing.make_eval_env(cfg, cfg.eval_episodes)
-    seeds = [plumbing.EVAL_SEED_BASE + i for i in range(cfg.eval_episodes)]
+    eval_env = run_envs.make_eval_env(cfg, cfg.eval_episodes)
+    seeds = [run_envs.EVAL_SEED_BASE + i for i in range(cfg.eval_episodes)]
     returns = tracking.evaluate_policy(policy, eval_env, seeds, deterministic=True)
     assert returns.mean() == pytest.approx(summary["final_eval_return_mean"])
     eval_env.close()

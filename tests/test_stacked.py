@@ -1,4 +1,4 @@
-"""Seeds trained side by side (``agents/seeds.py``, ``agents/ppo.py``, ``train --seeds``, ``--stack``): a seed's numbers
+"""Seeds trained side by side (``agents/stacked.py``, ``agents/ppo.py``, ``train --seeds``, ``--stack``): a seed's numbers
 are bit-identical whatever seeds share its process, and however many."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 
 from agents import advantages as adv
 from agents import grpo, ppo, rundir, runlog
-from agents.seeds import clip_grad_norms_, fixed_minibatch_slots, masked_mean
+from agents.stacked import clip_grad_norms_, fixed_minibatch_slots, masked_mean
 from agents.training import check_stack
 from lab import bench, cells
 from lab.cli import main
-from tests import test_grpo_stack as grpo_tests
+from tests import test_grpo as grpo_tests
 from tests.conftest import (
     assert_close_progress,
     interrupt_after,
@@ -143,7 +143,7 @@ class BatchedStack:
 def batched_stack(algo: str) -> BatchedStack:
     if algo == "ppo":  # CartPole's native vector env: each seed has its own
         return BatchedStack(ppo, small, train_stack, losses_of, same_parameters, ppo.train_stack)
-    if algo == "ppo-shared":  # Pendulum's sync vector env: the seeds share one (plumbing.open_shared_envs)
+    if algo == "ppo-shared":  # Pendulum's sync vector env: the seeds share one (run_envs.open_shared_envs)
         return BatchedStack(ppo, partial(small, env_id="Pendulum-v1"), partial(train_stack, env_id="Pendulum-v1"),
                             losses_of, same_parameters, ppo.train_stack)  # fmt: skip
     return BatchedStack(grpo, grpo_tests.small, grpo_tests.train_stack, grpo_tests.losses_of,

@@ -51,8 +51,8 @@ from agents import advantages as adv
 from agents import distributions as D
 from agents.audit_scores import NOISE_TARGET, noise_share
 from agents.networks import Actor, ActorCritic, Sample
-from agents.plumbing import observation_statistics
 from agents.rollout import Episodes, SegmentBuffers, drive, episode_steps
+from agents.run_envs import observation_statistics
 from agents.seeding import start_seeds
 from agents.vine import PointRecorder
 from envs import EnvOptions, episode_limit, freeze_normalizers, load_normalizer_state, make_vector

@@ -1,5 +1,5 @@
-"""Env plumbing around every algorithm: the training and evaluation envs a run opens, the networks' shape
-for their spaces, the observation statistics evaluation uses, and the env part of a checkpoint."""
+"""A run's envs, around every algorithm: the training envs a stack's seeds share, the evaluation envs, the
+networks' shape for their spaces, the observation statistics evaluation uses, and the env part of a checkpoint."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def open_envs(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **train
     across agents. A delayed reward does not change an episode's return, which is what evaluation reports.
     """
     train = open_train_env(cfg, n_envs, options, **train_kwargs)
-    return envs_around(train, make_eval_env(cfg, cfg.eval_episodes))
+    return envs_with_shapes(train, make_eval_env(cfg, cfg.eval_episodes))
 
 
 def open_train_env(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **train_kwargs: Any) -> VectorEnv:
@@ -65,7 +65,7 @@ def open_train_env(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **
     return train
 
 
-def envs_around(train: VectorEnv, evaluation: VectorEnv) -> Envs:
+def envs_with_shapes(train: VectorEnv, evaluation: VectorEnv) -> Envs:
     """A training and an evaluation env with the shapes of the training env's spaces."""
     obs_dim, action_dim, continuous = space_dims(train)
     action_shape = tuple(train.single_action_space.shape) if continuous else ()
@@ -161,7 +161,7 @@ class SharedEnv:
         return slice(j * n, (j + 1) * n)
 
 
-def seat(shared_envs: list[SharedEnv], k: int) -> tuple[SharedEnv, int]:
+def seed_env(shared_envs: list[SharedEnv], k: int) -> tuple[SharedEnv, int]:
     """Seed k's training env and the seed's place j among the env's seeds."""
     shared = next(shared for shared in shared_envs if shared.first <= k < shared.first + shared.seeds)
     return shared, k - shared.first
