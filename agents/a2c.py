@@ -27,6 +27,7 @@ from agents import advantages as adv
 from agents import losses, onpolicy, optimizers
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.onpolicy import Segment, actor_critic
+from agents.registry import Declaration
 from agents.stacked import by_seed, masked_mean
 from agents.training import Experience, run_stack
 
@@ -181,8 +182,6 @@ def train_stack(
     """Train one A2C run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
     return run_stack(Learner, cfgs, run_dirs, resume, name)
 
-
-from agents.registry import Declaration  # imported here, beside the declaration that alone uses it
 
 ALGORITHMS = (
     Declaration(

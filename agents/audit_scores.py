@@ -58,7 +58,7 @@ def average_ranks(x: Tensor) -> Tensor:
 
     E.g. x = (10, 30, 20, 20): ranks (1, 4, 2.5, 2.5).
     """
-    values, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
+    _, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
     ends = counts.cumsum(0).to(torch.float64)  # (U,) the last rank each distinct value spans
     mean_rank = ends - (counts.to(torch.float64) - 1) / 2
     return mean_rank[inverse]
@@ -101,6 +101,11 @@ def scores(estimate: Tensor, truth: Tensor, truth_se: Tensor) -> dict[str, float
     if not estimate.shape == truth.shape == truth_se.shape or estimate.dim() != 1 or len(estimate) == 0:
         raise ValueError("scores: estimate, truth and truth_se must be one non-empty (N,) shape each")
     agreement, signed = sign_agreement(estimate, truth, truth_se)
-    return {"samples": len(estimate), "signed": signed, "sign_agreement": agreement,
-            "rank_correlation": rank_correlation(estimate, truth), **error_moments(estimate, truth),
-            "truth_noise": float(truth_se.to(torch.float64).pow(2).mean())}  # fmt: skip
+    return {
+        "samples": len(estimate),
+        "signed": signed,
+        "sign_agreement": agreement,
+        "rank_correlation": rank_correlation(estimate, truth),
+        **error_moments(estimate, truth),
+        "truth_noise": float(truth_se.to(torch.float64).pow(2).mean()),
+    }

@@ -119,12 +119,13 @@ def layers_of(model: Actor | ActorCritic, stacked: Callable[[nn.Parameter], Tens
 
     critic = isinstance(model, ActorCritic)
     return Layers(
-        actor_trunk=pairs(actor.trunk), actor_head=(stacked(actor.head.weight), stacked(actor.head.bias)),
+        actor_trunk=pairs(actor.trunk),
+        actor_head=(stacked(actor.head.weight), stacked(actor.head.bias)),
         log_std=None if actor.log_std is None else stacked(actor.log_std),
         critic_trunk=pairs(model.critic_trunk) if critic and model.critic_trunk is not None else None,
         critic_head=(stacked(model.critic_head.weight), stacked(model.critic_head.bias)) if critic else None,
         activation=model.spec.activation,
-    )  # fmt: skip
+    )
 
 
 def one_seed(parameter: nn.Parameter) -> Tensor:

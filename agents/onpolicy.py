@@ -269,7 +269,9 @@ class OnPolicy:
         def build(k: int, cfg: Any) -> SeedParts:
             self.evals.append(make_eval_env(cfg, cfg.eval_episodes))
             model = network(cfg, self.shared[0].env).to(cfg.device)  # its parameters become views of row k
-            return SeedParts(model, self.evals[k], partial(seed_obs_statistics, *seed_env(self.shared, k)), {name: model})
+            return SeedParts(
+                model, self.evals[k], partial(seed_obs_statistics, *seed_env(self.shared, k)), {name: model}
+            )
 
         try:
             self.shared = open_shared_envs(self.cfgs, n_envs, options)

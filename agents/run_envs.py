@@ -89,16 +89,20 @@ def check_env(cfg: RunConfig) -> None:
         try:
             env = gym.make(cfg.env_id, **kwargs)
         except (TypeError, ValueError) as error:
-            raise BadInput(f"{cfg.env_id} does not accept env_kwargs {brief(kwargs)} ({brief(str(error))}). Check the keyword names "
-                           "and values the env's constructor takes.") from None  # fmt: skip
+            raise BadInput(
+                f"{cfg.env_id} does not accept env_kwargs {brief(kwargs)} ({brief(str(error))}). Check the keyword "
+                "names and values the env's constructor takes."
+            ) from None
         spaces.append((env.observation_space, env.action_space))
         env.close()
     if len(spaces) == 2:  # the policy trained in the first env acts in both
         for name, trained, evaluated in zip(("observation", "action"), *spaces):
             if trained != evaluated:
-                raise BadInput(f"eval_env_kwargs {brief(cfg.eval_env_kwargs)} change {cfg.env_id}'s {name} space from "
-                               f"{_space_text(trained)} to {_space_text(evaluated)}: the policy could not act in that "
-                               "env. Evaluate with kwargs that keep the spaces (a reward's weight, say).")  # fmt: skip
+                raise BadInput(
+                    f"eval_env_kwargs {brief(cfg.eval_env_kwargs)} change {cfg.env_id}'s {name} space from "
+                    f"{_space_text(trained)} to {_space_text(evaluated)}: the policy could not act in that "
+                    "env. Evaluate with kwargs that keep the spaces (a reward's weight, say)."
+                )
 
 
 def _space_text(space: gym.Space) -> str:
@@ -120,10 +124,15 @@ def network_spec(env: VectorEnv, cfg: RunConfig, shared_trunk: bool = False) -> 
     """The networks' shape for this env's spaces and the config's network fields (PPO, GRPO, sb3-ppo)."""
     obs_dim, action_dim, continuous = space_dims(env)
     return NetworkSpec(
-        obs_dim=obs_dim, action_dim=action_dim, continuous=continuous, hidden_sizes=cfg.hidden_sizes,
-        activation=cfg.activation, shared_trunk=shared_trunk, ortho_init=cfg.ortho_init,
+        obs_dim=obs_dim,
+        action_dim=action_dim,
+        continuous=continuous,
+        hidden_sizes=cfg.hidden_sizes,
+        activation=cfg.activation,
+        shared_trunk=shared_trunk,
+        ortho_init=cfg.ortho_init,
         log_std_init=cfg.log_std_init,
-    )  # fmt: skip
+    )
 
 
 def observation_statistics(normalizers: dict[str, Any]) -> dict[str, Any]:

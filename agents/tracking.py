@@ -173,11 +173,15 @@ class RunTracker:
                 evaluated = False
         metrics = {**metrics, "charts/SPS": sps, **evaluation}
         self.log.scalars(step, metrics)
-        self.log.row(step, self.wall_time(), {
-            **metrics,
-            "charts/episodic_return": float(np.mean(episode_returns)) if len(episode_returns) else None,
-            "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
-        })  # fmt: skip
+        self.log.row(
+            step,
+            self.wall_time(),
+            {
+                **metrics,
+                "charts/episodic_return": float(np.mean(episode_returns)) if len(episode_returns) else None,
+                "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
+            },
+        )
         self.progress.update(step, sps, float(np.mean(self.recent_returns)) if self.recent_returns else None)
         return evaluated
 
@@ -215,8 +219,11 @@ class RunTracker:
                 status, final = "interrupted", {}
         if step > self.cfg.total_steps:
             # Iterations are whole: a budget smaller than one is a run of one iteration, not an error.
-            print(f"trained {step} env steps, {step - self.cfg.total_steps} past total_steps={self.cfg.total_steps}: "
-                  "the last iteration ran whole", file=sys.stderr)  # fmt: skip
+            print(
+                f"trained {step} env steps, {step - self.cfg.total_steps} past total_steps={self.cfg.total_steps}: "
+                "the last iteration ran whole",
+                file=sys.stderr,
+            )
         summary = {
             "algo": self.algo,
             "env_id": self.cfg.env_id,

@@ -84,8 +84,14 @@ class Trainer(Protocol):
         """Each running seed's experience for one iteration (None for a seed no longer running)."""
         ...
 
-    def learn(self, collected: list[Experience | None], iterations: list[int], progress_remaining: list[float],
-              learning_rates: list[float], running: list[bool]) -> list[dict[str, float | None]]:  # fmt: skip
+    def learn(
+        self,
+        collected: list[Experience | None],
+        iterations: list[int],
+        progress_remaining: list[float],
+        learning_rates: list[float],
+        running: list[bool],
+    ) -> list[dict[str, float | None]]:
         """Learn from it, each seed at its scheduled learning rate; each seed's metrics to log, by tag."""
         ...
 
@@ -106,13 +112,11 @@ def check_stack(cfgs: Sequence[RunConfig]) -> None:
     shared = [{k: v for k, v in rundir.config_to_dict(cfg).items() if k not in ("seed", "total_steps")} for cfg in cfgs]
     differing = sorted(k for k in shared[0] if any(s[k] != shared[0][k] for s in shared[1:]))
     if differing:
-        raise BadInput(f"seeds in one stack must share every setting but the seed; they differ in {', '.join(differing)}")
+        raise BadInput(
+            f"seeds in one stack must share every setting but the seed; they differ in {', '.join(differing)}"
+        )
     if len({cfg.seed for cfg in cfgs}) != len(cfgs):
         raise BadInput(f"the seeds of a stack must differ, got {[cfg.seed for cfg in cfgs]}")
-
-
-
-
 
 
 # ── the lifecycle ────────────────────────────────────────────────────────────────────────────────
@@ -182,13 +186,22 @@ class SeedRun:
     def checkpoint(self, name: str) -> None:
         assert self.tracker is not None
         self.tracker.log.flush()
-        runlog.save_checkpoint(self.run_dir, {
-            "algo": name, "env_id": self.cfg.env_id, "global_step": self.global_step, "iteration": self.iteration,
-            "wall_time_s": self.tracker.wall_time(), "csv_bytes": self.tracker.log.csv_bytes(),
-            "rng": self.trainer.random.state(self.k), "eval_step": self.tracker.evals.logged_step,
-            "model": self.trainee.model.state_dict(), "optimizer": self.trainee.optimizer.state_dict(),
-            **self.trainer.save(self.k),
-        })  # fmt: skip
+        runlog.save_checkpoint(
+            self.run_dir,
+            {
+                "algo": name,
+                "env_id": self.cfg.env_id,
+                "global_step": self.global_step,
+                "iteration": self.iteration,
+                "wall_time_s": self.tracker.wall_time(),
+                "csv_bytes": self.tracker.log.csv_bytes(),
+                "rng": self.trainer.random.state(self.k),
+                "eval_step": self.tracker.evals.logged_step,
+                "model": self.trainee.model.state_dict(),
+                "optimizer": self.trainee.optimizer.state_dict(),
+                **self.trainer.save(self.k),
+            },
+        )
         for kept in self.keeps_due:
             runlog.keep_checkpoint(self.run_dir, kept)
 
@@ -247,15 +260,25 @@ def run_stack(
     try:
         # Every seed's checkpoint and progress.csv are checked before any seed's logs are opened (and cut back to
         # its checkpoint): a resume refused for one seed of a stack changes no file of the others.
-        starts = [run.resume(name) if resumed else (0.0, None, None)
-                  for run, resumed in zip(runs, resumes, strict=True)]  # fmt: skip
+        starts = [
+            run.resume(name) if resumed else (0.0, None, None) for run, resumed in zip(runs, resumes, strict=True)
+        ]
         for seed_run, resumed, (_, csv_bytes, _) in zip(runs, resumes, starts, strict=True):
             if resumed:
                 runlog.check_progress(seed_run.run_dir, csv_bytes)
         for seed_run, resumed, (wall_offset, csv_bytes, eval_step) in zip(runs, resumes, starts, strict=True):
-            seed_run.tracker = RunTracker(seed_run.run_dir, name, seed_run.cfg, trainer.tags,
-                                          partial(evaluations.evaluate, seed_run.k), seed_run.global_step,
-                                          wall_offset, resumed, csv_bytes, eval_step)  # fmt: skip
+            seed_run.tracker = RunTracker(
+                seed_run.run_dir,
+                name,
+                seed_run.cfg,
+                trainer.tags,
+                partial(evaluations.evaluate, seed_run.k),
+                seed_run.global_step,
+                wall_offset,
+                resumed,
+                csv_bytes,
+                eval_step,
+            )
     except BaseException:
         trainer.close()
         raise
@@ -329,14 +352,17 @@ def train_seeds(
                 continue
             try:
                 seed_metrics = {**seed_metrics, "charts/learning_rate": lr}
-                runlog.check_finite({k: v for k, v in seed_metrics.items() if k in trainer.finite and v is not None},
-                                    seed_run.trainee.model)  # fmt: skip
+                runlog.check_finite(
+                    {k: v for k, v in seed_metrics.items() if k in trainer.finite and v is not None},
+                    seed_run.trainee.model,
+                )
                 assert seed_run.tracker is not None
                 # The last iteration's row carries the final evaluation, unless the run is being stopped.
                 spent = seed_run.budget_spent  # read once: the clock moves between two reads
                 final = spent and not stopping
-                stopping |= not seed_run.tracker.record(seed_run.global_step, seed_metrics, batch.episode_returns,
-                                                        batch.episode_lengths, final)  # fmt: skip
+                stopping |= not seed_run.tracker.record(
+                    seed_run.global_step, seed_metrics, batch.episode_returns, batch.episode_lengths, final
+                )
                 if seed_run.tracker.checkpoint_due(seed_run.global_step, stopping) or seed_run.keeps_due:
                     seed_run.checkpoint(name)
                 if stopping:

@@ -60,7 +60,9 @@ def test_one_rmsprop_step_by_hand() -> None:
     # 1 − 0.01·3/0.30001, 2 + 0.01·4/0.40001; 3 − 0.01·0.3/0.03001, 4 − 0.01·0.4/0.04001
     expected = torch.tensor([[0.9000033332, 2.0999975001], [2.9000333222, 3.9000249938]])
     torch.testing.assert_close(flat.data, expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(optimizer.for_seed(1).state[optimizer.rows[1]]["square_avg"], torch.tensor([9e-4, 16e-4]))
+    torch.testing.assert_close(
+        optimizer.for_seed(1).state[optimizer.rows[1]]["square_avg"], torch.tensor([9e-4, 16e-4])
+    )
 
 
 @pytest.mark.parametrize("name", FACTORIES)

@@ -82,8 +82,15 @@ def test_max_branches_adds_rollouts_until_the_truth_is_sharp_and_changes_nothing
 def test_an_audit_gives_every_estimator_and_the_same_numbers_twice() -> None:
     settings = A.AuditSettings(samples=6, branches=4, groups=2, group_size=4, vine_branches=2, round_jobs=3)
     first, second = chain_audit(settings), chain_audit(settings)
-    assert set(first.estimates) == {*(f"gae({lam:g})" for lam in A.LAMBDAS), "outcome", "rloo", "process",
-                                    "step_baseline", "step_alive", "vine"}  # fmt: skip
+    assert set(first.estimates) == {
+        *(f"gae({lam:g})" for lam in A.LAMBDAS),
+        "outcome",
+        "rloo",
+        "process",
+        "step_baseline",
+        "step_alive",
+        "vine",
+    }
     assert torch.equal(first.truth, second.truth) and torch.equal(first.truth_se, second.truth_se)
     for name, values in first.estimates.items():
         assert torch.equal(values, second.estimates[name]), name
@@ -113,8 +120,9 @@ def test_lunar_lander_is_audited_by_replay() -> None:
     audit_env = A.env_maker(cfg, {})
     assert audit_env.mode == "replay"
     model = ActorCritic(NetworkSpec(obs_dim=8, action_dim=4, continuous=False, hidden_sizes=(8,)))
-    result = A.audit(audit_env, model, GAMMA, A.AuditSettings(samples=3, branches=2, groups=1, group_size=2,
-                                                               vine_branches=1))  # fmt: skip
+    result = A.audit(
+        audit_env, model, GAMMA, A.AuditSettings(samples=3, branches=2, groups=1, group_size=2, vine_branches=1)
+    )
     assert len(result.truth) == 3 and torch.isfinite(result.truth).all() and (result.truth_se >= 0).all()
 
 
@@ -129,11 +137,18 @@ def hand_batch() -> Episodes:
     # One group of G = 2, γ = 1. Member 0 earns 1, 1, 1 and is cut by the time limit; member 1 earns 1, 0 and
     # terminates after 2 steps.
     T, M = 3, 2
-    return Episodes(obs=torch.zeros(T, M, 4), actions=torch.zeros(T, M, dtype=torch.int64), log_probs=torch.zeros(T, M),
-                    rewards=torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]]),
-                    mask=torch.tensor([[True, True], [True, True], [True, False]]),
-                    terminated=torch.tensor([False, True]), truncated=torch.tensor([True, False]), idle_steps=0,
-                    step_time_s=0.0, final_obs=torch.zeros(M, 4))  # fmt: skip
+    return Episodes(
+        obs=torch.zeros(T, M, 4),
+        actions=torch.zeros(T, M, dtype=torch.int64),
+        log_probs=torch.zeros(T, M),
+        rewards=torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]]),
+        mask=torch.tensor([[True, True], [True, True], [True, False]]),
+        terminated=torch.tensor([False, True]),
+        truncated=torch.tensor([True, False]),
+        idle_steps=0,
+        step_time_s=0.0,
+        final_obs=torch.zeros(M, 4),
+    )
 
 
 def test_the_group_estimators_on_a_hand_built_batch() -> None:
@@ -144,12 +159,14 @@ def test_the_group_estimators_on_a_hand_built_batch() -> None:
     torch.testing.assert_close(estimates["rloo"], torch.tensor([[2.0, -2.0], [2.0, -2.0], [2.0, 0.0]]))
     # Rewards-to-go 3, 2, 1 and 1, 0: against the other member's (0 once it ended), and over the alive ones only.
     torch.testing.assert_close(estimates["step_baseline"], torch.tensor([[2.0, -2.0], [2.0, -2.0], [1.0, 0.0]]))
-    torch.testing.assert_close(estimates["step_alive"], torch.tensor([[1.0, -1.0], [1.0, -1.0], [0.0, 0.0]]),
-                               atol=1e-5, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        estimates["step_alive"], torch.tensor([[1.0, -1.0], [1.0, -1.0], [0.0, 0.0]]), atol=1e-5, rtol=0
+    )
     # Process: the 5 valid rewards have mean 0.8 and std √0.2, so 1 → 0.2/√0.2 = √0.2 and 0 → −0.8/√0.2.
     up, down = math.sqrt(0.2), -0.8 / math.sqrt(0.2)
-    torch.testing.assert_close(estimates["process"], torch.tensor([[3 * up, up + down], [2 * up, down], [up, 0.0]]),
-                               atol=1e-5, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        estimates["process"], torch.tensor([[3 * up, up + down], [2 * up, down], [up, 0.0]]), atol=1e-5, rtol=0
+    )
 
 
 def test_gae_on_a_hand_built_batch_scales_the_critic_and_bootstraps_only_the_truncation() -> None:
