@@ -27,8 +27,9 @@ from agents import advantages as adv
 from agents import losses, onpolicy, optimizers
 from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.onpolicy import Segment, actor_critic
-from agents.seeds import by_seed, masked_mean
-from agents.training import Collected, run_stack
+from agents.registry import Declaration
+from agents.stacked import by_seed, masked_mean
+from agents.training import Experience, run_stack
 
 STATS = ("losses/policy_loss", "losses/value_loss", "losses/entropy")
 """The update's statistics, each seed's (:func:`a2c_loss`): a NaN in one stops the run, keeping the last checkpoint."""
@@ -130,13 +131,13 @@ class Learner:
         rule = optimizers.rmsprop(cfg.learning_rate, eps=cfg.rms_prop_eps, alpha=0.99)
         self.onpolicy = o = onpolicy.OnPolicy(cfgs, actor_critic, options, rule=rule)
         self.stack = self.onpolicy.stack  # the networks (S, P), the optimizer, the generators
-        self.lanes, self.random = self.stack.lanes, self.stack.random
+        self.trainees, self.random = self.stack.trainees, self.stack.random
         # Collection, each seed's env state and closing are the collector's, as they are: bound, not rewrapped.
         self.collect, self.save, self.load, self.close = (o.collect, o.save, o.load, o.close)
 
     def learn(
         self,
-        collected: list[Collected | None],
+        collected: list[Experience | None],
         iterations: list[int],
         remaining: list[float],
         learning_rates: list[float],
@@ -181,8 +182,6 @@ def train_stack(
     """Train one A2C run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
     return run_stack(Learner, cfgs, run_dirs, resume, name)
 
-
-from agents.registry import Declaration  # imported here, beside the declaration that alone uses it
 
 ALGORITHMS = (
     Declaration(

@@ -63,7 +63,6 @@ def normalize(advantages: Tensor, eps: float = 1e-8) -> Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + eps)
 
 
-
 def normalize_rows(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """:func:`normalize` within each row, over the row's masked entries (one row per seed of a stack)::
 
@@ -80,6 +79,7 @@ def normalize_rows(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tenso
     variance = torch.where(mask, centred.pow(2), 0.0).sum(-1, keepdim=True) / (n - 1).clamp(min=1)
     return torch.where(n < 2, centred, centred / (variance.sqrt() + eps))
 
+
 # ── group-relative advantages (GRPO and its variants) ──────────────────────────────────────────────
 # Shapes: B start states (groups) × G members. R (B, G) is each member's return. A group whose
 # returns all tie carries no signal: its advantages are exactly 0, never NaN or rounding noise.
@@ -89,7 +89,7 @@ GROUP_ADVANTAGES = ("outcome", "no_std", "batch_std", "rloo", "process", "step_b
 
 def _ties(returns: Tensor) -> Tensor:
     """(B, 1) bool: every member of the group has the same return (compared exactly, not via the mean)."""
-    return (returns.amax(dim=1, keepdim=True) == returns.amin(dim=1, keepdim=True))
+    return returns.amax(dim=1, keepdim=True) == returns.amin(dim=1, keepdim=True)
 
 
 def group_outcome(returns: Tensor, eps: float = 1e-6) -> Tensor:

@@ -1,6 +1,6 @@
 """How well an advantage estimate Â agrees with the true advantage A on the same samples. Imports only torch.
 
-The audit (``agents/audit.py``) measures A^π(s_n, a_n) = Q^π(s_n, a_n) − V^π(s_n) at N sampled steps by
+The audit (``agents/true_advantage.py``) measures A^π(s_n, a_n) = Q^π(s_n, a_n) − V^π(s_n) at N sampled steps by
 Monte-Carlo rollouts from the restored state, with a standard error SE_n; every estimator the testbed has
 is computed on the same steps. The scores below compare the two vectors (N,). Sign agreement and rank
 correlation do not depend on the estimate's scale, so they also judge estimators that normalize (GRPO's
@@ -58,7 +58,7 @@ def average_ranks(x: Tensor) -> Tensor:
 
     E.g. x = (10, 30, 20, 20): ranks (1, 4, 2.5, 2.5).
     """
-    values, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
+    _, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
     ends = counts.cumsum(0).to(torch.float64)  # (U,) the last rank each distinct value spans
     mean_rank = ends - (counts.to(torch.float64) - 1) / 2
     return mean_rank[inverse]
@@ -101,6 +101,11 @@ def scores(estimate: Tensor, truth: Tensor, truth_se: Tensor) -> dict[str, float
     if not estimate.shape == truth.shape == truth_se.shape or estimate.dim() != 1 or len(estimate) == 0:
         raise ValueError("scores: estimate, truth and truth_se must be one non-empty (N,) shape each")
     agreement, signed = sign_agreement(estimate, truth, truth_se)
-    return {"samples": len(estimate), "signed": signed, "sign_agreement": agreement,
-            "rank_correlation": rank_correlation(estimate, truth), **error_moments(estimate, truth),
-            "truth_noise": float(truth_se.to(torch.float64).pow(2).mean())}  # fmt: skip
+    return {
+        "samples": len(estimate),
+        "signed": signed,
+        "sign_agreement": agreement,
+        "rank_correlation": rank_correlation(estimate, truth),
+        **error_moments(estimate, truth),
+        "truth_noise": float(truth_se.to(torch.float64).pow(2).mean()),
+    }

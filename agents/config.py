@@ -117,10 +117,14 @@ class RunConfig:
     def __post_init__(self) -> None:
         check(0 <= self.seed < SEED_LIMIT, f"seed must be in [0, 2**32 - 1], got {self.seed}")
         check(self.total_steps > 0, f"total_steps must be positive, got {self.total_steps}")
-        check(self.budget_seconds is None or self.budget_seconds > 0,
-              f"budget_seconds must be positive (or none), got {self.budget_seconds}")
-        check(self.reward_delay in (None, "end") or self.reward_delay >= 1,
-              f"reward_delay must be a number of steps >= 1, end or none; got {self.reward_delay}")  # fmt: skip
+        check(
+            self.budget_seconds is None or self.budget_seconds > 0,
+            f"budget_seconds must be positive (or none), got {self.budget_seconds}",
+        )
+        check(
+            self.reward_delay in (None, "end") or self.reward_delay >= 1,
+            f"reward_delay must be a number of steps >= 1, end or none; got {self.reward_delay}",
+        )
         check(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
         check(self.learning_rate > 0, f"learning_rate must be positive, got {self.learning_rate}")
         check(self.ent_coef >= 0, f"ent_coef must be non-negative, got {self.ent_coef}")
@@ -129,15 +133,20 @@ class RunConfig:
         check(self.eval_interval >= 0, f"eval_interval must be >= 0, got {self.eval_interval}")
         check(self.eval_episodes >= 1, f"eval_episodes must be at least 1, got {self.eval_episodes}")
         check(self.checkpoint_interval >= 0, f"checkpoint_interval must be >= 0, got {self.checkpoint_interval}")
-        check(all(s > 0 for s in self.keep_checkpoints), f"keep_checkpoints must be positive env steps, got "
-              f"{list(self.keep_checkpoints)}")  # fmt: skip
+        check(
+            all(s > 0 for s in self.keep_checkpoints),
+            f"keep_checkpoints must be positive env steps, got {list(self.keep_checkpoints)}",
+        )
         self.check_size(self.eval_episodes, MAX_EVAL_EPISODES, "eval_episodes")
         self.check_size(max(self.hidden_sizes), MAX_WIDTH, "the widest hidden layer")
 
     def check_size(self, value: int, limit: int, what: str) -> None:
         """BadInput if ``value`` exceeds ``limit`` while ``size_limits`` holds, saying how to lift the limit."""
-        check(not self.size_limits or value <= limit, f"{what} is {value:,}, above the limit of {limit:,}; lower "
-              "it, or add --set size_limits=false to lift the testbed's size limits")  # fmt: skip
+        check(
+            not self.size_limits or value <= limit,
+            f"{what} is {value:,}, above the limit of {limit:,}; lower "
+            "it, or add --set size_limits=false to lift the testbed's size limits",
+        )
 
 
 YAML_MAX_CHARS = 1_000_000
@@ -188,8 +197,11 @@ def _check_yaml_size(root: yaml.Node, source: str) -> None:
         node, depth = pending.pop()
         count += 1
         if count > YAML_MAX_NODES or depth > YAML_MAX_DEPTH:
-            what = (f"expands to more than {YAML_MAX_NODES:,} values" if count > YAML_MAX_NODES
-                    else f"nests more than {YAML_MAX_DEPTH} levels deep")  # fmt: skip
+            what = (
+                f"expands to more than {YAML_MAX_NODES:,} values"
+                if count > YAML_MAX_NODES
+                else f"nests more than {YAML_MAX_DEPTH} levels deep"
+            )
             raise BadInput(f"{source} {what} (counting every alias where it expands); YAML input may not")
         if isinstance(node, yaml.SequenceNode):
             pending += [(child, depth + 1) for child in node.value]
@@ -228,7 +240,9 @@ def read_preset_file(preset_file: Path) -> Any:
         raise BadInput(f"--preset {preset_file}: cannot be read as YAML ({error})") from None
 
 
-def load_preset(algo: str, env_id: str, continuous: bool, preset_file: Path | None = None) -> tuple[dict[str, Any], str]:
+def load_preset(
+    algo: str, env_id: str, continuous: bool, preset_file: Path | None = None
+) -> tuple[dict[str, Any], str]:
     """The preset for ``env_id`` from ``presets/<algo>.yaml``, else its discrete/continuous default; without a
     presets file, no values (the config's defaults, named :data:`NO_PRESETS`).
 
@@ -242,8 +256,10 @@ def load_preset(algo: str, env_id: str, continuous: bool, preset_file: Path | No
         own = read_preset_file(preset_file)
         entry = own.get("envs", {}).get(env_id) if isinstance(own, dict) and isinstance(own.get("envs"), dict) else None
         if not isinstance(entry, dict):
-            raise BadInput(f"--preset {preset_file} has no entry for {env_id}: it needs `envs: {{{env_id}: {{key: value, ...}}}}`, "
-                           f"the form of agents/presets/{algo}.yaml")  # fmt: skip
+            raise BadInput(
+                f"--preset {preset_file} has no entry for {env_id}: it needs "
+                f"`envs: {{{env_id}: {{key: value, ...}}}}`, the form of agents/presets/{algo}.yaml"
+            )
         defaults = {**(presets.get("defaults") or {}), **(own.get("defaults") or {})}
         presets = {"defaults": defaults, "envs": {env_id: entry}}
     elif packaged is None:
@@ -280,7 +296,9 @@ def parse_key_values(pairs: list[str]) -> dict[str, Any]:
     if any(not sep or not key.strip() for key, sep, _ in split):
         raise ValueError(f"expected KEY:VALUE pairs, got {brief(pairs)}")
     try:
-        return {key.strip(): load_yaml(value.strip(), f"the value of {brief(key.strip(), 60)}") for key, _, value in split}
+        return {
+            key.strip(): load_yaml(value.strip(), f"the value of {brief(key.strip(), 60)}") for key, _, value in split
+        }
     except BadInput as error:
         raise ValueError(str(error)) from None
 
@@ -318,8 +336,9 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
                 return _coerce(key, value, arm)
             except BadInput:
                 pass
-        names = [" or ".join(map(repr, typing.get_args(a))) if typing.get_origin(a) is Literal else a.__name__
-                 for a in arms]  # fmt: skip
+        names = [
+            " or ".join(map(repr, typing.get_args(a))) if typing.get_origin(a) is Literal else a.__name__ for a in arms
+        ]
         raise BadInput(f"{key}={brief(value)} is not valid: give {', or '.join(names)}, or none")
     if origin is Literal:
         if str(value) not in args:
@@ -347,8 +366,9 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
             try:
                 return whole_number(repr(value) if isinstance(value, float) else str(value))
             except ValueError as error:
-                raise BadInput(f"{key}={brief(value, 40)} is not a valid int ({error}); give a whole number such as "
-                               "100000 or 1e5") from None  # fmt: skip
+                raise BadInput(
+                    f"{key}={brief(value, 40)} is not a valid int ({error}); give a whole number such as 100000 or 1e5"
+                ) from None
         if kind is float:
             number = float(value)
             if not math.isfinite(number):
@@ -385,8 +405,11 @@ def build_config(cls: type[C], values: dict[str, Any]) -> C:
         close = {k: difflib.get_close_matches(k, names, n=1) for k in unknown}
         hint = "; ".join(f"{k!r} (did you mean {c[0]!r}?)" if c else repr(k) for k, c in close.items())
         raise BadInput(f"unknown config key {hint}. Valid keys: {', '.join(names)}")
-    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and f.name not in values]  # fmt: skip
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values
+    ]
     if missing:
         raise BadInput(f"the config has no {', '.join(missing)}; every run's config needs it")
     return cls(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
@@ -397,7 +420,9 @@ def resolve_config(
 ) -> tuple[C, str]:
     """Preset, then overrides; returns the validated config and the preset's name."""
     if "env_id" in overrides:
-        raise BadInput(f"--set env_id={overrides['env_id']} would replace the env given by --env ({env_id}); "
-                       "choose the env with --env (or --envs in a bench) instead")  # fmt: skip
+        raise BadInput(
+            f"--set env_id={overrides['env_id']} would replace the env given by --env ({env_id}); "
+            "choose the env with --env (or --envs in a bench) instead"
+        )
     preset, preset_name = load_preset(algo, env_id, continuous, preset_file)
     return build_config(cls, {**preset, "env_id": env_id, **overrides}), preset_name

@@ -23,10 +23,10 @@ from agents import advantages as adv
 from agents import vine
 from agents.networks import Sample
 from agents.onpolicy import env_options
-from agents.plumbing import Envs, open_envs
 from agents.rollout import Episodes, Policy, SegmentBuffers, concat_episodes, episode_steps
+from agents.run_envs import Envs, open_envs
 from agents.seeding import start_seeds
-from agents.training import Collected
+from agents.training import Experience
 from agents.vine import VineValues
 from envs import EnvOptions, episode_limit, make_vector
 from envs import start_states as starts
@@ -86,8 +86,10 @@ def validate(cfg: GroupSettings) -> None:
         except NotRestorable as error:
             raise BadInput(f"start_mode=branch: {error}") from None
     if cfg.advantage == "vine" and not starts.settable(cfg.env_id, **cfg.env_kwargs):
-        raise BadInput(f"advantage=vine restores states along trajectories, which needs an env whose state can be "
-                       f"set (MuJoCo, classic control, the testbed's tasks); {cfg.env_id}'s cannot")  # fmt: skip
+        raise BadInput(
+            f"advantage=vine restores states along trajectories, which needs an env whose state can be "
+            f"set (MuJoCo, classic control, the testbed's tasks); {cfg.env_id}'s cannot"
+        )
 
 
 def vine_interval(cfg: GroupSettings, H: int) -> int:
@@ -113,7 +115,11 @@ class Groups:
 
 
 def group_steps(
-    cfg: GroupSettings, envs: MemberEnvs, act: Policy, rng: np.random.RandomState, buffers: SegmentBuffers,
+    cfg: GroupSettings,
+    envs: MemberEnvs,
+    act: Policy,
+    rng: np.random.RandomState,
+    buffers: SegmentBuffers,
     iteration: int,
 ) -> Generator[np.ndarray, Sample, Groups]:
     """B groups of G trajectories; with dynamic sampling, tied groups are dropped and more collected. With
@@ -146,8 +152,9 @@ def group_steps(
             env_steps += trunk_steps + replay_steps
             prefix_returns = np.array([p.prefix_return for p in points])
         restore_time += time.perf_counter() - started
-        episodes = yield from episode_steps(env, np.asarray(first_obs, dtype=np.float32), buffers,
-                                            recorder.record if recorder else None)  # fmt: skip
+        episodes = yield from episode_steps(
+            env, np.asarray(first_obs, dtype=np.float32), buffers, recorder.record if recorder else None
+        )
         env_steps += episodes.env_steps
         rounds.append(episodes)
         returns = adv.discounted_returns(episodes.rewards, episodes.mask, cfg.gamma).view(B, G)  # (B, G)
@@ -177,8 +184,11 @@ def open_member_envs(cfg: Any, H: int) -> tuple[Envs, MemberEnvs, SegmentBuffers
     envs = open_envs(cfg, cfg.batch_trajectories, env_options(cfg, vectorization=cfg.vectorization), **time_limit(cfg))
     mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs) if cfg.start_mode == "branch" else None
     trunk_options = EnvOptions(vectorization="sync", reward_delay=cfg.reward_delay)  # B raw envs, no normalization
-    trunks = None if mode is None else make_vector(cfg.env_id, cfg.num_groups, trunk_options, **cfg.env_kwargs,
-                                                   **time_limit(cfg))  # fmt: skip
+    trunks = (
+        None
+        if mode is None
+        else make_vector(cfg.env_id, cfg.num_groups, trunk_options, **cfg.env_kwargs, **time_limit(cfg))
+    )
     buffers = SegmentBuffers(H, cfg.batch_trajectories, envs.obs_dim, envs.action_shape, not envs.continuous)
     return envs, MemberEnvs(envs.train, trunks, mode), buffers
 
@@ -192,7 +202,9 @@ def close_member_envs(envs: Envs, groups: MemberEnvs) -> None:
 # ── scoring each trajectory against its group, and the batch the update learns from ──────────────────
 
 
-def group_advantages(cfg: GroupSettings, batch: Episodes, returns: Tensor, vine_values: Tensor | None, H: int) -> Tensor:
+def group_advantages(
+    cfg: GroupSettings, batch: Episodes, returns: Tensor, vine_values: Tensor | None, H: int
+) -> Tensor:
     """Per-step advantages (T, M) of the batch's B·G trajectories; returns (B, G), vine values (J, M)."""
     T, M = batch.mask.shape
     if cfg.advantage == "vine":
@@ -210,8 +222,12 @@ def group_advantages(cfg: GroupSettings, batch: Episodes, returns: Tensor, vine_
         A = adv.group_step_baseline(batch.rewards.view(by_group), batch.mask.view(by_group), cfg.gamma).view(T, M)
         # One positive scale for the whole batch, which keeps tied groups at 0 and every sign as it is.
         return A / (A[batch.mask].std() + 1e-8) if batch.mask.sum() > 1 else A
-    scores = {"outcome": adv.group_outcome, "no_std": adv.group_no_std, "batch_std": adv.group_batch_std,
-              "rloo": adv.group_rloo}[cfg.advantage](returns)  # (B, G)  # fmt: skip
+    scores = {
+        "outcome": adv.group_outcome,
+        "no_std": adv.group_no_std,
+        "batch_std": adv.group_batch_std,
+        "rloo": adv.group_rloo,
+    }[cfg.advantage](returns)  # (B, G)
     return scores.reshape(1, M).expand(T, M) * batch.mask
 
 
@@ -255,18 +271,31 @@ def pad_groups(
             batch = seed_groups.batch
             T, trajectories[k] = batch.mask.shape
             seed_advantages, seed_loss_mask = targets(seed_groups)
-            for x, value in ((obs, batch.obs), (actions, batch.actions), (old_log_probs, batch.log_probs),
-                             (advantages, seed_advantages), (valid, batch.mask), (loss_mask, seed_loss_mask)):
-                x[k, :T, : value.shape[1]] = value  # fmt: skip
+            for x, value in (
+                (obs, batch.obs),
+                (actions, batch.actions),
+                (old_log_probs, batch.log_probs),
+                (advantages, seed_advantages),
+                (valid, batch.mask),
+                (loss_mask, seed_loss_mask),
+            ):
+                x[k, :T, : value.shape[1]] = value
     flat = partial(torch.flatten, start_dim=1, end_dim=2)  # (S, H, M, …) → (S, H·M, …)
-    return PaddedGroups(flat(obs).to(device), flat(actions).to(device), flat(old_log_probs).to(device),
-                        flat(valid).to(device), advantages.to(device), loss_mask.to(device), trajectories)  # fmt: skip
+    return PaddedGroups(
+        flat(obs).to(device),
+        flat(actions).to(device),
+        flat(old_log_probs).to(device),
+        flat(valid).to(device),
+        advantages.to(device),
+        loss_mask.to(device),
+        trajectories,
+    )
 
 
-def collected(groups: Groups) -> Collected:
+def experience(groups: Groups) -> Experience:
     """An iteration's groups as the lifecycle counts and logs them."""
     lengths = torch.cat([e.lengths for e in groups.rounds]).tolist()
-    return Collected(groups, groups.env_steps, groups.episode_returns, lengths)
+    return Experience(groups, groups.env_steps, groups.episode_returns, lengths)
 
 
 def group_statistics(groups: Groups) -> dict[str, float | None]:
@@ -279,24 +308,33 @@ def group_statistics(groups: Groups) -> dict[str, float | None]:
     return {
         "grpo/frac_zero_std_groups": float(tied.float().mean()),
         "grpo/group_return_std": float(groups.group_returns.std(1).mean()),
-        "grpo/episode_length_mean": float(lengths.mean()), "grpo/episode_length_min": float(lengths.min()),
-        "grpo/episode_length_max": float(lengths.max()), "grpo/truncated_fraction": float(truncated.mean()),
+        "grpo/episode_length_mean": float(lengths.mean()),
+        "grpo/episode_length_min": float(lengths.min()),
+        "grpo/episode_length_max": float(lengths.max()),
+        "grpo/truncated_fraction": float(truncated.mean()),
         "grpo/idle_step_fraction": idle_steps / stepped,
         "grpo/dropped_groups": float(len(tied) - groups.kept_groups),
-        "grpo/restore_time_s": groups.restore_time_s, "grpo/step_time_s": sum(e.step_time_s for e in groups.rounds),
+        "grpo/restore_time_s": groups.restore_time_s,
+        "grpo/step_time_s": sum(e.step_time_s for e in groups.rounds),
         "grpo/vine_points": groups.vine.points if groups.vine else None,
         "grpo/vine_branch_step_fraction": groups.vine.branch_steps / groups.env_steps if groups.vine else None,
-    }  # fmt: skip
+    }
 
 
 def diagnostics(groups: Groups, stats: dict[str, float], lr_scale: float) -> dict[str, float | None]:
     """PPO's loss tags where they mean the same thing, the update's grpo/ tags and the groups' own."""
     clipfrac = stats["clipfrac_low"] + stats["clipfrac_high"] if "clipfrac_low" in stats else None
     return {
-        "losses/policy_loss": stats.get("policy_loss"), "losses/entropy": stats.get("entropy"),
-        "losses/approx_kl": stats.get("approx_kl"), "losses/clipfrac": clipfrac,
-        "grpo/clipfrac_low": stats.get("clipfrac_low"), "grpo/clipfrac_high": stats.get("clipfrac_high"),
-        "grpo/kl_ref": stats.get("kl_ref"), "grpo/ratio_mean": stats.get("ratio_mean"),
-        "grpo/update_kl": stats.get("update_kl"), "grpo/epochs_run": stats.get("epochs_run"),
-        "grpo/lr_scale": lr_scale, **group_statistics(groups),
-    }  # fmt: skip
+        "losses/policy_loss": stats.get("policy_loss"),
+        "losses/entropy": stats.get("entropy"),
+        "losses/approx_kl": stats.get("approx_kl"),
+        "losses/clipfrac": clipfrac,
+        "grpo/clipfrac_low": stats.get("clipfrac_low"),
+        "grpo/clipfrac_high": stats.get("clipfrac_high"),
+        "grpo/kl_ref": stats.get("kl_ref"),
+        "grpo/ratio_mean": stats.get("ratio_mean"),
+        "grpo/update_kl": stats.get("update_kl"),
+        "grpo/epochs_run": stats.get("epochs_run"),
+        "grpo/lr_scale": lr_scale,
+        **group_statistics(groups),
+    }

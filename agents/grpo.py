@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from gymnasium.vector import VectorEnv
 from torch import Tensor
 
 from agents import losses
@@ -40,8 +41,8 @@ from agents.groups import (
     Groups,
     MemberEnvs,
     close_member_envs,
-    collected,
     diagnostics,
+    experience,
     group_steps,
     horizon,
     open_member_envs,
@@ -49,24 +50,46 @@ from agents.groups import (
     targets,
     validate,
 )
-from agents.networks import Actor, Sample, StackedNetworks, adapt_step_size, refresh_reference
+from agents.networks import Actor, Sample, StackedNetworks, adapt_step_size, load_weights, refresh_reference
 from agents.onpolicy import SeedParts, SeedStack
-from agents.plumbing import Envs, network_spec, obs_statistics
+from agents.registry import Declaration
 from agents.rollout import SegmentBuffers, drive_seeds
-from agents.seeds import ROWS, Minibatches, log_probs_at, masked_mean, pick_steps, trajectories_at
-from agents.training import Collected, run_stack
+from agents.run_envs import Envs, network_spec, obs_statistics
+from agents.stacked import ROWS, Minibatches, log_probs_at, masked_mean, pick_steps, trajectories_at
+from agents.training import Experience, run_stack
 from envs import load_normalizer_state, normalizer_state
 
 TAGS = [
-    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-    "losses/policy_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
-    "grpo/frac_zero_std_groups", "grpo/group_return_std", "grpo/clipfrac_low", "grpo/clipfrac_high",
-    "grpo/kl_ref", "grpo/ratio_mean", "grpo/episode_length_mean", "grpo/episode_length_min",
-    "grpo/episode_length_max", "grpo/truncated_fraction", "grpo/idle_step_fraction", "grpo/dropped_groups",
-    "grpo/restore_time_s", "grpo/step_time_s", "grpo/vine_points", "grpo/vine_branch_step_fraction",
-    "grpo/update_kl", "grpo/lr_scale", "grpo/epochs_run",
-    "eval/return_mean", "eval/return_std",
-]  # fmt: skip
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "grpo/frac_zero_std_groups",
+    "grpo/group_return_std",
+    "grpo/clipfrac_low",
+    "grpo/clipfrac_high",
+    "grpo/kl_ref",
+    "grpo/ratio_mean",
+    "grpo/episode_length_mean",
+    "grpo/episode_length_min",
+    "grpo/episode_length_max",
+    "grpo/truncated_fraction",
+    "grpo/idle_step_fraction",
+    "grpo/dropped_groups",
+    "grpo/restore_time_s",
+    "grpo/step_time_s",
+    "grpo/vine_points",
+    "grpo/vine_branch_step_fraction",
+    "grpo/update_kl",
+    "grpo/lr_scale",
+    "grpo/epochs_run",
+    "eval/return_mean",
+    "eval/return_std",
+]
 FINITE = ("losses/policy_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac")
 """The losses that must stay finite: a NaN in one stops the run, with the last good checkpoint kept."""
 
@@ -93,8 +116,9 @@ class GRPOConfig(RunConfig):
     """reset: groups start from a seeded reset; branch: from a state part-way along a trunk episode."""
     branch_max_depth: int = 100
     """branch: the trunk runs a uniformly drawn 0 … branch_max_depth steps before the branch point."""
-    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process", "step_baseline", "step_alive",
-                       "vine"] = "outcome"
+    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process", "step_baseline", "step_alive", "vine"] = (
+        "outcome"
+    )
     """How a trajectory is scored against its group (see agents/advantages.py); vine: from Monte-Carlo
     values of branches at states along it instead (agents/vine.py, the ``grpo-vine`` algo)."""
     vine_points: int = 4
@@ -153,8 +177,10 @@ class GRPOConfig(RunConfig):
             self.vine_branches >= 1 and self.batch_trajectories % self.vine_branches == 0,
             f"vine_branches (K) must divide B·G = {self.batch_trajectories}, got {self.vine_branches}",
         )
-        check(self.advantage != "vine" or not self.dynamic_sampling, "advantage=vine does not drop groups: "
-              "set dynamic_sampling=false")  # fmt: skip
+        check(
+            self.advantage != "vine" or not self.dynamic_sampling,
+            "advantage=vine does not drop groups: set dynamic_sampling=false",
+        )
         check(self.advantage != "vine" or self.vectorization == "sync", "advantage=vine needs vectorization=sync")
         check(self.start_mode == "reset" or self.vectorization == "sync", "start_mode=branch needs vectorization=sync")
 
@@ -191,8 +217,15 @@ def minibatch_loss(net: StackedNetworks, cfg: GRPOConfig, picked: dict[str, Tens
         per_step = surrogate + cfg.beta * kl_ref - cfg.ent_coef * entropy
         loss = loss + (x["weight"] * torch.where(x["mask"], per_step, 0.0)).sum(-1)  # (S,)
         with torch.no_grad():
-            terms = [x["weight"] * surrogate, entropy, losses.k3_kl(log_ratio), kl_ref, ratio,
-                     (ratio < 1.0 - cfg.clip_low).float(), (ratio > 1.0 + cfg.clip_high).float()]  # fmt: skip
+            terms = [
+                x["weight"] * surrogate,
+                entropy,
+                losses.k3_kl(log_ratio),
+                kl_ref,
+                ratio,
+                (ratio < 1.0 - cfg.clip_low).float(),
+                (ratio > 1.0 + cfg.clip_high).float(),
+            ]
             sums = sums + torch.stack([torch.where(x["mask"], term, 0.0).sum(-1) for term in terms], dim=1)
     return loss, sums  # type: ignore[return-value]
 
@@ -202,15 +235,20 @@ def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, floa
     means over its minibatches and its whole update's KL.
 
     Seed k's batch is padded to (H, B·G) (``groups.pad_groups``); each epoch, its own generator shuffles its
-    trajectories into near-equal minibatches, padded to ⌈B·G / minibatches⌉ (``seeds.Minibatches``), whose
+    trajectories into near-equal minibatches, padded to ⌈B·G / minibatches⌉ (``stacked.Minibatches``), whose
     loss steps run in chunks (:func:`minibatch_loss`). A seed whose approx_kl passes twice ``kl_target``
     stops stepping, as its epochs end.
     """
     cfg, net, S, H, M = learner.cfg, learner.stack.net, len(learner.seeds), learner.H, learner.cfg.batch_trajectories
     padded = pad_groups(groups, partial(targets, cfg, H=H), H, M, cfg.device)
     ref_log_probs = log_probs_at(learner.references, padded.obs, padded.actions, padded.valid)  # fixed this iteration
-    batch = {"obs": padded.obs, "actions": padded.actions, "old_log_probs": padded.old_log_probs,
-             "advantages": padded.advantages.flatten(1, 2), "ref_log_probs": ref_log_probs}  # fmt: skip
+    batch = {
+        "obs": padded.obs,
+        "actions": padded.actions,
+        "old_log_probs": padded.old_log_probs,
+        "advantages": padded.advantages.flatten(1, 2),
+        "ref_log_probs": ref_log_probs,
+    }
     members = torch.arange(M).unsqueeze(0) < padded.trajectories.unsqueeze(1)  # (S, M)  each seed's trajectories
     minibatches = Minibatches(members.to(cfg.device), cfg.num_minibatches, learner.stack.random)
     stepping = (padded.trajectories > 0).to(cfg.device)  # (S,)
@@ -264,13 +302,13 @@ class Seed:
 
 class Learner:
     """S seeds' GRPO (a :class:`~agents.training.Trainer`): each seed's own state and groups, on the shared seed
-    stack (``onpolicy.SeedStack``: the actors computed together, one optimizer, generators and lanes)."""
+    stack (``onpolicy.SeedStack``: the actors computed together, one optimizer, generators and trainees)."""
 
     tags, finite = TAGS, FINITE
 
     def __init__(self, cfgs: list[GRPOConfig]) -> None:
         """Each seed's envs, actor and reference, seeded as a single run seeds them, then stacked
-        (``onpolicy.SeedStack``: the actors (S, P), their optimizer, generators and lanes)."""
+        (``onpolicy.SeedStack``: the actors (S, P), their optimizer, generators and trainees)."""
         self.seeds: list[Seed] = []
         self.H = horizon(cfgs[0])  # H: the training time limit
 
@@ -286,7 +324,7 @@ class Learner:
         except BaseException:
             self.close()
             raise
-        self.lanes, self.random = self.stack.lanes, self.stack.random
+        self.trainees, self.random = self.stack.trainees, self.stack.random
         self.references = StackedNetworks([seed.reference for seed in self.seeds])  # (S, P)
 
     @property
@@ -294,45 +332,65 @@ class Learner:
         """The settings every seed shares (all but the seed)."""
         return self.seeds[0].cfg
 
-    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Experience | None]:
         """Every running seed's B groups of G trajectories (``groups.group_steps``). At each step, the live
         members of every seed act through one batched forward pass; each seed draws from its own generator."""
         S, M, obs_dim = len(self.seeds), self.cfg.batch_trajectories, self.seeds[0].envs.obs_dim
         net = self.stack.net
-        steps = {k: group_steps(seed.cfg, seed.groups, net.alone(k, seed.actor, self.random.torch[k]),
-                                self.random.numpy[k], seed.buffers, iterations[k])
-                 for k, seed in enumerate(self.seeds) if running[k]}  # fmt: skip
+        steps = {
+            k: group_steps(
+                seed.cfg,
+                seed.groups,
+                net.seed_policy(k, seed.actor, self.random.torch[k]),
+                self.random.numpy[k],
+                seed.buffers,
+                iterations[k],
+            )
+            for k, seed in enumerate(self.seeds)
+            if running[k]
+        }
 
         def act(obs: Tensor) -> list[Callable[[int], Sample]]:
             out = net.policy(obs.to(self.cfg.device))  # (S, M, action_dim)
-            return [partial(lambda k, rows: net.sample_seed(k, out[k, :rows], self.random.torch[k]), k)
-                    for k in range(S)]  # fmt: skip
+            return [
+                partial(lambda k, rows: net.sample_seed(k, out[k, :rows], self.random.torch[k]), k) for k in range(S)
+            ]
 
         groups = drive_seeds(steps, act, (S, M, obs_dim))
-        return [collected(groups[k]) if running[k] else None for k in range(S)]
+        return [experience(groups[k]) if running[k] else None for k in range(S)]
 
     def learn(
-        self, batches: list[Collected | None], iterations: list[int], remaining: list[float],
-        learning_rates: list[float], running: list[bool],
-    ) -> list[dict[str, float | None]]:  # fmt: skip
+        self,
+        batches: list[Experience | None],
+        iterations: list[int],
+        remaining: list[float],
+        learning_rates: list[float],
+        running: list[bool],
+    ) -> list[dict[str, float | None]]:
         """The update at each seed's scheduled learning rate times its KL-target factor; then each seed's step
         size adapted to ``kl_target``, its reference refreshed, and its diagnostics."""
         groups = [c.batch if c is not None else None for c in batches]
         self.stack.set_learning_rates([lr * seed.lr_scale for lr, seed in zip(learning_rates, self.seeds, strict=True)])
         metrics: list[dict[str, float | None]] = []
-        for seed, seed_groups, stats, iteration in zip(self.seeds, groups, update(self, groups), iterations, strict=True):
+        for seed, seed_groups, stats, iteration in zip(
+            self.seeds, groups, update(self, groups), iterations, strict=True
+        ):
             if seed_groups is not None:  # a seed no longer running learns nothing
                 if (cfg := seed.cfg).kl_target is not None and stats:
                     seed.lr_scale = adapt_step_size(seed.lr_scale, stats["update_kl"], cfg.kl_target)
-                refresh_reference(seed.reference, seed.actor, cfg.ref_update,
-                                  iteration % cfg.ref_update_interval == 0, cfg.ref_ema)  # fmt: skip
+                refresh_reference(
+                    seed.reference, seed.actor, cfg.ref_update, iteration % cfg.ref_update_interval == 0, cfg.ref_ema
+                )
             metrics.append(diagnostics(seed_groups, stats, seed.lr_scale) if seed_groups is not None else {})
         return metrics
 
     def save(self, k: int) -> dict[str, Any]:  # the reference, the normalizer, the step size (iterations start afresh)
         seed = self.seeds[k]
-        return {"reference": seed.reference.state_dict(), "normalizers": normalizer_state(seed.envs.train),
-                "lr_scale": seed.lr_scale}  # fmt: skip
+        return {
+            "reference": seed.reference.state_dict(),
+            "normalizers": normalizer_state(seed.envs.train),
+            "lr_scale": seed.lr_scale,
+        }
 
     def load(self, k: int, checkpoint: dict[str, Any]) -> None:
         seed = self.seeds[k]
@@ -360,11 +418,6 @@ def train_stack(
 
 
 # ── Declaration: what the registry, the planner and `testbed tune` know of GRPO ─────────────────────────
-# Imported here, beside the declaration that alone uses them.
-from gymnasium.vector import VectorEnv
-
-from agents.networks import load_weights
-from agents.registry import Declaration
 
 
 def load_policy(cfg: GRPOConfig, env: VectorEnv, weights: dict[str, Any]) -> Actor:

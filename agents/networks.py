@@ -119,12 +119,13 @@ def layers_of(model: Actor | ActorCritic, stacked: Callable[[nn.Parameter], Tens
 
     critic = isinstance(model, ActorCritic)
     return Layers(
-        actor_trunk=pairs(actor.trunk), actor_head=(stacked(actor.head.weight), stacked(actor.head.bias)),
+        actor_trunk=pairs(actor.trunk),
+        actor_head=(stacked(actor.head.weight), stacked(actor.head.bias)),
         log_std=None if actor.log_std is None else stacked(actor.log_std),
         critic_trunk=pairs(model.critic_trunk) if critic and model.critic_trunk is not None else None,
         critic_head=(stacked(model.critic_head.weight), stacked(model.critic_head.bias)) if critic else None,
         activation=model.spec.activation,
-    )  # fmt: skip
+    )
 
 
 def one_seed(parameter: nn.Parameter) -> Tensor:
@@ -312,7 +313,7 @@ class StackedNetworks:
         actions = out + torch.exp(self.log_std[k]) * torch.randn(out.shape, generator=generator, device=out.device)
         return Sample(actions, D.gaussian_log_prob(out, self.log_std[k], actions))
 
-    def alone(self, k: int, model: Actor, generator: torch.Generator) -> Callable[[Tensor], Sample]:
+    def seed_policy(self, k: int, model: Actor, generator: torch.Generator) -> Callable[[Tensor], Sample]:
         """Seed k's π_θ acting on its own, outside the stack's batched steps (GRPO's trunks and vine
         branches): its own module, which computes as its row of the stack, and its own generator."""
         device = self.flat.device

@@ -4,10 +4,10 @@ Two parts, which an algorithm holds (composition, not a base class):
 
 - :class:`SeedStack`: each seed's networks, built as a single run builds them (seeded, then its generators
   captured) and computed together (``networks.StackedNetworks``); the per-seed optimizer, its learning
-  rates and the masked gradient step; each seed's :class:`~agents.training.Lane`; each seed's metrics out
+  rates and the masked gradient step; each seed's :class:`~agents.training.Trainee`; each seed's metrics out
   of a stacked (S, k) tensor. Every on-policy algorithm uses it (PPO, GRPO).
 - :class:`OnPolicy`: the collector of actor-critic algorithms (PPO, A2C): each seed's training envs (one
-  vector env for all seeds where that is exact, ``plumbing.open_shared_envs``), its evaluation env, an
+  vector env for all seeds where that is exact, ``run_envs.open_shared_envs``), its evaluation env, an
   :class:`~agents.networks.ActorCritic` per seed in a :class:`SeedStack`, and ``collect``: T steps of every
   seed's N envs (:func:`segment_steps`), every step's actions from one batched forward pass; with the
   envs' part of ``save``, ``load`` and ``close``. GRPO collects groups of its own (``agents.groups``).
@@ -36,21 +36,21 @@ from agents import advantages as adv
 from agents import losses, optimizers
 from agents.config import RunConfig
 from agents.networks import Act, ActorCritic, StackedNetworks, load_weights
-from agents.plumbing import (
+from agents.rollout import RolloutState, SegmentBuffers
+from agents.run_envs import (
     SharedEnv,
-    envs_around,
+    envs_with_shapes,
     make_eval_env,
     network_spec,
     open_shared_envs,
     restore_envs,
     save_envs,
-    seat,
+    seed_env,
     seed_obs_statistics,
 )
-from agents.rollout import RolloutState, SegmentBuffers
 from agents.seeding import seed_everything
-from agents.seeds import SeedGenerators, by_seed
-from agents.training import Collected, Lane
+from agents.stacked import SeedGenerators, by_seed
+from agents.training import Experience, Trainee
 from envs import EnvOptions
 
 
@@ -63,7 +63,7 @@ def env_options(cfg: RunConfig, **own: Any) -> EnvOptions:
     )
 
 
-# ── every seed's networks, optimizer and lanes ─────────────────────────────────────────────────────
+# ── every seed's networks, optimizer and trainees ─────────────────────────────────────────────────────
 
 
 @dataclass
@@ -80,10 +80,10 @@ class SeedParts:
 
 
 class SeedStack:
-    """S seeds' networks as one (S, P) stack, their optimizer and generators, and one lane per seed.
+    """S seeds' networks as one (S, P) stack, their optimizer and generators, and one trainee per seed.
 
     ``build(k, cfg)`` makes seed k's parts right after the global generators are seeded with its seed, as a
-    single run makes them; each seed's own generators then continue from there (``seeds.SeedGenerators``).
+    single run makes them; each seed's own generators then continue from there (``stacked.SeedGenerators``).
     """
 
     def __init__(
@@ -102,8 +102,8 @@ class SeedStack:
         self.net = StackedNetworks([part.model for part in parts])  # (S, P)
         rule = rule or optimizers.adam(self.cfgs[0].learning_rate, eps=1e-5)
         self.optimizer = optimizers.SeedOptimizer(self.net.flat, rule)
-        self.lanes = [
-            Lane(part.model, part.model, self.optimizer.lane(k), part.eval_env, part.obs_stats, part.networks)
+        self.trainees = [
+            Trainee(part.model, part.model, self.optimizer.for_seed(k), part.eval_env, part.obs_stats, part.networks)
             for k, part in enumerate(parts)
         ]
 
@@ -269,7 +269,9 @@ class OnPolicy:
         def build(k: int, cfg: Any) -> SeedParts:
             self.evals.append(make_eval_env(cfg, cfg.eval_episodes))
             model = network(cfg, self.shared[0].env).to(cfg.device)  # its parameters become views of row k
-            return SeedParts(model, self.evals[k], partial(seed_obs_statistics, *seat(self.shared, k)), {name: model})
+            return SeedParts(
+                model, self.evals[k], partial(seed_obs_statistics, *seed_env(self.shared, k)), {name: model}
+            )
 
         try:
             self.shared = open_shared_envs(self.cfgs, n_envs, options)
@@ -277,7 +279,7 @@ class OnPolicy:
         except BaseException:
             self.close()
             raise
-        self.envs = envs_around(self.shared[0].env, self.evals[0])  # the spaces' shapes
+        self.envs = envs_with_shapes(self.shared[0].env, self.evals[0])  # the spaces' shapes
         self.buffers = [
             SegmentBuffers(
                 n_steps, shared.env.num_envs, self.envs.obs_dim, self.envs.action_shape, not self.envs.continuous
@@ -285,7 +287,7 @@ class OnPolicy:
             for shared in self.shared
         ]
 
-    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Experience | None]:
         """T steps in every training env (:func:`segment_steps`), every step's actions from one batched
         forward pass, each seed's drawn from its own generator. A seed no longer running has ended: its envs
         (where seeds share them) step with zero actions, and nothing of it is kept."""
@@ -310,22 +312,22 @@ class OnPolicy:
             for shared, shared_obs in zip(self.shared, current):  # the next observations: the last bootstrap values
                 obs[shared.stack] = torch.from_numpy(shared_obs).view(shared.seeds, N, -1)
             last_values = net.heads(obs.to(cfg.device))[1].cpu()  # (S, N)
-        collected: list[Collected | None] = []  # in the stack's order, as the shared envs are
+        collected: list[Experience | None] = []  # in the stack's order, as the shared envs are
         for step, shared in zip(steps, self.shared):
             segment = finish(step, last_values[shared.stack].flatten())  # (T, S_b·N)
             for j in range(shared.seeds):
                 episodes = shared.rollout.take_episodes(shared.rows(j))  # taken from an ended seed too, and dropped
-                kept = Collected(segment.columns(shared.rows(j)), cfg.n_steps * N, *episodes)
+                kept = Experience(segment.columns(shared.rows(j)), cfg.n_steps * N, *episodes)
                 collected.append(kept if running[shared.first + j] else None)
         return collected
 
     def save(self, k: int) -> dict[str, Any]:
         """Seed k's envs, for its checkpoint."""
-        return save_envs(*seat(self.shared, k))
+        return save_envs(*seed_env(self.shared, k))
 
     def load(self, k: int, checkpoint: dict[str, Any]) -> None:
         """Seed k's envs as the checkpoint left them, where possible."""
-        restore_envs(*seat(self.shared, k), checkpoint, self.cfgs[k].seed)
+        restore_envs(*seed_env(self.shared, k), checkpoint, self.cfgs[k].seed)
 
     def close(self) -> None:
         for env in [shared.env for shared in self.shared] + self.evals:

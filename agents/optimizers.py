@@ -4,7 +4,7 @@ A stack keeps its parameters as one (S, P) tensor, row k seed k's (``networks.St
 :class:`SeedOptimizer` gives each seed its own torch optimizer over one leaf parameter, (P,), whose storage
 is row k itself: stepping it updates seed k's row in place, and seed k's optimizer *is* a ``torch.optim``
 optimizer. Its ``state_dict()`` is a single run's, so a checkpoint moves between a single run and any
-stack, in either direction, and the lifecycle (``training.Lane.optimizer``: checkpoints, resume,
+stack, in either direction, and the lifecycle (``training.Trainee.optimizer``: checkpoints, resume,
 ``tracking.memory_report``) handles it as it handles any torch optimizer.
 
 Why one optimizer per row rather than one over the (S, P) tensor: each seed has its own step count t (Adam's
@@ -24,7 +24,7 @@ of the old state alone::
 Row k's optimizer sees only row k, a contiguous (P,) tensor, and runs the same operations as a single
 run's optimizer over the same parameters, so its numbers are the single run's for any S. What couples the
 seeds before the step is per seed too: the gradient of the summed losses lands in each seed's own row, and
-the clip divides each row by its own norm (``seeds.clip_grad_norms_``). A rule that mixes elements (LBFGS's
+the clip divides each row by its own norm (``stacked.clip_grad_norms_``). A rule that mixes elements (LBFGS's
 line search over the whole model) has no place here; :func:`adam`, :func:`rmsprop` and :func:`sgd` are
 element-wise.
 
@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.networks import LAYOUT_WARNING
-from agents.seeds import clip_grad_norms_
+from agents.stacked import clip_grad_norms_
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 """Builds a single run's torch optimizer over the parameters given, e.g. ``partial(torch.optim.Adam, lr=3e-4)``."""
@@ -100,7 +100,7 @@ class SeedOptimizer:
         self.rows = [nn.Parameter(flat.data[k]) for k in range(flat.shape[0])]  # each (P,), row k's storage
         self.optimizers = [make([row]) for row in self.rows]
 
-    def lane(self, k: int) -> torch.optim.Optimizer:
+    def for_seed(self, k: int) -> torch.optim.Optimizer:
         """Seed k's torch optimizer, as a single run has it: its learning rate, its state, its state dict."""
         return self.optimizers[k]
 
@@ -128,6 +128,6 @@ class SeedOptimizer:
         for k, on in enumerate(stepping.tolist()):
             if on:
                 # A view of row k of the stacked gradient, set anew each step: zero_grad(set_to_none=True)
-                # on a lane's optimizer would otherwise detach it from the row for good.
+                # on a seed's optimizer would otherwise detach it from the row for good.
                 self.rows[k].grad = self.flat.grad[k]
                 self.optimizers[k].step()

@@ -59,15 +59,25 @@ from agents.onpolicy import (
     gae_targets,
     join_segments,
     load_network,
-)  # fmt: skip
-from agents.seeds import Minibatches, by_seed, masked_mean
-from agents.training import Collected, run_stack
+)
+from agents.registry import Declaration
+from agents.stacked import Minibatches, by_seed, masked_mean
+from agents.training import Experience, run_stack
 
 TAGS = [
-    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-    "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
-    "losses/explained_variance", "eval/return_mean", "eval/return_std",
-]  # fmt: skip
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "eval/return_mean",
+    "eval/return_std",
+]
 STATS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac")
 """The update's statistics, each seed's mean over its minibatches (:func:`update`)."""
 FINITE = STATS
@@ -130,8 +140,10 @@ class PPOConfig(RunConfig):
         check(0.0 <= self.gae_lambda <= 1.0, f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
         check(0.0 < self.clip_range < 1.0, f"clip_range must be in (0, 1), got {self.clip_range}")
         check(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf must be positive or none")
-        check(self.value_clip == "prediction" or self.clip_range_vf is not None, "value_clip=max needs a "
-              "clip_range_vf to clip with (CleanRL's clip_vloss uses the clip range, 0.2)")  # fmt: skip
+        check(
+            self.value_clip == "prediction" or self.clip_range_vf is not None,
+            "value_clip=max needs a clip_range_vf to clip with (CleanRL's clip_vloss uses the clip range, 0.2)",
+        )
         check(self.vf_coef >= 0, f"vf_coef must be non-negative, got {self.vf_coef}")
         check(self.target_kl is None or self.target_kl > 0, "target_kl must be positive or none")
 
@@ -161,22 +173,29 @@ class Learner:
     def __init__(self, cfgs: list[PPOConfig]) -> None:
         cfg = cfgs[0]
         options = env_options(
-            cfg, normalize_reward=cfg.normalize_reward, reward_norm_restart=cfg.reward_norm_restart, gamma=cfg.gamma,
+            cfg,
+            normalize_reward=cfg.normalize_reward,
+            reward_norm_restart=cfg.reward_norm_restart,
+            gamma=cfg.gamma,
             vectorization=cfg.vectorization,
         )
         self.cfgs, self.cfg = list(cfgs), cfg  # cfg: the settings every seed shares (all but the seed)
         self.onpolicy = OnPolicy(cfgs, actor_critic, options)
         self.stack = self.onpolicy.stack  # the networks (S, P), the optimizer, the generators
-        self.lanes, self.random = self.stack.lanes, self.stack.random
+        self.trainees, self.random = self.stack.trainees, self.stack.random
 
-    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Experience | None]:
         """T steps of every seed's N envs (``onpolicy.OnPolicy.collect``)."""
         return self.onpolicy.collect(iterations, running)
 
     def learn(
-        self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
-        learning_rates: list[float], running: list[bool],
-    ) -> list[dict[str, float | None]]:  # fmt: skip
+        self,
+        collected: list[Experience | None],
+        iterations: list[int],
+        remaining: list[float],
+        learning_rates: list[float],
+        running: list[bool],
+    ) -> list[dict[str, float | None]]:
         """GAE advantages, then K epochs of minibatch updates at each seed's scheduled learning rate; returns
         each seed's losses and explained variance."""
         cfg, S, gamma, lam = self.cfg, len(self.cfgs), self.cfg.gamma, self.cfg.gae_lambda
@@ -204,7 +223,12 @@ class Learner:
 
 
 def update(
-    learner: Learner, segment: Segment, advantages: Tensor, returns: Tensor, clip: Tensor, running: Tensor,
+    learner: Learner,
+    segment: Segment,
+    advantages: Tensor,
+    returns: Tensor,
+    clip: Tensor,
+    running: Tensor,
     recompute: Callable[[], tuple[Tensor, Tensor]] | None = None,
 ) -> Tensor:
     """K epochs of shuffled minibatches for every running seed; returns each seed's means over its
@@ -219,8 +243,17 @@ def update(
     cfg, net, S = learner.cfg, learner.stack.net, len(learner.cfgs)
     M, device = cfg.num_minibatches, cfg.device
     obs, actions, old_log_probs, old_values, advantages, returns, valid = (
-        by_seed(x, S).to(device) for x in (segment.obs, segment.actions, segment.log_probs, segment.values,
-                                           advantages, returns, segment.sample_mask))  # (S, T·N, …)  # fmt: skip
+        by_seed(x, S).to(device)
+        for x in (
+            segment.obs,
+            segment.actions,
+            segment.log_probs,
+            segment.values,
+            advantages,
+            returns,
+            segment.sample_mask,
+        )
+    )  # (S, T·N, …)
     minibatches = Minibatches(valid, M, learner.stack.random)
     stepping = running.to(device)  # (S,)  seeds still updating; a target-KL stop ends a seed's epochs
     totals = torch.zeros((S, 5), device=device)  # (S, 5)  summed to avoid per-step syncs
@@ -232,7 +265,9 @@ def update(
         epoch = minibatches.gather(obs, actions, old_log_probs, old_values, advantages, returns)
         for m in range(M):
             columns = minibatches.columns(m)
-            mb_obs, mb_actions, mb_old_log_probs, mb_old_values, mb_advantages, mb_returns = (x[:, columns] for x in epoch)
+            mb_obs, mb_actions, mb_old_log_probs, mb_old_values, mb_advantages, mb_returns = (
+                x[:, columns] for x in epoch
+            )
             mask = minibatches.mask[:, columns]  # (S, W)
             mean = partial(masked_mean, mask=mask, count=minibatches.counts[:, m])  # each seed's mean, (S,)
 
@@ -257,8 +292,10 @@ def update(
             learner.stack.step(loss, stepping, cfg.max_grad_norm)
 
             clip_low, clip_high = losses.clip_fraction(ratio.detach(), clip, clip, mean)
-            step_stats = torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl,
-                                      clip_low + clip_high], dim=1)  # (S, 5)  # fmt: skip
+            step_stats = torch.stack(
+                [policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), approx_kl, clip_low + clip_high],
+                dim=1,
+            )  # (S, 5)
             totals += torch.where(stepping.unsqueeze(1), step_stats, 0.0)
             counts += stepping
         if not bool(stepping.any()):  # the target KL stopped every seed: no further epoch
@@ -279,8 +316,6 @@ def train_stack(
 
 
 # ── Declaration: what the registry, the planner and `testbed tune` know of PPO ──────────────────────────
-# Imported here, beside the declaration that alone uses them.
-from agents.registry import Declaration
 
 # PPO's search space for `testbed tune`. It starts from RL Baselines3 Zoo's PPO sampler (utils/hyperparams_opt.py)
 # and departs from it where our configs or budgets call for it:

@@ -188,7 +188,7 @@ class Algo:
     def validate(self, cfg: RunConfig) -> None:
         """Every check that needs the env, run before anything is written: the env builds with the
         config's keyword arguments, and the algo's own checks pass."""
-        from agents.plumbing import check_env  # here, on first use: it imports torch
+        from agents.run_envs import check_env  # here, on first use: it imports torch
 
         check_env(cfg)
         self.checks(cfg)

@@ -90,11 +90,17 @@ class Episodes:
     def select(self, members: Tensor) -> Episodes:
         """The trajectories at indices ``members`` (the idle steps stay those of the whole collection)."""
         return Episodes(
-            obs=self.obs[:, members], actions=self.actions[:, members], log_probs=self.log_probs[:, members],
-            rewards=self.rewards[:, members], mask=self.mask[:, members], terminated=self.terminated[members],
-            truncated=self.truncated[members], idle_steps=self.idle_steps, step_time_s=self.step_time_s,
+            obs=self.obs[:, members],
+            actions=self.actions[:, members],
+            log_probs=self.log_probs[:, members],
+            rewards=self.rewards[:, members],
+            mask=self.mask[:, members],
+            terminated=self.terminated[members],
+            truncated=self.truncated[members],
+            idle_steps=self.idle_steps,
+            step_time_s=self.step_time_s,
             final_obs=None if self.final_obs is None else self.final_obs[members],
-        )  # fmt: skip
+        )
 
 
 def episode_steps(
@@ -176,7 +182,8 @@ def drive(steps: Generator[np.ndarray, Sample, R], act: Policy) -> R:
 
 
 def drive_seeds(
-    steps: dict[int, Generator[np.ndarray, Sample, R]], act: Callable[[Tensor], list[Callable[[int], Sample]]],
+    steps: dict[int, Generator[np.ndarray, Sample, R]],
+    act: Callable[[Tensor], list[Callable[[int], Sample]]],
     shape: tuple[int, int, int],
 ) -> dict[int, R]:
     """Run generators of :func:`episode_steps`'s kind, one per seed k, in lockstep to their ends: at each step,

@@ -37,6 +37,8 @@ CHECKPOINT = "checkpoint.pt"
 def kept_checkpoint(step: int) -> str:
     """The file name of the checkpoint kept for ``keep_checkpoints`` step s: ``checkpoint-at-<s>.pt``."""
     return f"checkpoint-at-{step}.pt"
+
+
 PACKAGES = ("torch", "gymnasium", "numpy", "stable-baselines3", "mujoco", "box2d", "tensorboard")
 PARENT_PID = "TESTBED_PARENT_PID"
 """The environment variable naming the driver that started a trainer: the trainer stops when it dies."""
@@ -67,7 +69,7 @@ class DirLock:
         self.created = [d for d in [path, self.directory, *self.directory.parents] if not d.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
         while True:
-            file = open(path, "a+")
+            file = open(path, "a+")  # noqa: SIM115  held open: the lock lasts as long as the file is open
             try:
                 fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -75,8 +77,10 @@ class DirLock:
                 holder = file.read().strip() or "another process"
                 file.close()
                 self.created = []
-                raise BadInput(f"{self.directory} is being written by {holder}. Wait for it to finish, or stop it "
-                               "(its checkpoint lets you rerun or --resume), then try again.") from None  # fmt: skip
+                raise BadInput(
+                    f"{self.directory} is being written by {holder}. Wait for it to finish, or stop it "
+                    "(its checkpoint lets you rerun or --resume), then try again."
+                ) from None
             # A releasing holder may have removed the file between our open and our lock: lock the file that
             # is at the path now, or two processes would each hold a lock of their own.
             if path.exists() and os.path.samestat(os.fstat(file.fileno()), path.stat()):
@@ -132,23 +136,32 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> DirLock:
     since without a checkpoint nothing in them can be continued. A resumed run needs ``checkpoint.pt``.
     """
     if resume and not (run_dir / CHECKPOINT).exists():
-        raise BadInput(f"--resume: {run_dir} holds no {CHECKPOINT}, so there is nothing to continue. "
-                       "Run the same command without --resume to start it again.")  # fmt: skip
+        raise BadInput(
+            f"--resume: {run_dir} holds no {CHECKPOINT}, so there is nothing to continue. "
+            "Run the same command without --resume to start it again."
+        )
     lock = DirLock(run_dir).acquire()
     try:
         if resume:
             return lock
         # plots/ is `testbed plot`'s, of the attempt that stopped: kept, and redrawn by the next plot
         entries = [p for p in run_dir.iterdir() if p.name != LOCK and not (p.name == "plots" and p.is_dir())]
-        stale = [p for p in entries if p.is_file() and (p.name in RESTARTABLE or p.name.startswith(("events.out",
-                 "meta.resume", ".")))]  # fmt: skip
+        stale = [
+            p
+            for p in entries
+            if p.is_file() and (p.name in RESTARTABLE or p.name.startswith(("events.out", "meta.resume", ".")))
+        ]
         if (run_dir / CHECKPOINT).exists():
-            raise BadInput(f"run directory {run_dir} already exists and holds a checkpoint. Pass --resume to continue "
-                           "it, or choose another --run-dir.")  # fmt: skip
+            raise BadInput(
+                f"run directory {run_dir} already exists and holds a checkpoint. Pass --resume to continue "
+                "it, or choose another --run-dir."
+            )
         if len(stale) != len(entries):
             others = sorted(p.name for p in entries if p not in stale)
-            raise BadInput(f"run directory {run_dir} holds files that are not a run's ({brief(others)}); move them "
-                           "away, or choose another --run-dir.")  # fmt: skip
+            raise BadInput(
+                f"run directory {run_dir} holds files that are not a run's ({brief(others)}); move them "
+                "away, or choose another --run-dir."
+            )
         for path in stale:
             path.unlink()
         return lock
@@ -266,8 +279,10 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
         if isinstance(summary, dict):
             return summary
         problem = "holds JSON that is not an object ({...})"
-    raise BadInput(f"{path} {problem}. Delete it: rerunning the bench then resumes that run from its checkpoint, "
-                   "or starts it again if it has none.")  # fmt: skip
+    raise BadInput(
+        f"{path} {problem}. Delete it: rerunning the bench then resumes that run from its checkpoint, "
+        "or starts it again if it has none."
+    )
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -8,6 +8,7 @@ Checkpoints are written atomically (temporary file, fsync, rename) and loaded wi
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -97,15 +98,20 @@ def load_checkpoint(run_dir: Path, expected: dict[str, Any], name: str = CHECKPO
     """
     path = run_dir / name
     if not path.exists():
-        raise BadInput(f"{run_dir} holds no {name}, so there is nothing to continue or evaluate. A run stopped "
-                       "before its first checkpoint starts again with the same command, without --resume.")  # fmt: skip
+        raise BadInput(
+            f"{run_dir} holds no {name}, so there is nothing to continue or evaluate. A run stopped "
+            "before its first checkpoint starts again with the same command, without --resume."
+        )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001  any unpickling failure means the same thing to the user
         # torch's own message suggests weights_only=False, i.e. running the file's code: never here.
         first_line = (str(error).splitlines() or ["no detail"])[0]
-        why = ("it holds objects other than tensors and plain data, which this testbed never unpickles"
-               if isinstance(error, pickle.UnpicklingError) else f"{type(error).__name__}: {first_line}")
+        why = (
+            "it holds objects other than tensors and plain data, which this testbed never unpickles"
+            if isinstance(error, pickle.UnpicklingError)
+            else f"{type(error).__name__}: {first_line}"
+        )
         raise BadInput(
             f"{path} is corrupted or not a checkpoint of this testbed ({why}). "
             "Start a new run in another directory, or restore the file from a backup."
@@ -168,8 +174,9 @@ def record_diverged(run_dir: Path, error: NonFiniteCheckpoint, run: dict[str, An
     holder = lock_holder(run_dir)
     if holder is not None and not holder.startswith(f"pid {os.getpid()} "):
         return
-    write_summary(run_dir, {**run, "status": "failed", "total_steps": error.global_step, "error": str(error),
-                            "diverged": True})  # fmt: skip
+    write_summary(
+        run_dir, {**run, "status": "failed", "total_steps": error.global_step, "error": str(error), "diverged": True}
+    )
 
 
 def check_progress(run_dir: Path, csv_bytes: int | None) -> None:
@@ -179,12 +186,16 @@ def check_progress(run_dir: Path, csv_bytes: int | None) -> None:
     path = run_dir / "progress.csv"
     fix = f"Restore {path.name} from a backup, or start the run again in a new folder."
     if not path.exists():
-        raise BadInput(f"{path} is missing, but the run has a checkpoint ({CHECKPOINT}): a resume would lose every "
-                       f"row before it. {fix}")  # fmt: skip
+        raise BadInput(
+            f"{path} is missing, but the run has a checkpoint ({CHECKPOINT}): a resume would lose every "
+            f"row before it. {fix}"
+        )
     size = path.stat().st_size
     if csv_bytes is not None and size < csv_bytes:
-        raise BadInput(f"{path} holds {size:,} bytes, fewer than the {csv_bytes:,} that {run_dir / CHECKPOINT} "
-                       f"recorded: rows were deleted, and a resume would leave a gap in the curve. {fix}")  # fmt: skip
+        raise BadInput(
+            f"{path} holds {size:,} bytes, fewer than the {csv_bytes:,} that {run_dir / CHECKPOINT} "
+            f"recorded: rows were deleted, and a resume would leave a gap in the curve. {fix}"
+        )
 
 
 def recorded_csv_bytes(run_dir: Path) -> int | None:
@@ -240,7 +251,7 @@ class MetricLog:
                 atomic_write_text(self.csv_path, self._csv_text(rows))
         else:
             atomic_write_text(self.csv_path, self._csv_text([]))
-        self.csv_file = open(self.csv_path, "a", newline="")
+        self.csv_file = open(self.csv_path, "a", newline="")  # noqa: SIM115  open for the run: closed by close()
         self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.columns, extrasaction="ignore")
 
     def _csv_text(self, rows: list[dict[str, str]]) -> str:
@@ -279,7 +290,7 @@ class MetricLog:
         rows[-1].update({k: v for k, v in values.items() if math.isfinite(v)})
         self.csv_file.close()
         atomic_write_text(self.csv_path, self._csv_text(rows))
-        self.csv_file = open(self.csv_path, "a", newline="")
+        self.csv_file = open(self.csv_path, "a", newline="")  # noqa: SIM115  open for the run: closed by close()
         self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.columns, extrasaction="ignore")
 
     def hparams(self, config: dict[str, Any], metrics: dict[str, float]) -> None:
@@ -329,8 +340,6 @@ class Progress:
 # ── signals ──────────────────────────────────────────────────────────────────────────────────────
 
 
-
-
 class StopFlag:
     """Turns SIGINT and SIGTERM into a flag the training loop checks between iterations.
 
@@ -359,10 +368,8 @@ class StopFlag:
 
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: leave signals to the caller
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals to the caller
-                pass
         parent = os.environ.get(PARENT_PID, "")
         if parent.isdigit() and self._previous:
             self._watching = True

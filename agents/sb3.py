@@ -48,24 +48,28 @@ from agents import a2c, runlog
 from agents.a2c import A2CConfig
 from agents.config import check
 from agents.networks import load_weights
-from agents.plumbing import make_eval_env, observation_statistics
 from agents.ppo import FINITE, TAGS, PPOConfig
+from agents.registry import Declaration
+from agents.run_envs import make_eval_env, observation_statistics
 from agents.seeding import env_seeds, generator_seeds, restart_seeds, seed_everything
-from agents.training import Collected, Lane, run_stack
+from agents.training import Experience, Trainee, run_stack
 from envs.delay import DelayedReward
 from envs.errors import BadInput
 
 ALGO = "sb3-ppo"
 # SB3's logger keys → our tags; SB3 logs the entropy *loss*, −H, so its sign flips.
 LOSS_KEYS = {
-    "losses/policy_loss": ("train/policy_gradient_loss", 1.0), "losses/value_loss": ("train/value_loss", 1.0),
-    "losses/entropy": ("train/entropy_loss", -1.0), "losses/approx_kl": ("train/approx_kl", 1.0),
-    "losses/clipfrac": ("train/clip_fraction", 1.0),
-}  # fmt: skip
-A2C_LOSS_KEYS = {
-    "losses/policy_loss": ("train/policy_loss", 1.0), "losses/value_loss": ("train/value_loss", 1.0),
+    "losses/policy_loss": ("train/policy_gradient_loss", 1.0),
+    "losses/value_loss": ("train/value_loss", 1.0),
     "losses/entropy": ("train/entropy_loss", -1.0),
-}  # fmt: skip
+    "losses/approx_kl": ("train/approx_kl", 1.0),
+    "losses/clipfrac": ("train/clip_fraction", 1.0),
+}
+A2C_LOSS_KEYS = {
+    "losses/policy_loss": ("train/policy_loss", 1.0),
+    "losses/value_loss": ("train/value_loss", 1.0),
+    "losses/entropy": ("train/entropy_loss", -1.0),
+}
 
 
 # ── our config as SB3's arguments and env ────────────────────────────────────────────────────────
@@ -95,10 +99,16 @@ def check_expressible(cfg: PPOConfig | A2CConfig) -> None:
     check(cfg.reward_offset == 0.0, f"{name} trains on the env's own reward; drop reward_offset or use --algo {ours}")
     if isinstance(cfg, A2CConfig):
         return
-    check(cfg.value_clip == "prediction", "sb3-ppo clips the value prediction only (SB3's clip_range_vf); use "
-          "value_clip=prediction, or --algo ppo for CleanRL's value_clip=max")  # fmt: skip
-    check(cfg.target_kl is None or not cfg.recompute_advantages, "sb3-ppo runs recompute_advantages one epoch per "
-          "SB3 train() call, where target_kl would stop only that epoch; drop target_kl or recompute_advantages")
+    check(
+        cfg.value_clip == "prediction",
+        "sb3-ppo clips the value prediction only (SB3's clip_range_vf); use "
+        "value_clip=prediction, or --algo ppo for CleanRL's value_clip=max",
+    )
+    check(
+        cfg.target_kl is None or not cfg.recompute_advantages,
+        "sb3-ppo runs recompute_advantages one epoch per "
+        "SB3 train() call, where target_kl would stop only that epoch; drop target_kl or recompute_advantages",
+    )
 
 
 def validate(cfg: PPOConfig | A2CConfig) -> None:
@@ -221,11 +231,18 @@ def make_sb3_env(cfg: PPOConfig | A2CConfig) -> VecEnv:
     with our factory's settings when either normalization is on. ``Learner`` sets the seeds of its first reset."""
     vec_env_cls = SubprocVecEnv if cfg.vectorization == "async" else DummyVecEnv  # SB3 has no native vector envs
     delay = {"wrapper_class": DelayedReward, "wrapper_kwargs": {"delay": cfg.reward_delay}} if cfg.reward_delay else {}
-    env = make_vec_env(cfg.env_id, n_envs=cfg.n_envs, seed=cfg.seed, vec_env_cls=vec_env_cls,
-                       env_kwargs=cfg.env_kwargs, **delay)  # fmt: skip
+    env = make_vec_env(
+        cfg.env_id, n_envs=cfg.n_envs, seed=cfg.seed, vec_env_cls=vec_env_cls, env_kwargs=cfg.env_kwargs, **delay
+    )
     if cfg.normalize_obs or cfg.normalize_reward:
-        env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=10.0,
-                           clip_reward=10.0, gamma=cfg.gamma)  # fmt: skip
+        env = VecNormalize(
+            env,
+            norm_obs=cfg.normalize_obs,
+            norm_reward=cfg.normalize_reward,
+            clip_obs=10.0,
+            clip_reward=10.0,
+            gamma=cfg.gamma,
+        )
     return env
 
 
@@ -247,8 +264,10 @@ def normalizer_state(env: VecEnv) -> dict[str, Any]:
 def load_normalizer_state(env: VecEnv, state: dict[str, Any]) -> None:
     """Inverse of :func:`normalizer_state`; a mismatch in which normalizers exist is an error."""
     if normalizer_state(env).keys() != state.keys():
-        raise BadInput("the checkpoint's normalizer statistics do not match the normalization settings of the run's "
-                       "config.yaml (normalize_obs, normalize_reward): restore the settings it was trained with")
+        raise BadInput(
+            "the checkpoint's normalizer statistics do not match the normalization settings of the run's "
+            "config.yaml (normalize_obs, normalize_reward): restore the settings it was trained with"
+        )
     for name, attr in (("obs_rms", "obs_rms"), ("return_rms", "ret_rms")):
         if name in state:
             rms: RunningMeanStd = getattr(env, attr)
@@ -338,16 +357,25 @@ class Learner:
         self.recorder: BaseCallback = EpisodeRecorder()
         self.started = False
         policy = self.model.policy
-        self.lanes = [Lane(policy, SB3Policy(policy), policy.optimizer, eval_env,
-                           lambda: observation_statistics(normalizer_state(self.env)), {"actor_critic": policy})]
+        self.trainees = [
+            Trainee(
+                policy,
+                SB3Policy(policy),
+                policy.optimizer,
+                eval_env,
+                lambda: observation_statistics(normalizer_state(self.env)),
+                {"actor_critic": policy},
+            )
+        ]
         self.random = ProcessGenerators()
 
-    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Experience | None]:
         """One rollout of ``n_steps`` in each env, as ``OnPolicyAlgorithm.learn`` makes it."""
         model = self.model
         if not self.started:  # learn()'s set-up: the first reset, and the step count it schedules against
-            _, self.recorder = model._setup_learn(self.cfg.total_steps - model.num_timesteps, self.recorder,
-                                                  reset_num_timesteps=False)  # fmt: skip
+            _, self.recorder = model._setup_learn(
+                self.cfg.total_steps - model.num_timesteps, self.recorder, reset_num_timesteps=False
+            )
             self.started = True
         before = model.num_timesteps
         model.collect_rollouts(model.env, self.recorder, model.rollout_buffer, n_rollout_steps=model.n_steps)
@@ -356,12 +384,16 @@ class Learner:
         returns, lengths = list(recorder.returns), list(recorder.lengths)
         recorder.returns.clear()
         recorder.lengths.clear()
-        return [Collected(None, model.num_timesteps - before, returns, lengths)]
+        return [Experience(None, model.num_timesteps - before, returns, lengths)]
 
     def learn(
-        self, collected: list[Collected | None], iterations: list[int], remaining: list[float],
-        learning_rates: list[float], running: list[bool],
-    ) -> list[dict[str, float | None]]:  # fmt: skip
+        self,
+        collected: list[Experience | None],
+        iterations: list[int],
+        remaining: list[float],
+        learning_rates: list[float],
+        running: list[bool],
+    ) -> list[dict[str, float | None]]:
         """SB3's own ``train()``, at SB3's own schedule (the same as ours); its logged values under our tags.
         With PPO's ``recompute_advantages``, one ``train()`` of one epoch per epoch, the advantages recomputed
         before each after the first."""
@@ -378,8 +410,10 @@ class Learner:
                 runlog.check_finite({}, self.model.policy)
                 raise
             logged.append(dict(self.model.logger.name_to_value))
-        metrics: dict[str, float | None] = {tag: sign * float(np.mean([values[key] for values in logged]))
-                                            for tag, (key, sign) in self.reference.loss_keys.items()}  # fmt: skip
+        metrics: dict[str, float | None] = {
+            tag: sign * float(np.mean([values[key] for values in logged]))
+            for tag, (key, sign) in self.reference.loss_keys.items()
+        }
         metrics["losses/explained_variance"] = float(logged[0]["train/explained_variance"])
         return [metrics]
 
@@ -393,7 +427,7 @@ class Learner:
         self.env.unwrapped._seeds = restart_seeds(self.cfg.seed, checkpoint["global_step"], self.cfg.n_envs)
 
     def close(self) -> None:
-        self.lanes[0].eval_env.close()
+        self.trainees[0].eval_env.close()
         self.env.close()
 
 
@@ -428,7 +462,6 @@ def train(cfg: PPOConfig | A2CConfig, run_dir: Path, resume: bool = False, name:
 
 
 # ── Declaration: SB3's PPO and A2C, with our PPO's and A2C's configs and presets ──────────────────────────
-from agents.registry import Declaration  # imported here, beside the declaration that alone uses it
 
 ALGORITHMS = (
     Declaration(

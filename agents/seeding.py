@@ -15,7 +15,7 @@ what ``SeedSequence(seed).spawn(…)[stream]`` gives), with its top bit set. So:
 - distinct seeds, purposes, keys and indices hash to independent words: two reset seeds coincide only by chance,
   with probability 2⁻³¹ per pair;
 - every reset seed lies in [2³¹, 2³²): an int every env takes, and never one of evaluation's fixed seeds
-  ``plumbing.EVAL_SEED_BASE + i``, which all runs share on purpose (common random numbers: every algorithm and
+  ``run_envs.EVAL_SEED_BASE + i``, which all runs share on purpose (common random numbers: every algorithm and
   seed is scored on the same start states).
 
 docs/seed-streams.md describes the streams.
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 RESET_SEED_FLOOR = 2**31
-"""Reset seeds of training lie in [RESET_SEED_FLOOR, 2³²), above every evaluation seed (``plumbing.EVAL_SEED_BASE``
+"""Reset seeds of training lie in [RESET_SEED_FLOOR, 2³²), above every evaluation seed (``run_envs.EVAL_SEED_BASE``
 + i, i < ``eval_episodes``)."""
 
 

@@ -18,8 +18,8 @@ import envs as envs_pkg
 from agents import rundir, runlog
 from agents.config import RunConfig
 from agents.networks import Actor, ActorCritic
-from agents.plumbing import EVAL_SEED_BASE
 from agents.rollout import evaluate_policies, evaluate_policy
+from agents.run_envs import EVAL_SEED_BASE
 
 
 def evaluate(
@@ -40,39 +40,39 @@ def evaluate(
 
 
 class StackEvaluations:
-    """The evaluations of a stack's lanes, those due at the same step run together (:func:`evaluate`).
+    """The evaluations of a stack's seeds, those due at the same step run together (:func:`evaluate`).
 
-    Before each iteration's per-lane logging the lifecycle names the lanes whose evaluation is due
+    Before each iteration's per-seed logging the lifecycle names the seeds whose evaluation is due
     (:meth:`plan`); the first of them to evaluate (:meth:`evaluate`, its :class:`EvalSchedule`'s) evaluates
-    all of them at once and the others take their returns from it. A lane evaluating unplanned (the final
+    all of them at once and the others take their returns from it. A seed evaluating unplanned (the final
     evaluation of a run resumed at its budget, a clock that ran out between the plan and the logging) or
-    after a joint evaluation failed evaluates alone, with the same numbers. ``evaluate_lanes(ks)`` evaluates
-    lanes ``ks`` together.
+    after a joint evaluation failed evaluates alone, with the same numbers. ``evaluate_seeds(ks)`` evaluates
+    seeds ``ks`` together.
     """
 
-    def __init__(self, evaluate_lanes: Callable[[list[int]], list[np.ndarray]]) -> None:
-        self.evaluate_lanes = evaluate_lanes
-        self.planned: list[int] = []  # lanes due this iteration and not evaluated yet
-        self.returns: dict[int, np.ndarray] = {}  # this iteration's evaluations, by lane, until taken
+    def __init__(self, evaluate_seeds: Callable[[list[int]], list[np.ndarray]]) -> None:
+        self.evaluate_seeds = evaluate_seeds
+        self.planned: list[int] = []  # seeds due this iteration and not evaluated yet
+        self.returns: dict[int, np.ndarray] = {}  # this iteration's evaluations, by seed, until taken
 
-    def plan(self, lanes: list[int]) -> None:
-        self.planned, self.returns = list(lanes), {}
+    def plan(self, seeds: list[int]) -> None:
+        self.planned, self.returns = list(seeds), {}
 
     def evaluate(self, k: int) -> np.ndarray:
-        """Lane k's returns: from this iteration's evaluation of every planned lane, which the first of them runs."""
+        """Seed k's returns: from this iteration's evaluation of every planned seed, which the first of them runs."""
         if k not in self.returns:
             together = self.planned if k in self.planned else [k]
-            # Cleared first: a second stop signal that cuts this evaluation short leaves every other lane to
-            # evaluate alone, as each did before lanes were evaluated together.
+            # Cleared first: a second stop signal that cuts this evaluation short leaves every other seed to
+            # evaluate alone, as each did before seeds were evaluated together.
             self.planned = [j for j in self.planned if j not in together]
             try:
-                self.returns.update(zip(together, self.evaluate_lanes(together), strict=True))
+                self.returns.update(zip(together, self.evaluate_seeds(together), strict=True))
             except Exception:
                 if together == [k]:
                     raise
-                # One lane's policy broke the env (a diverged one's NaN actions, say): each evaluates alone,
-                # so that the error is its own lane's.
-                self.returns[k] = self.evaluate_lanes([k])[0]
+                # One seed's policy broke the env (a diverged one's NaN actions, say): each evaluates alone,
+                # so that the error is its own seed's.
+                self.returns[k] = self.evaluate_seeds([k])[0]
         return self.returns.pop(k)
 
 
@@ -173,11 +173,15 @@ class RunTracker:
                 evaluated = False
         metrics = {**metrics, "charts/SPS": sps, **evaluation}
         self.log.scalars(step, metrics)
-        self.log.row(step, self.wall_time(), {
-            **metrics,
-            "charts/episodic_return": float(np.mean(episode_returns)) if len(episode_returns) else None,
-            "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
-        })  # fmt: skip
+        self.log.row(
+            step,
+            self.wall_time(),
+            {
+                **metrics,
+                "charts/episodic_return": float(np.mean(episode_returns)) if len(episode_returns) else None,
+                "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
+            },
+        )
         self.progress.update(step, sps, float(np.mean(self.recent_returns)) if self.recent_returns else None)
         return evaluated
 
@@ -215,8 +219,11 @@ class RunTracker:
                 status, final = "interrupted", {}
         if step > self.cfg.total_steps:
             # Iterations are whole: a budget smaller than one is a run of one iteration, not an error.
-            print(f"trained {step} env steps, {step - self.cfg.total_steps} past total_steps={self.cfg.total_steps}: "
-                  "the last iteration ran whole", file=sys.stderr)  # fmt: skip
+            print(
+                f"trained {step} env steps, {step - self.cfg.total_steps} past total_steps={self.cfg.total_steps}: "
+                "the last iteration ran whole",
+                file=sys.stderr,
+            )
         summary = {
             "algo": self.algo,
             "env_id": self.cfg.env_id,

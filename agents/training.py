@@ -3,11 +3,11 @@
 :func:`run_stack` owns a run's life, for S seeds side by side (a single run: S = 1): seeding, resume, stop
 signals, the learning-rate schedule, checkpoints, evaluation, status and summary. An algorithm supplies only
 what differs, a :class:`Trainer`: ``collect`` (one iteration's experience for every seed) and ``learn``
-(learning from it), each seed's own state to save and load, and a :class:`Lane` per seed (its networks,
+(learning from it), each seed's own state to save and load, and a :class:`Trainee` per seed (its networks,
 optimizer and evaluation env). So PPO's iteration (``ppo.py``: collect → GAE → update) and GRPO's
 (``grpo.py``: groups → group advantages → update) each read top to bottom in one file, as Stable-Baselines3's
-``OnPolicyAlgorithm.learn`` drives each algorithm's ``train()``, without a class hierarchy. Env plumbing is
-``agents.plumbing``'s, the logs and evaluations around each iteration ``agents.tracking``'s.
+``OnPolicyAlgorithm.learn`` drives each algorithm's ``train()``, without a class hierarchy. A run's envs are
+``agents.run_envs``'s, the logs and evaluations around each iteration ``agents.tracking``'s.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from envs.errors import BadInput
 
 
 @dataclass
-class Collected:
+class Experience:
     """One iteration's experience, as an agent's ``collect`` returns it."""
 
     batch: Any  # what the agent's update learns from: PPO's Segment, GRPO's Groups
@@ -43,7 +43,7 @@ class Collected:
 
 
 @dataclass
-class Lane:
+class Trainee:
     """One seed's share of what is trained: what its run directory records and what evaluates it."""
 
     model: torch.nn.Module
@@ -60,7 +60,7 @@ class Lane:
 
 
 class Generators(Protocol):
-    """Each seed's random number generators, for its checkpoint (``seeds.SeedGenerators``)."""
+    """Each seed's random number generators, for its checkpoint (``stacked.SeedGenerators``)."""
 
     def state(self, k: int) -> dict[str, Any]: ...
 
@@ -76,16 +76,22 @@ class Trainer(Protocol):
     finite: tuple[str, ...]
     """The tags of its losses that must stay finite: a NaN or inf in one stops the seed's run, with the last good
     checkpoint kept."""
-    lanes: list[Lane]
+    trainees: list[Trainee]
     """One per seed."""
     random: Generators
 
-    def collect(self, iterations: list[int], running: list[bool]) -> list[Collected | None]:
+    def collect(self, iterations: list[int], running: list[bool]) -> list[Experience | None]:
         """Each running seed's experience for one iteration (None for a seed no longer running)."""
         ...
 
-    def learn(self, collected: list[Collected | None], iterations: list[int], progress_remaining: list[float],
-              learning_rates: list[float], running: list[bool]) -> list[dict[str, float | None]]:  # fmt: skip
+    def learn(
+        self,
+        collected: list[Experience | None],
+        iterations: list[int],
+        progress_remaining: list[float],
+        learning_rates: list[float],
+        running: list[bool],
+    ) -> list[dict[str, float | None]]:
         """Learn from it, each seed at its scheduled learning rate; each seed's metrics to log, by tag."""
         ...
 
@@ -106,21 +112,19 @@ def check_stack(cfgs: Sequence[RunConfig]) -> None:
     shared = [{k: v for k, v in rundir.config_to_dict(cfg).items() if k not in ("seed", "total_steps")} for cfg in cfgs]
     differing = sorted(k for k in shared[0] if any(s[k] != shared[0][k] for s in shared[1:]))
     if differing:
-        raise BadInput(f"seeds in one stack must share every setting but the seed; they differ in {', '.join(differing)}")
+        raise BadInput(
+            f"seeds in one stack must share every setting but the seed; they differ in {', '.join(differing)}"
+        )
     if len({cfg.seed for cfg in cfgs}) != len(cfgs):
         raise BadInput(f"the seeds of a stack must differ, got {[cfg.seed for cfg in cfgs]}")
-
-
-
-
 
 
 # ── the lifecycle ────────────────────────────────────────────────────────────────────────────────
 
 
 @dataclass
-class LaneRun:
-    """The lifecycle's record of one lane: where it writes, how far it got, and how it ended."""
+class SeedRun:
+    """The lifecycle's record of one seed: where it writes, how far it got, and how it ended."""
 
     cfg: RunConfig
     run_dir: Path
@@ -134,8 +138,8 @@ class LaneRun:
     summary: dict[str, Any] | None = None
 
     @property
-    def lane(self) -> Lane:
-        return self.trainer.lanes[self.k]
+    def trainee(self) -> Trainee:
+        return self.trainer.trainees[self.k]
 
     @property
     def running(self) -> bool:
@@ -160,15 +164,15 @@ class LaneRun:
             run = {"algo": name, "env_id": self.cfg.env_id, "seed": self.cfg.seed}
             runlog.record_diverged(self.run_dir, error, run)
             raise
-        load_weights(self.lane.model, ckpt["model"], str(self.run_dir / rundir.CHECKPOINT))
-        self.lane.optimizer.load_state_dict(ckpt["optimizer"])
+        load_weights(self.trainee.model, ckpt["model"], str(self.run_dir / rundir.CHECKPOINT))
+        self.trainee.optimizer.load_state_dict(ckpt["optimizer"])
         self.trainer.load(self.k, ckpt)
         self.global_step, self.iteration = ckpt["global_step"], ckpt["iteration"]
         self.trainer.random.load(self.k, ckpt["rng"])
         return ckpt["wall_time_s"], ckpt.get("csv_bytes"), ckpt.get("eval_step")
 
     def evaluation_due(self, stopping: bool) -> bool:
-        """Whether this iteration's :meth:`RunTracker.record` is to evaluate the lane, as :func:`train_lanes` calls it
+        """Whether this iteration's :meth:`RunTracker.record` is to evaluate the seed, as :func:`train_seeds` calls it
         (``stopping``: a stop signal came, and the final iteration's row goes without its evaluation)."""
         assert self.tracker is not None
         return self.running and self.tracker.evals.due(self.global_step, self.budget_spent and not stopping)
@@ -182,36 +186,45 @@ class LaneRun:
     def checkpoint(self, name: str) -> None:
         assert self.tracker is not None
         self.tracker.log.flush()
-        runlog.save_checkpoint(self.run_dir, {
-            "algo": name, "env_id": self.cfg.env_id, "global_step": self.global_step, "iteration": self.iteration,
-            "wall_time_s": self.tracker.wall_time(), "csv_bytes": self.tracker.log.csv_bytes(),
-            "rng": self.trainer.random.state(self.k), "eval_step": self.tracker.evals.logged_step,
-            "model": self.lane.model.state_dict(), "optimizer": self.lane.optimizer.state_dict(),
-            **self.trainer.save(self.k),
-        })  # fmt: skip
+        runlog.save_checkpoint(
+            self.run_dir,
+            {
+                "algo": name,
+                "env_id": self.cfg.env_id,
+                "global_step": self.global_step,
+                "iteration": self.iteration,
+                "wall_time_s": self.tracker.wall_time(),
+                "csv_bytes": self.tracker.log.csv_bytes(),
+                "rng": self.trainer.random.state(self.k),
+                "eval_step": self.tracker.evals.logged_step,
+                "model": self.trainee.model.state_dict(),
+                "optimizer": self.trainee.optimizer.state_dict(),
+                **self.trainer.save(self.k),
+            },
+        )
         for kept in self.keeps_due:
             runlog.keep_checkpoint(self.run_dir, kept)
 
     def end(self, status: str, error: str | None = None, diverged: bool = False) -> None:
-        """Final evaluation (completed runs) and summary.json; the lane trains no more. ``diverged``: it
+        """Final evaluation (completed runs) and summary.json; the seed trains no more. ``diverged``: it
         failed on non-finite values, which the same config and seed reach again."""
         assert self.tracker is not None
         self.status, self.error = status, error
-        memory = memory_report(self.lane.optimizer, **self.lane.networks)
+        memory = memory_report(self.trainee.optimizer, **self.trainee.networks)
         self.summary = self.tracker.finish(status, error, self.global_step, memory, diverged)
 
 
-def evaluate_lanes(trainer: Trainer, device: str, ks: list[int]) -> list[np.ndarray]:
+def evaluate_seeds(trainer: Trainer, device: str, ks: list[int]) -> list[np.ndarray]:
     """One deterministic evaluation of seeds ``ks``'s policies together, each with its training observation
     statistics; each seed's returns."""
-    lanes = [trainer.lanes[k] for k in ks]
-    policies, envs = [lane.policy for lane in lanes], [lane.eval_env for lane in lanes]
-    return evaluate(policies, envs, [lane.obs_stats() for lane in lanes], device)
+    trainees = [trainer.trainees[k] for k in ks]
+    policies, envs = [trainee.policy for trainee in trainees], [trainee.eval_env for trainee in trainees]
+    return evaluate(policies, envs, [trainee.obs_stats() for trainee in trainees], device)
 
 
 def failure(exc: Exception, run_dir: Path, show: bool = True) -> tuple[str, OSError | None]:
     """The error a failed run records, and the disk error to report after it, if that was the cause.
-    ``show``: print an unexpected crash's traceback (once per crash, not once per lane)."""
+    ``show``: print an unexpected crash's traceback (once per crash, not once per seed)."""
     if isinstance(exc, runlog.NonFiniteError):
         return str(exc), None
     if isinstance(exc, OSError):  # a full or read-only disk: recorded where it still can be, then reported
@@ -228,121 +241,134 @@ def run_stack(
     resume: bool | Sequence[bool],
     name: str,
 ) -> list[dict[str, Any]]:
-    """Train the seeds that ``build(cfgs)`` makes, lane k into ``run_dirs[k]``; returns each lane's summary,
-    also written to its ``summary.json``. ``build`` seeds each lane. ``resume``: whether each lane continues
-    from its checkpoint (one bool: all of them); a stack may hold both, and lanes at or past their budget,
+    """Train the seeds that ``build(cfgs)`` makes, seed k into ``run_dirs[k]``; returns each seed's summary,
+    also written to its ``summary.json``. ``build`` seeds each trainee. ``resume``: whether each seed continues
+    from its checkpoint (one bool: all of them); a stack may hold both, and trainees at or past their budget,
     which complete without training.
 
-    One iteration: ``collect`` → the learning-rate schedule → ``learn`` → per lane: log, evaluate,
+    One iteration: ``collect`` → the learning-rate schedule → ``learn`` → per seed: log, evaluate,
     checkpoint. The schedule decays by the fraction of the budget still to go after this iteration's
     steps, as SB3 computes it, so the RL Zoo presets mean the same here. Progress rows and TensorBoard
     events reach the disk before each checkpoint, which records how far progress.csv went: a resume after
-    any kill writes each iteration exactly once. A lane that fails (a NaN, a full disk) ends alone; the
-    others go on. A failure of the shared iteration itself ends every running lane.
+    any kill writes each iteration exactly once. A seed that fails (a NaN, a full disk) ends alone; the
+    others go on. A failure of the shared iteration itself ends every running trainee.
     """
     resumes = [resume] * len(cfgs) if isinstance(resume, bool) else list(resume)
     trainer = build(list(cfgs))
-    runs = [LaneRun(cfg, run_dir, k, trainer) for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True))]
-    evaluations = StackEvaluations(partial(evaluate_lanes, trainer, cfgs[0].device))
+    runs = [SeedRun(cfg, run_dir, k, trainer) for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True))]
+    evaluations = StackEvaluations(partial(evaluate_seeds, trainer, cfgs[0].device))
     try:
-        # Every lane's checkpoint and progress.csv are checked before any lane's logs are opened (and cut back to
+        # Every seed's checkpoint and progress.csv are checked before any seed's logs are opened (and cut back to
         # its checkpoint): a resume refused for one seed of a stack changes no file of the others.
-        starts = [run.resume(name) if resumed else (0.0, None, None)
-                  for run, resumed in zip(runs, resumes, strict=True)]  # fmt: skip
-        for lane_run, resumed, (_, csv_bytes, _) in zip(runs, resumes, starts, strict=True):
+        starts = [
+            run.resume(name) if resumed else (0.0, None, None) for run, resumed in zip(runs, resumes, strict=True)
+        ]
+        for seed_run, resumed, (_, csv_bytes, _) in zip(runs, resumes, starts, strict=True):
             if resumed:
-                runlog.check_progress(lane_run.run_dir, csv_bytes)
-        for lane_run, resumed, (wall_offset, csv_bytes, eval_step) in zip(runs, resumes, starts, strict=True):
-            lane_run.tracker = RunTracker(lane_run.run_dir, name, lane_run.cfg, trainer.tags,
-                                          partial(evaluations.evaluate, lane_run.k), lane_run.global_step,
-                                          wall_offset, resumed, csv_bytes, eval_step)  # fmt: skip
+                runlog.check_progress(seed_run.run_dir, csv_bytes)
+        for seed_run, resumed, (wall_offset, csv_bytes, eval_step) in zip(runs, resumes, starts, strict=True):
+            seed_run.tracker = RunTracker(
+                seed_run.run_dir,
+                name,
+                seed_run.cfg,
+                trainer.tags,
+                partial(evaluations.evaluate, seed_run.k),
+                seed_run.global_step,
+                wall_offset,
+                resumed,
+                csv_bytes,
+                eval_step,
+            )
     except BaseException:
         trainer.close()
         raise
     disk_errors: list[OSError] = []
 
-    def fail(lane_run: LaneRun, exc: Exception, show: bool = True) -> None:
-        error, disk_error = failure(exc, lane_run.run_dir, show)
+    def fail(seed_run: SeedRun, exc: Exception, show: bool = True) -> None:
+        error, disk_error = failure(exc, seed_run.run_dir, show)
         disk_errors.extend([disk_error] if disk_error else [])
-        lane_run.end("failed", error, diverged=isinstance(exc, runlog.NonFiniteError))
+        seed_run.end("failed", error, diverged=isinstance(exc, runlog.NonFiniteError))
 
     try:
         with runlog.StopFlag() as stop:
-            train_lanes(trainer, runs, stop, fail, name, evaluations)
+            train_seeds(trainer, runs, stop, fail, name, evaluations)
     finally:
         trainer.close()
     if disk_errors:
         raise disk_errors[0]  # the command line reports it in one line, with exit status 2
-    return [lane_run.summary or {} for lane_run in runs]
+    return [seed_run.summary or {} for seed_run in runs]
 
 
-def train_lanes(
+def train_seeds(
     trainer: Trainer,
-    runs: list[LaneRun],
+    runs: list[SeedRun],
     stop: runlog.StopFlag,
     fail: Callable[..., None],
     name: str,
     evaluations: StackEvaluations,
 ) -> None:
-    """The iterations of :func:`run_stack`, until every lane has completed, failed or been interrupted."""
-    for lane_run in runs:
-        if lane_run.budget_spent:  # resumed at or past its budget
+    """The iterations of :func:`run_stack`, until every seed has completed, failed or been interrupted."""
+    for seed_run in runs:
+        if seed_run.budget_spent:  # resumed at or past its budget
             try:
-                lane_run.checkpoint(name)
-                lane_run.end("completed")
+                seed_run.checkpoint(name)
+                seed_run.end("completed")
             except Exception as exc:  # noqa: BLE001
-                fail(lane_run, exc)
+                fail(seed_run, exc)
     iterated = False
-    while any(lane_run.running for lane_run in runs):
+    while any(seed_run.running for seed_run in runs):
         if iterated and stop.raised:  # the stop came after the last iteration read it: end there, start no other
-            for lane_run in runs:
-                if lane_run.running:
+            for seed_run in runs:
+                if seed_run.running:
                     try:
-                        lane_run.checkpoint(name)
-                        lane_run.end("interrupted")
-                    except Exception as exc:  # noqa: BLE001  recorded in this lane's summary.json
-                        fail(lane_run, exc)
+                        seed_run.checkpoint(name)
+                        seed_run.end("interrupted")
+                    except Exception as exc:  # noqa: BLE001  recorded in this seed's summary.json
+                        fail(seed_run, exc)
             break
         iterated = True
-        running = [lane_run.running for lane_run in runs]
-        iterations = [lane_run.iteration for lane_run in runs]
+        running = [seed_run.running for seed_run in runs]
+        iterations = [seed_run.iteration for seed_run in runs]
         try:
             collected = trainer.collect(iterations, running)
             remaining, lrs = [], []
-            for lane_run, batch in zip(runs, collected, strict=True):
+            for seed_run, batch in zip(runs, collected, strict=True):
                 if batch is not None:
-                    lane_run.global_step += batch.env_steps
-                    lane_run.iteration += 1
-                remaining.append(max(1.0 - lane_run.global_step / lane_run.cfg.total_steps, 0.0))
-                lrs.append(lane_run.cfg.learning_rate * (remaining[-1] if lane_run.cfg.anneal_lr else 1.0))
+                    seed_run.global_step += batch.env_steps
+                    seed_run.iteration += 1
+                remaining.append(max(1.0 - seed_run.global_step / seed_run.cfg.total_steps, 0.0))
+                lrs.append(seed_run.cfg.learning_rate * (remaining[-1] if seed_run.cfg.anneal_lr else 1.0))
             metrics = trainer.learn(collected, [r.iteration for r in runs], remaining, lrs, running)
-        except Exception as exc:  # noqa: BLE001  the shared iteration failed: every running lane with it
-            for k, lane_run in enumerate(r for r in runs if r.running):
-                fail(lane_run, exc, show=k == 0)
+        except Exception as exc:  # noqa: BLE001  the shared iteration failed: every running seed with it
+            for k, seed_run in enumerate(r for r in runs if r.running):
+                fail(seed_run, exc, show=k == 0)
             break
         stopping = stop.raised  # read once: a signal landing between two reads would skip a checkpoint
-        # The lanes due an evaluation at this iteration run it together, when the first of them logs.
+        # The trainees due an evaluation at this iteration run it together, when the first of them logs.
         due = [r.k for r, c in zip(runs, collected, strict=True) if c is not None and r.evaluation_due(stopping)]
         evaluations.plan(due)
-        for lane_run, batch, lane_metrics, lr in zip(runs, collected, metrics, lrs, strict=True):
-            if batch is None or not lane_run.running:
+        for seed_run, batch, seed_metrics, lr in zip(runs, collected, metrics, lrs, strict=True):
+            if batch is None or not seed_run.running:
                 continue
             try:
-                lane_metrics = {**lane_metrics, "charts/learning_rate": lr}
-                runlog.check_finite({k: v for k, v in lane_metrics.items() if k in trainer.finite and v is not None},
-                                    lane_run.lane.model)  # fmt: skip
-                assert lane_run.tracker is not None
+                seed_metrics = {**seed_metrics, "charts/learning_rate": lr}
+                runlog.check_finite(
+                    {k: v for k, v in seed_metrics.items() if k in trainer.finite and v is not None},
+                    seed_run.trainee.model,
+                )
+                assert seed_run.tracker is not None
                 # The last iteration's row carries the final evaluation, unless the run is being stopped.
-                spent = lane_run.budget_spent  # read once: the clock moves between two reads
+                spent = seed_run.budget_spent  # read once: the clock moves between two reads
                 final = spent and not stopping
-                stopping |= not lane_run.tracker.record(lane_run.global_step, lane_metrics, batch.episode_returns,
-                                                        batch.episode_lengths, final)  # fmt: skip
-                if lane_run.tracker.checkpoint_due(lane_run.global_step, stopping) or lane_run.keeps_due:
-                    lane_run.checkpoint(name)
+                stopping |= not seed_run.tracker.record(
+                    seed_run.global_step, seed_metrics, batch.episode_returns, batch.episode_lengths, final
+                )
+                if seed_run.tracker.checkpoint_due(seed_run.global_step, stopping) or seed_run.keeps_due:
+                    seed_run.checkpoint(name)
                 if stopping:
-                    lane_run.end("interrupted")
+                    seed_run.end("interrupted")
                 elif spent:
-                    lane_run.checkpoint(name)
-                    lane_run.end("completed")
-            except Exception as exc:  # noqa: BLE001  recorded in this lane's summary.json
-                fail(lane_run, exc)
+                    seed_run.checkpoint(name)
+                    seed_run.end("completed")
+            except Exception as exc:  # noqa: BLE001  recorded in this seed's summary.json
+                fail(seed_run, exc)

@@ -333,7 +333,7 @@ def ceiling(cfg: Any, seconds: float) -> tuple[dict[str, float], str]:
         gamma=cfg.gamma,
         vectorization=cfg.vectorization,
     )
-    vector = envs.make_vector(cfg.env_id, cfg.n_envs, options)  # as agents.plumbing.open_envs builds it
+    vector = envs.make_vector(cfg.env_id, cfg.n_envs, options)  # as agents.run_envs.open_envs builds it
     vector.action_space.seed(SEED)
     vector_actions = [vector.action_space.sample() for _ in range(max(1, block // cfg.n_envs))]  # (N, ...) each
     vector.reset(seed=SEED)
@@ -415,7 +415,7 @@ def profile_ours(case: Case) -> tuple[Timed, dict[str, float]]:
 
 # What a torch PPO process pays before its first env step: importing torch, which ours and SB3's both pay, and
 # building the first torch optimizer, whose constructor imports torch's compiler stack (once per process), which
-# SB3 pays and ours does not (its Adam is its own, agents/seeds.py).
+# SB3 pays and ours does not (its Adam is its own, agents/stacked.py).
 FIXED_SCRIPT = """
 import json, time
 start = time.perf_counter()

@@ -38,7 +38,7 @@ def ppo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, dict
     while time.perf_counter() - started < seconds:
         steps += stack.collect([0], [True])[0].env_steps
     rate = steps / (time.perf_counter() - started)
-    return rate, lane_memory(stack)
+    return rate, trainee_memory(stack)
 
 
 def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, float, dict[str, int]]:
@@ -52,14 +52,14 @@ def grpo_rate(env_id: str, continuous: bool, seconds: float) -> tuple[float, flo
         steps += sum(e.env_steps for e in groups.rounds)
         idle, iteration = idle + sum(e.idle_steps for e in groups.rounds), iteration + 1
     rate = steps / (time.perf_counter() - started)
-    return rate, idle / (steps + idle), lane_memory(stack)
+    return rate, idle / (steps + idle), trainee_memory(stack)
 
 
-def lane_memory(stack: Any) -> dict[str, int]:
-    """The memory report of the stack's one lane, once its optimizer has state (Adam's moments)."""
-    lane = stack.lanes[0]
+def trainee_memory(stack: Any) -> dict[str, int]:
+    """The memory report of the stack's one trainee, once its optimizer has state (Adam's moments)."""
+    trainee = stack.trainees[0]
     stack.optimizer.step(torch.ones(1, dtype=torch.bool))
-    report = memory_report(lane.optimizer, **lane.networks)
+    report = memory_report(trainee.optimizer, **trainee.networks)
     stack.close()
     return report
 

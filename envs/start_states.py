@@ -77,7 +77,7 @@ class BranchPoint:
 def _check_groups(env: VectorEnv, B: int, G: int) -> None:
     if G < 1:
         raise BadInput(f"group size G must be at least 1, got {G}")
-    if B * G != env.num_envs:
+    if env.num_envs != B * G:
         raise BadInput(f"{B} start states × G={G} members need {B * G} sub-envs, but the env has {env.num_envs}")
 
 
@@ -207,7 +207,7 @@ def run_trunks(
     base = _sync_base(env, "run_trunks")
     _check_mode(mode)
     B = len(seeds)
-    if B != env.num_envs or len(depths) != B:
+    if env.num_envs != B or len(depths) != B:
         raise BadInput(
             f"run_trunks needs one seed and one depth per sub-env: {env.num_envs} sub-envs, "
             f"{B} seeds, {len(depths)} depths"
@@ -276,8 +276,13 @@ def member_point(env: VectorEnv, i: int, mode: RestoreMode = "direct") -> Branch
     base = _sync_base(env, "member_point")
     _check_mode(mode)
     state = snapshot.snapshot(base.envs[i]) if mode == "direct" else None
-    return BranchPoint(seed=0, actions=[], raw_obs=np.array(base._env_obs[i], copy=True), state=state,
-                       prefix_return=0.0 if mode == "direct" else None)  # fmt: skip
+    return BranchPoint(
+        seed=0,
+        actions=[],
+        raw_obs=np.array(base._env_obs[i], copy=True),
+        state=state,
+        prefix_return=0.0 if mode == "direct" else None,
+    )
 
 
 def _clear_episode_bookkeeping(env: VectorEnv, base: SyncVectorEnv, members: np.ndarray) -> None:

@@ -1,7 +1,7 @@
 """``testbed audit``: every advantage estimator scored against the Monte-Carlo truth, for runs' checkpoints.
 
 For each run and each checkpoint asked for (the final ``checkpoint.pt``, the ones ``keep_checkpoints``
-kept), ``agents.audit`` samples N steps of the policy's own trajectories, measures the true advantage
+kept), ``agents.true_advantage`` samples N steps of the policy's own trajectories, measures the true advantage
 there by rollouts from the restored state, and computes every estimator on the same steps. Each
 checkpoint's samples go to ``OUT/<run>/<checkpoint>/samples.csv`` with ``audit.json`` (settings, cost);
 an audit already done with the same settings is not redone. The scores (``agents.audit_scores``) are
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from agents import registry, rundir
-from agents.audit import AuditSettings
 from agents.audit_scores import NOISE_TARGET, noise_share
+from agents.true_advantage import AuditSettings
 from envs import start_states as starts
 from envs.errors import BadInput
 from envs.factory import check_saved_env_id
@@ -112,7 +112,7 @@ def measure(
 
     import torch
 
-    from agents import audit, runlog
+    from agents import runlog, true_advantage
     from agents.config import build_config
 
     torch.set_num_threads(1)
@@ -125,14 +125,14 @@ def measure(
         spec = registry.get(algo)
         cfg = build_config(spec.config, values)
         ckpt = runlog.load_checkpoint(run_dir, {"algo": algo, "env_id": cfg.env_id}, name)
-    audit_env = audit.env_maker(cfg, ckpt["normalizers"])
+    audit_env = true_advantage.env_maker(cfg, ckpt["normalizers"])
     shape_env = audit_env.make(1)
     try:
         model = spec.load_policy(cfg, shape_env, ckpt["model"])
     finally:
         shape_env.close()
     started = time.perf_counter()
-    result = audit.audit(audit_env, model, cfg.gamma, settings)
+    result = true_advantage.audit(audit_env, model, cfg.gamma, settings)
     record = {
         "checkpoint": name,
         "algo": algo,

@@ -143,8 +143,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_saved_env_id(values.get("env_id"), str(run_dir / "config.yaml"), args.trust_env_module)
     import torch
 
-    from agents.plumbing import EVAL_SEED_BASE, check_env
     from agents.rollout import evaluate_policy
+    from agents.run_envs import EVAL_SEED_BASE, check_env
 
     torch.set_num_threads(1)
     video_dir = _writable_dir(Path(args.video)) if args.video else None

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from agents import registry, rundir, runlog
 from agents.config import build_config
 from agents.networks import ActorCritic
-from agents.plumbing import make_eval_env
+from agents.run_envs import make_eval_env
 from envs.errors import BadInput
 from lab import bench
 from lab import guide_experiments as ex

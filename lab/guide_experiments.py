@@ -24,7 +24,7 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import grpo, losses
 from agents.config import resolve_config
-from agents.groups import Groups, collected, group_advantages
+from agents.groups import Groups, experience, group_advantages
 from agents.networks import Actor, ActorCritic, StackedNetworks
 from agents.optimizers import SeedOptimizer, adam
 from lab.plot import new_figure
@@ -76,11 +76,11 @@ def grpo_groups(actor: Actor, seed: int, **settings: object) -> tuple[grpo.GRPOC
     cfg, _ = resolve_config(grpo.GRPOConfig, "grpo", ENV, False, {"seed": seed, **settings})
     stack = grpo.Learner([cfg])
     try:
-        stack.lanes[0].policy.load_state_dict(actor.state_dict())
+        stack.trainees[0].policy.load_state_dict(actor.state_dict())
         groups = stack.collect([0], [True])[0].batch
     finally:
         stack.close()
-    return cfg, groups, copy.deepcopy(stack.lanes[0].networks["reference"])
+    return cfg, groups, copy.deepcopy(stack.trainees[0].networks["reference"])
 
 
 def grpo_update(actor: Actor, reference: Actor, groups: Groups, cfg: grpo.GRPOConfig) -> dict[str, float | None]:
@@ -88,10 +88,10 @@ def grpo_update(actor: Actor, reference: Actor, groups: Groups, cfg: grpo.GRPOCo
     learning rate, with π_ref ``reference``; returns its logged diagnostics."""
     stack = grpo.Learner([cfg])
     try:
-        stack.lanes[0].model.load_state_dict(actor.state_dict())
-        stack.lanes[0].networks["reference"].load_state_dict(reference.state_dict())
-        [metrics] = stack.learn([collected(groups)], [1], [1.0], [cfg.learning_rate], [True])
-        actor.load_state_dict(stack.lanes[0].model.state_dict())
+        stack.trainees[0].model.load_state_dict(actor.state_dict())
+        stack.trainees[0].networks["reference"].load_state_dict(reference.state_dict())
+        [metrics] = stack.learn([experience(groups)], [1], [1.0], [cfg.learning_rate], [True])
+        actor.load_state_dict(stack.trainees[0].model.state_dict())
     finally:
         stack.close()
     return metrics

@@ -265,8 +265,8 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
             else f"Not timed yet: `testbed results run quick` times it ({BUSY})."
         ),
         "first-screen-tests": (
-            f"With `.ci/run` (a fresh virtual environment, the install, a dozen kill points of the fault probe, then "
-            f"the tests), {tests_text} on {tp['machine']} ({tp['date']}); {BUSY}."
+            f"With `.ci/run` (a fresh virtual environment, the install, the linter, a dozen kill points of the fault "
+            f"probe, then the tests), {tests_text} on {tp['machine']} ({tp['date']}); {BUSY}."
             if counted
             else f"Not timed yet: `testbed results run tests` times it ({BUSY})."
         ),

@@ -359,8 +359,8 @@ def checkpoint_policy(
 ) -> tuple[dict[str, Any], VectorEnv, torch.nn.Module]:
     """The run's checkpoint, an evaluation env holding its observation statistics, and its policy; a
     checkpoint that does not match config.yaml (network, normalization) is bad input."""
-    from agents import runlog  # here, on first use: checkpoints and env plumbing import torch
-    from agents.plumbing import make_eval_env, observation_statistics
+    from agents import runlog  # here, on first use: checkpoints and a run's envs import torch
+    from agents.run_envs import make_eval_env, observation_statistics
 
     ckpt = runlog.load_checkpoint(run_dir, {"algo": algo.name, "env_id": cfg.env_id})
     env = make_eval_env(cfg, episodes)

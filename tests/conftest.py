@@ -107,8 +107,12 @@ if then_write:  # as a trainer stopping leaves its run directory
 def hold_lock(directory: Path, seconds: float = 600.0, then_write: str = "") -> subprocess.Popen[str]:
     """Another process holding ``directory``'s lock for ``seconds`` (then writing ``then_write`` to its
     summary.json, if given); returns once the lock is held."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(directory), str(seconds), then_write],
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(directory), str(seconds), then_write],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     return holder
 
@@ -154,8 +158,12 @@ def assert_close_progress(a: Path, b: Path, tags: list[str], rows: int, rtol: fl
     """The first ``rows`` rows of two runs' ``tags`` agree to floating-point tolerance."""
     first, second = progress_values(a, tags)[:rows], progress_values(b, tags)[:rows]
     assert len(first) == rows
-    assert torch.allclose(torch.tensor([[float(v) for v in r] for r in first]),
-                          torch.tensor([[float(v) for v in r] for r in second]), rtol=rtol, atol=atol)  # fmt: skip
+    assert torch.allclose(
+        torch.tensor([[float(v) for v in r] for r in first]),
+        torch.tensor([[float(v) for v in r] for r in second]),
+        rtol=rtol,
+        atol=atol,
+    )
 
 
 def alive(pid: int) -> bool:

@@ -64,7 +64,7 @@ def test_the_lunarlander_preset_maps_to_sb3s_a2c_arguments_with_a_linear_schedul
     assert isinstance(args["learning_rate"], sb3.LinearSchedule) and args["learning_rate"](0.5) == 0.5 * 8.3e-4
     assert args["use_rms_prop"] and args["rms_prop_eps"] == 1e-5 and not args["normalize_advantage"]
     assert "batch_size" not in args and "n_epochs" not in args and "log_std_init" not in args["policy_kwargs"]
-    with pytest.raises(Exception, match="sb3-a2c: SB3 2.x has no shared actor-critic trunk"):
+    with pytest.raises(Exception, match=r"sb3-a2c: SB3 2\.x has no shared actor-critic trunk"):
         sb3.sb3_arguments(a2c_config("CartPole-v1", shared_trunk=True), continuous=False)
 
 
@@ -111,7 +111,7 @@ def test_our_update_is_sb3s_a2c_train_on_the_same_batch_from_the_same_weights(ov
             sample_mask=torch.ones(T, N, dtype=torch.bool),
             last_obs=torch.zeros(1, N, buffer.obs_shape[0]),
         )
-        parameters = dict(ours.lanes[0].model.named_parameters())
+        parameters = dict(ours.trainees[0].model.named_parameters())
         with torch.no_grad():
             for name, weight in reference.model.policy.state_dict().items():
                 parameters[ours_of(name)].copy_(weight)

@@ -130,9 +130,7 @@ def test_gae_intermediate_lambda() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def random_segment(
-    seed: int, T: int = 12, N: int = 3
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def random_segment(seed: int, T: int = 12, N: int = 3) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Random but consistent rewards, values, next_values (T, N) and terminated ⊆ done flags (T, N).
 
     Consistent: where a step did not end the episode, its next observation is the next step's
@@ -477,8 +475,10 @@ def test_step_baseline_ties_give_zero_and_discount_one_compares_plain_sums() -> 
     assert torch.equal(tied, torch.zeros(3, 2, 4))
     # G = 2, one step each: A = r_i − r_j, the RLOO advantage.
     rewards = torch.tensor([[1.0, 4.0]]).view(1, 1, 2)
-    torch.testing.assert_close(adv.group_step_baseline(rewards, torch.ones(1, 1, 2, dtype=torch.bool), 1.0),
-                               torch.tensor([[-3.0, 3.0]]).view(1, 1, 2))  # fmt: skip
+    torch.testing.assert_close(
+        adv.group_step_baseline(rewards, torch.ones(1, 1, 2, dtype=torch.bool), 1.0),
+        torch.tensor([[-3.0, 3.0]]).view(1, 1, 2),
+    )
     with pytest.raises(ValueError, match="G >= 2"):
         adv.group_step_baseline(torch.zeros(2, 1, 1), torch.ones(2, 1, 1, dtype=torch.bool), 1.0)
 

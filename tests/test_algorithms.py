@@ -1,4 +1,5 @@
-"""Every registered algorithm through the guarantees the lifecycle gives (``agents/registry.py``, ``agents/training.py``).
+"""Every registered algorithm through the guarantees the lifecycle gives (``agents/registry.py``,
+``agents/training.py``).
 
 The algorithms come from the registry, so one added later is covered without a line here:
 

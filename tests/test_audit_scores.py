@@ -55,7 +55,8 @@ def test_scores_gathers_every_score_and_the_truths_noise() -> None:
 
 
 def test_noise_share_by_hand() -> None:
-    # A = (1, 3, 5, 7): Ā = 4, Var[A] = (9 + 1 + 1 + 9) / 4 = 5. SE = (1, 1, 2, 0): mean SE² = (1 + 1 + 4 + 0) / 4 = 1.5.
+    # A = (1, 3, 5, 7): Ā = 4, Var[A] = (9 + 1 + 1 + 9) / 4 = 5.
+    # SE = (1, 1, 2, 0): mean SE² = (1 + 1 + 4 + 0) / 4 = 1.5.
     truth, se = torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([1.0, 1.0, 2.0, 0.0])
     assert S.noise_share(truth, se) == pytest.approx(1.5 / 5)
     assert S.noise_share(torch.full((3,), 2.0), torch.ones(3)) is None  # a truth that does not vary

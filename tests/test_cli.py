@@ -125,8 +125,8 @@ def test_eval_scores_a_policy_under_other_env_kwargs_without_changing_the_run(
 
 
 def test_evaluation_kwargs_that_change_the_spaces_are_refused() -> None:
-    from agents.plumbing import check_env
     from agents.ppo import PPOConfig
+    from agents.run_envs import check_env
     from envs.errors import BadInput
 
     cfg = PPOConfig(env_id="LunarLander-v3", eval_env_kwargs={"continuous": True})

@@ -11,8 +11,8 @@ import pytest
 
 from agents import sb3
 from agents.config import resolve_config
-from agents.plumbing import open_envs
 from agents.ppo import PPOConfig
+from agents.run_envs import open_envs
 from envs import EnvOptions
 from envs.errors import BadInput
 from lab import bench, credit

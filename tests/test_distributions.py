@@ -164,5 +164,7 @@ def test_categorical_from_uniform_has_the_policys_frequencies() -> None:
 
 def test_gaussian_from_normal_by_hand() -> None:
     # μ = (1, −1), σ = (2, 0.5), ξ = (0.5, −2): a = (1 + 1, −1 − 1) = (2, −2).
-    a = D.gaussian_from_normal(torch.tensor([[1.0, -1.0]]), torch.log(torch.tensor([2.0, 0.5])), torch.tensor([[0.5, -2.0]]))
+    a = D.gaussian_from_normal(
+        torch.tensor([[1.0, -1.0]]), torch.log(torch.tensor([2.0, 0.5])), torch.tensor([[0.5, -2.0]])
+    )
     torch.testing.assert_close(a, torch.tensor([[2.0, -2.0]]))

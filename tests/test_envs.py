@@ -287,13 +287,25 @@ def test_batch_moments_are_numpy_s_bit_for_bit(dtype: type, shape: tuple[int, ..
 def test_normalization_is_gymnasium_s_bit_for_bit(closing: list[VectorEnv]) -> None:
     """Our normalization wrappers, clips folded in, fed the same steps as gymnasium's wrappers with its clip
     wrappers on top, give the same observations, rewards and statistics, float for float, autoresets included."""
-    normalized = vector_wrappers.NormalizeObservation(vector_wrappers.RecordEpisodeStatistics(gym.make_vec(
-        "Pendulum-v1", num_envs=3, vectorization_mode="sync", max_episode_steps=30,
-        vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP})))  # fmt: skip
+    normalized = vector_wrappers.NormalizeObservation(
+        vector_wrappers.RecordEpisodeStatistics(
+            gym.make_vec(
+                "Pendulum-v1",
+                num_envs=3,
+                vectorization_mode="sync",
+                max_episode_steps=30,
+                vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP},
+            )
+        )
+    )
     clipped = vector_wrappers.TransformObservation(normalized, lambda obs: np.clip(obs, -0.5, 0.5))
     theirs = vector_wrappers.ClipReward(vector_wrappers.NormalizeReward(clipped, gamma=0.9), -0.5, 0.5)
-    ours = make_vector("Pendulum-v1", 3, EnvOptions(normalize_obs=True, normalize_reward=True, gamma=0.9,
-                                                    clip_obs=0.5, clip_reward=0.5), max_episode_steps=30)  # fmt: skip
+    ours = make_vector(
+        "Pendulum-v1",
+        3,
+        EnvOptions(normalize_obs=True, normalize_reward=True, gamma=0.9, clip_obs=0.5, clip_reward=0.5),
+        max_episode_steps=30,
+    )
     closing += [theirs, ours]
     assert isinstance(find_wrapper(ours, vector_wrappers.NormalizeObservation), NormalizeObservation)
     ours.reset(seed=4)
@@ -319,8 +331,12 @@ def test_the_scaled_return_restarts_at_terminations_or_at_every_episode_end(
     """Reward 1 every step, episodes truncated after 3 steps, γ = 0.5: G = 1, 1.5, 1.75 in the first
     episode; after the time limit ``terminated`` carries G on (1.875, 1.9375, 1.96875) and ``done`` starts it
     again (1, 1.5, 1.75). The autoreset step between the episodes updates nothing."""
-    env = make_vector("tests.toy_envs:testbed-toy/ConstantReward-v0", 1, EnvOptions(normalize_reward=True, gamma=0.5,
-                      reward_norm_restart=restart), max_episode_steps=3)  # fmt: skip
+    env = make_vector(
+        "tests.toy_envs:testbed-toy/ConstantReward-v0",
+        1,
+        EnvOptions(normalize_reward=True, gamma=0.5, reward_norm_restart=restart),
+        max_episode_steps=3,
+    )
     closing.append(env)
     norm = find_wrapper(env, vector_wrappers.NormalizeReward)
     env.reset(seed=0)
@@ -347,8 +363,12 @@ def test_a_return_restarted_at_every_episode_end_scales_rewards_as_sb3s_vecnorma
 
     gaps = {}
     for restart in ("done", "terminated"):
-        ours = make_vector("Pendulum-v1", 3, EnvOptions(normalize_reward=True, gamma=0.9, clip_reward=0.5,
-                                                        reward_norm_restart=restart), max_episode_steps=30)  # fmt: skip
+        ours = make_vector(
+            "Pendulum-v1",
+            3,
+            EnvOptions(normalize_reward=True, gamma=0.9, clip_reward=0.5, reward_norm_restart=restart),
+            max_episode_steps=30,
+        )
         theirs = sb3_env()
         ours.reset(seed=4)
         theirs.reset()
@@ -559,7 +579,7 @@ def test_vector_env_state_continues_exactly(
     if via_checkpoint:
         state = _checkpoint_round_trip(state, tmp_path)
 
-    # As agents.plumbing.restore_envs does: reset with some seed, then load.
+    # As agents.run_envs.restore_envs does: reset with some seed, then load.
     restored.reset(seed=1234)
     load_vector_env_state(restored, state)
     actions = _actions(original, steps, seed=4)
@@ -753,7 +773,7 @@ def test_a_reward_offset_shifts_every_training_reward_but_not_the_recorded_retur
     env.reset(seed=0)
     rewards, finished = [], []
     for _ in range(200):
-        _, reward, terminated, truncated, info = env.step(np.zeros(2, dtype=np.int64))  # always left: falls fast
+        _, reward, _, _, info = env.step(np.zeros(2, dtype=np.int64))  # always left: falls fast
         rewards.append(reward)
         if "_episode" in info:
             finished += info["episode"]["r"][info["_episode"]].tolist()

@@ -83,7 +83,7 @@ def test_sigkills_and_resumes_of_a_stack_end_bit_identical_with_every_row_once(t
     assert start_trainer(straight, total, *settings).wait(120) == 0
 
     run_dir, rng, kills = tmp_path / "killed", random.Random(0), 0
-    checkpoint = run_dir / "seed1" / rundir.CHECKPOINT  # the stack's last lane: written after seed 0's
+    checkpoint = run_dir / "seed1" / rundir.CHECKPOINT  # the stack's last seed: written after seed 0's
     while kills < 8:
         resume = ["--resume"] if checkpoint.exists() else []
         last = checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0

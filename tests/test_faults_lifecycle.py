@@ -60,8 +60,9 @@ class TrainerKiller(threading.Thread):
         return int(holder.split()[1]) if holder and holder.startswith("pid ") else None
 
     def checkpoints(self) -> list[int]:
-        return [(d / rundir.CHECKPOINT).stat().st_mtime_ns if (d / rundir.CHECKPOINT).exists() else 0
-                for d in self.run_dirs]  # fmt: skip
+        return [
+            (d / rundir.CHECKPOINT).stat().st_mtime_ns if (d / rundir.CHECKPOINT).exists() else 0 for d in self.run_dirs
+        ]
 
     def run(self) -> None:
         killed: set[int] = set()
@@ -264,4 +265,8 @@ def test_a_stack_log_left_by_a_driver_killed_after_its_runs_completed_is_shared_
     done, stacks = pack_pending(cells, tmp_path, stack=2)
     assert done == cells and stacks == []
     assert not orphan.exists()
-    assert (folder / "seed0.log").read_text() == (folder / "seed1.log").read_text() == "[ppo CartPole-v1 seed 0] step 512/512\n"
+    assert (
+        (folder / "seed0.log").read_text()
+        == (folder / "seed1.log").read_text()
+        == "[ppo CartPole-v1 seed 0] step 512/512\n"
+    )

@@ -1,10 +1,12 @@
-"""GRPO: the tied-group gradient, learning, branching, resume and bad input. (Its group advantages
+"""GRPO: the tied-group gradient, learning, branching, resume, bad input, and seeds side by side (a seed's numbers
+are bit-identical whatever seeds share its process, and however many, for every variant). (Its group advantages
 and aggregation are tested against hand-computed numbers in test_advantages.py and test_losses.py.)"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,13 +14,22 @@ import torch
 
 import agents.grpo as grpo
 from agents import advantages as adv
-from agents import groups, losses, runlog, seeds
+from agents import groups, losses, rundir, runlog, stacked
+from agents.grpo import GRPOConfig
 from agents.networks import Actor, NetworkSpec, StackedNetworks
 from agents.rollout import Episodes
 from envs.errors import BadInput
 from lab.cli import main
 from tests import toy_envs
-from tests.conftest import grpo_config, interrupt_after, read_progress, run_training
+from tests.conftest import (
+    assert_close_progress,
+    grpo_config,
+    interrupt_after,
+    progress_values,
+    read_progress,
+    run_training,
+    stack_dirs,
+)
 
 toy_envs.register()
 
@@ -33,11 +44,16 @@ def tiny_batch(T: int = 5, M: int = 4) -> tuple[Actor, Episodes]:
     with torch.no_grad():
         sample = actor.act(obs.flatten(0, 1))
     batch = Episodes(
-        obs=obs, actions=sample.actions.view(T, M), log_probs=sample.log_probs.view(T, M) - 0.05,
-        rewards=torch.ones(T, M), mask=torch.ones(T, M, dtype=torch.bool),
-        terminated=torch.ones(M, dtype=torch.bool), truncated=torch.zeros(M, dtype=torch.bool),
-        idle_steps=0, step_time_s=0.0,
-    )  # fmt: skip
+        obs=obs,
+        actions=sample.actions.view(T, M),
+        log_probs=sample.log_probs.view(T, M) - 0.05,
+        rewards=torch.ones(T, M),
+        mask=torch.ones(T, M, dtype=torch.bool),
+        terminated=torch.ones(M, dtype=torch.bool),
+        truncated=torch.zeros(M, dtype=torch.bool),
+        idle_steps=0,
+        step_time_s=0.0,
+    )
     return actor, batch
 
 
@@ -48,14 +64,19 @@ def objective(
     the stacked networks (whose ``flat.grad`` receives the gradient), the loss and its statistics."""
     net = StackedNetworks([actor])
     T, M = batch.mask.shape
-    flat = {"obs": batch.obs, "actions": batch.actions, "old_log_probs": batch.log_probs, "advantages": advantages,
-            "ref_log_probs": ref_log_probs}  # fmt: skip
+    flat = {
+        "obs": batch.obs,
+        "actions": batch.actions,
+        "old_log_probs": batch.log_probs,
+        "advantages": advantages,
+        "ref_log_probs": ref_log_probs,
+    }
     flat = {name: x.reshape(1, T * M, *x.shape[2:]) for name, x in flat.items()}  # (1, T·M, …)
     mask = batch.mask.unsqueeze(0)  # (1, T, M)
     weights = losses.aggregation_weights(mask, cfg.aggregation, 500, torch.ones(1, M, dtype=torch.bool))
-    picked, count = seeds.pick_steps(flat, mask, weights, torch.arange(M).unsqueeze(0), M)
+    picked, count = stacked.pick_steps(flat, mask, weights, torch.arange(M).unsqueeze(0), M)
     loss, sums = grpo.minibatch_loss(net, cfg, picked)
-    stats = [float(sums[0, 0])] + (sums[0, 1:] / count[0]).tolist()
+    stats = [float(sums[0, 0]), *(sums[0, 1:] / count[0]).tolist()]
     return net, loss[0], dict(zip(grpo.STATS, stats, strict=True))
 
 
@@ -81,7 +102,9 @@ def test_tied_group_gives_zero_policy_gradient_and_only_the_kl_gradient_with_bet
         net, loss, _ = objective(actor, batch, advantages, ref_log_probs, cfg)
         grad = gradient(net, loss)
         log_probs, _ = net.log_prob_entropy(net.policy(batch.obs.flatten(0, 1)[None]), batch.actions.flatten()[None])
-        kl_only = 0.1 * losses.aggregate(losses.k3_kl(ref_log_probs - log_probs.view(5, 4)), batch.mask, aggregation, 500)
+        kl_only = 0.1 * losses.aggregate(
+            losses.k3_kl(ref_log_probs - log_probs.view(5, 4)), batch.mask, aggregation, 500
+        )
         torch.testing.assert_close(grad, gradient(net, kl_only))
         assert grad.abs().sum() > 0
 
@@ -104,11 +127,26 @@ def test_cartpole_learns_and_logs_group_diagnostics(tmp_path: Path) -> None:
     assert summary["status"] == "completed" and summary["final_eval_return_mean"] >= 300
     assert summary["parameters_actor"] == summary["parameters_reference"] == 4610
     rows = read_progress(tmp_path / "run")
-    for key in ("grpo/frac_zero_std_groups", "grpo/group_return_std", "grpo/clipfrac_low", "grpo/clipfrac_high",
-                "grpo/kl_ref", "grpo/ratio_mean", "grpo/episode_length_mean", "grpo/episode_length_min",
-                "grpo/episode_length_max", "grpo/truncated_fraction", "grpo/idle_step_fraction",
-                "grpo/update_kl", "grpo/epochs_run", "grpo/lr_scale",
-                "grpo/restore_time_s", "grpo/step_time_s", "losses/clipfrac", "charts/episodic_return"):  # fmt: skip
+    for key in (
+        "grpo/frac_zero_std_groups",
+        "grpo/group_return_std",
+        "grpo/clipfrac_low",
+        "grpo/clipfrac_high",
+        "grpo/kl_ref",
+        "grpo/ratio_mean",
+        "grpo/episode_length_mean",
+        "grpo/episode_length_min",
+        "grpo/episode_length_max",
+        "grpo/truncated_fraction",
+        "grpo/idle_step_fraction",
+        "grpo/update_kl",
+        "grpo/epochs_run",
+        "grpo/lr_scale",
+        "grpo/restore_time_s",
+        "grpo/step_time_s",
+        "losses/clipfrac",
+        "charts/episodic_return",
+    ):
         assert rows[-1][key] != "", key
     assert all(float(r["grpo/idle_step_fraction"]) == 0.0 for r in rows)  # sync: ended members take no step
     assert float(rows[-1]["grpo/kl_ref"]) > 0  # the policy drifted from the never-refreshed reference
@@ -121,8 +159,17 @@ def test_cartpole_learns_and_logs_group_diagnostics(tmp_path: Path) -> None:
 
 def test_dynamic_sampling_drops_tied_groups(tmp_path: Path) -> None:
     # TwoArms episodes last one step and return 0 or 1, so many groups of G = 2 tie.
-    cfg = grpo_config("testbed-toy/TwoArms-v0", total_steps=2000, group_size=2, num_groups=8, dynamic_sampling=True,
-                      max_resample_rounds=5, num_minibatches=2, eval_interval=0, eval_episodes=2)  # fmt: skip
+    cfg = grpo_config(
+        "testbed-toy/TwoArms-v0",
+        total_steps=2000,
+        group_size=2,
+        num_groups=8,
+        dynamic_sampling=True,
+        max_resample_rounds=5,
+        num_minibatches=2,
+        eval_interval=0,
+        eval_episodes=2,
+    )
     run_training(grpo, cfg, tmp_path / "run")
     rows = read_progress(tmp_path / "run")
     assert float(rows[0]["grpo/frac_zero_std_groups"]) > 0
@@ -144,9 +191,20 @@ def test_branching_from_mid_episode_states(tmp_path: Path) -> None:
 # InvertedPendulum-v5: MuJoCo's float64 observations, whose running mean a checkpoint must not round.
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id,continuous", [("CartPole-v1", False), ("InvertedPendulum-v5", True)])
-def test_interrupted_and_resumed_run_ends_with_the_same_parameters(env_id: str, continuous: bool, tmp_path: Path) -> None:
-    cfg = grpo_config(env_id, continuous, total_steps=30_000, num_groups=4, group_size=4, normalize_obs=True,
-                      eval_interval=10_000, eval_episodes=2, checkpoint_interval=0)  # fmt: skip
+def test_interrupted_and_resumed_run_ends_with_the_same_parameters(
+    env_id: str, continuous: bool, tmp_path: Path
+) -> None:
+    cfg = grpo_config(
+        env_id,
+        continuous,
+        total_steps=30_000,
+        num_groups=4,
+        group_size=4,
+        normalize_obs=True,
+        eval_interval=10_000,
+        eval_episodes=2,
+        checkpoint_interval=0,
+    )
     run_training(grpo, cfg, tmp_path / "straight")
 
     with pytest.MonkeyPatch.context() as patch:
@@ -164,8 +222,25 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(env_id: str, 
 
 
 def test_cli_train_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["train", "--algo", "grpo", "--env", "CartPole-v1", "--total-steps", "40000", "--run-dir", str(tmp_path / "r"),
-            "--set", "eval_episodes=2", "--set", "advantage=rloo", "--set", "aggregation=step", "--set", "clip_high=0.28"]  # fmt: skip
+    argv = [
+        "train",
+        "--algo",
+        "grpo",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "40000",
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--set",
+        "eval_episodes=2",
+        "--set",
+        "advantage=rloo",
+        "--set",
+        "aggregation=step",
+        "--set",
+        "clip_high=0.28",
+    ]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["algo"] == "grpo" and summary["status"] == "completed"
@@ -183,15 +258,38 @@ def test_cli_train_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     ],
 )
 def test_bad_input(sets: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["train", "--algo", "grpo", "--env", "CartPole-v1", "--total-steps", "100000", "--run-dir", str(tmp_path / "r")]
+    argv = [
+        "train",
+        "--algo",
+        "grpo",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "100000",
+        "--run-dir",
+        str(tmp_path / "r"),
+    ]
     assert main([*argv, *[x for s in sets for x in ("--set", s)]]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 
-def test_branching_an_env_that_cannot_be_restored_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["train", "--algo", "grpo", "--env", "testbed-toy/Noisy-v0", "--total-steps", "100000",
-            "--set", "start_mode=branch", "--run-dir", str(tmp_path / "r")]  # fmt: skip
+def test_branching_an_env_that_cannot_be_restored_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "train",
+        "--algo",
+        "grpo",
+        "--env",
+        "testbed-toy/Noisy-v0",
+        "--total-steps",
+        "100000",
+        "--set",
+        "start_mode=branch",
+        "--run-dir",
+        str(tmp_path / "r"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "start_mode=branch" in err and "Noisy" in err
@@ -210,8 +308,19 @@ def test_env_without_a_time_limit_needs_max_episode_steps() -> None:
 def test_a_budget_smaller_than_one_iteration_runs_one_and_reports_the_overshoot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["train", "--algo", "grpo", "--env", "LunarLander-v3", "--total-steps", "2000", "--set", "eval_episodes=2",
-            "--run-dir", str(tmp_path / "r")]  # fmt: skip
+    argv = [
+        "train",
+        "--algo",
+        "grpo",
+        "--env",
+        "LunarLander-v3",
+        "--total-steps",
+        "2000",
+        "--set",
+        "eval_episodes=2",
+        "--run-dir",
+        str(tmp_path / "r"),
+    ]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     rows = read_progress(tmp_path / "r")
@@ -243,9 +352,22 @@ def test_kl_target_adapts_the_step_size_and_logs_it(tmp_path: Path) -> None:
 def test_continuous_control_improves_inverted_pendulum(tmp_path: Path) -> None:
     # An untrained Gaussian policy holds the pole about 8 steps; per-step group baselines credit the
     # members that stay up longer. 20k steps of 100-step training episodes reach the time limit.
-    cfg = grpo_config("InvertedPendulum-v5", continuous=True, total_steps=20_000, max_episode_steps=100, group_size=8,
-                      num_groups=4, n_epochs=10, num_minibatches=8, learning_rate=1e-3, log_std_init=-0.5, beta=0.0,
-                      advantage="step_baseline", eval_interval=0, eval_episodes=5)  # fmt: skip
+    cfg = grpo_config(
+        "InvertedPendulum-v5",
+        continuous=True,
+        total_steps=20_000,
+        max_episode_steps=100,
+        group_size=8,
+        num_groups=4,
+        n_epochs=10,
+        num_minibatches=8,
+        learning_rate=1e-3,
+        log_std_init=-0.5,
+        beta=0.0,
+        advantage="step_baseline",
+        eval_interval=0,
+        eval_episodes=5,
+    )
     summary = run_training(grpo, cfg, tmp_path / "run")
     rows = read_progress(tmp_path / "run")
     assert float(rows[0]["charts/episodic_return"]) < 20
@@ -262,10 +384,22 @@ def test_alive_member_baselines_step_forward_where_the_survivor_credit_stands_st
     # (160.5–162.5). Same seed, same budget, same settings otherwise.
     finals = {}
     for advantage in ("step_baseline", "step_alive"):
-        cfg = grpo_config("testbed-toy/Tightrope-v0", continuous=True, total_steps=60_000, group_size=8,
-                          num_groups=4, n_epochs=10, num_minibatches=8, learning_rate=1e-3, log_std_init=-0.5,
-                          beta=0.0, advantage=advantage, env_kwargs={"alive_bonus": 3.0}, eval_interval=0,
-                          eval_episodes=2)  # fmt: skip
+        cfg = grpo_config(
+            "testbed-toy/Tightrope-v0",
+            continuous=True,
+            total_steps=60_000,
+            group_size=8,
+            num_groups=4,
+            n_epochs=10,
+            num_minibatches=8,
+            learning_rate=1e-3,
+            log_std_init=-0.5,
+            beta=0.0,
+            advantage=advantage,
+            env_kwargs={"alive_bonus": 3.0},
+            eval_interval=0,
+            eval_episodes=2,
+        )
         finals[advantage] = run_training(grpo, cfg, tmp_path / advantage)["final_eval_return_mean"]
     assert finals["step_baseline"] < 152 < 157 < finals["step_alive"]
 
@@ -278,3 +412,152 @@ def test_a_reward_offset_trains_on_shifted_rewards_but_logs_the_env_s_own_return
     # CartPole pays 1 a step; with the offset every training reward is 0, but the logged return is the
     # env's: at least the 8 steps the fastest fall takes.
     assert returns and min(returns) >= 8.0
+
+
+# ── seeds side by side: a seed's numbers whatever its stack ────────────────────────────────────────
+
+LOSSES = [
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "grpo/kl_ref",
+    "grpo/clipfrac_low",
+    "grpo/clipfrac_high",
+    "grpo/update_kl",
+    "grpo/epochs_run",
+    "charts/episodic_return",
+]
+TIMINGS = ("wall_time_s", "charts/SPS", "grpo/restore_time_s", "grpo/step_time_s")
+# 6 trajectories in 4 minibatches: padded minibatches of 2 and of 1. A KL target low enough that seeds stop
+# their epochs at different minibatches, and a step size that adapts.
+SMALL = {
+    "group_size": 3,
+    "num_groups": 2,
+    "num_minibatches": 4,
+    "n_epochs": 3,
+    "max_episode_steps": 60,
+    "total_steps": 1500,
+    "eval_interval": 500,
+    "eval_episodes": 2,
+    "kl_target": 0.002,
+    "vine_branches": 3,
+}
+# Pendulum: continuous actions, another aggregation and a reference refreshed every iteration.
+PENDULUM = {
+    "env_id": "Pendulum-v1",
+    "max_episode_steps": 40,
+    "aggregation": "constant",
+    "ref_update": "ema",
+    "total_steps": 1000,
+    "beta": 0.1,
+    "advantage": "outcome",
+}
+
+
+def small(seed: int, **overrides: Any) -> GRPOConfig:
+    settings = {**SMALL, **overrides}
+    env_id = settings.pop("env_id", "CartPole-v1")
+    return grpo_config(env_id, env_id != "CartPole-v1", seed=seed, **settings)
+
+
+def train_stack(tmp: Path, seeds: list[int], **overrides: Any) -> dict[int, Path]:
+    """A stack of these seeds into tmp/seed<k>; returns each seed's run directory."""
+    run_dirs = stack_dirs(tmp, seeds)
+    grpo.train_stack([small(seed, **overrides) for seed in seeds], list(run_dirs.values()))
+    return run_dirs
+
+
+def losses_of(run_dir: Path) -> list[list[str]]:
+    return progress_values(run_dir, LOSSES)
+
+
+def parameters(run_dir: Path) -> dict[str, torch.Tensor]:
+    checkpoint = runlog.load_checkpoint(run_dir, {"algo": "grpo"})
+    return {**checkpoint["model"], **{f"reference.{k}": v for k, v in checkpoint["reference"].items()}}
+
+
+def same_parameters(a: Path, b: Path) -> bool:
+    first, second = parameters(a), parameters(b)
+    return first.keys() == second.keys() and all(torch.equal(v, second[k]) for k, v in first.items())
+
+
+def assert_close_losses(a: Path, b: Path, rows: int) -> None:
+    assert_close_progress(a, b, LOSSES, rows, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [{}, PENDULUM], ids=["cartpole", "pendulum"])
+def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict
+) -> None:
+    # Chunks of 8 rows: a minibatch of up to 2 × 60 steps takes 1 to 15 chunks, as many as its longest
+    # seed needs, so neighbours of different episode lengths change the number of chunks.
+    monkeypatch.setattr(stacked, "ROWS", 8)
+    monkeypatch.setattr(grpo, "ROWS", 8)  # grpo.minibatch_loss's own name for it: its chunks must be of 8 too
+    first = train_stack(tmp_path / "a", [0, 1, 2], **overrides)
+    other = train_stack(tmp_path / "b", [0, 7, 2], **overrides)
+    for seed in (0, 2):  # bit-identical: the neighbour's seed changed, and with it its episodes' lengths
+        assert losses_of(first[seed]) == losses_of(other[seed]) and len(losses_of(first[seed])) >= 3
+        assert same_parameters(first[seed], other[seed])
+    assert losses_of(first[1]) != losses_of(other[7])
+    epochs = {row[7] for seed in (0, 1, 2) for row in losses_of(first[seed])}
+    assert len(epochs) > 1 or overrides  # CartPole's target KL stops epochs at different points
+    # Without the neighbour, a smaller stack; alone, a stack of one, as a single run is: bit-identical too.
+    alone = train_stack(tmp_path / "c", [0, 2], **overrides)
+    single = tmp_path / "single"
+    run_training(grpo, small(2, **overrides), single)
+    for a, b in ((first[0], alone[0]), (first[2], alone[2]), (first[2], single)):
+        assert losses_of(a) == losses_of(b) and same_parameters(a, b)
+    assert json.loads((single / "summary.json").read_text())["status"] == "completed"
+
+
+def rows_but_timings(run_dir: Path) -> list[dict[str, str]]:
+    return [{k: v for k, v in row.items() if k not in TIMINGS} for row in read_progress(run_dir)]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"start_mode": "branch", "branch_max_depth": 10, "total_steps": 600},
+        {"advantage": "vine", "vine_branches": 3, "total_steps": 2100},
+    ],
+    ids=["branch", "vine"],
+)
+def test_variants_that_act_outside_the_members_steps_are_bit_identical_alone_and_stacked(
+    tmp_path: Path, variant: dict
+) -> None:
+    # The trunks and the vine's branches act with the seed's own network and generator, beside the batch.
+    cfgs = [small(seed, **variant) for seed in (0, 5)]
+    run_dirs = [tmp_path / "stack" / f"seed{cfg.seed}" for cfg in cfgs]
+    for run_dir in run_dirs:
+        rundir.prepare_run_dir(run_dir, False)
+    grpo.train_stack(cfgs, run_dirs)
+    single = tmp_path / "single"
+    run_training(grpo, cfgs[1], single)
+    assert rows_but_timings(run_dirs[1]) == rows_but_timings(single) and len(rows_but_timings(single)) >= 2
+    assert same_parameters(run_dirs[1], single)
+
+
+def test_train_seeds_for_grpo_writes_run_directories_that_eval_reads(tmp_path: Path) -> None:
+    settings = [arg for key, value in SMALL.items() if key != "total_steps" for arg in ("--set", f"{key}={value}")]
+    parent = tmp_path / "stack"
+    assert (
+        main(
+            [
+                "train",
+                "--algo",
+                "grpo",
+                "--env",
+                "CartPole-v1",
+                *settings,
+                "--seeds",
+                "2",
+                "--total-steps",
+                "400",
+                "--run-dir",
+                str(parent),
+            ]
+        )
+        == 0
+    )
+    assert sorted(p.name for p in parent.iterdir()) == ["seed0", "seed1"]
+    assert main(["eval", str(parent / "seed1"), "--episodes", "2"]) == 0

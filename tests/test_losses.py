@@ -147,17 +147,19 @@ def test_k3_kl_hand_values() -> None:
     torch.testing.assert_close(kl, torch.tensor([1.0 - ln2, -0.5 + ln2], dtype=torch.float64))
 
 
-
 def test_k3_kl_clamps_the_log_ratio_at_20_so_a_collapsed_policy_stays_finite() -> None:
     # log r = 100 overflows float32's exp (e^88.7 is its largest): clamped to 20, k3 = e^20 − 1 − 20.
     log_ratio = torch.tensor([100.0, 20.0, -100.0, 1.0], requires_grad=True)
     kl = k3_kl(log_ratio)
     e20 = math.exp(20.0)
-    torch.testing.assert_close(kl.detach(), torch.tensor([e20 - 21.0, e20 - 21.0, math.exp(-20.0) + 19.0, math.e - 2.0]))
+    torch.testing.assert_close(
+        kl.detach(), torch.tensor([e20 - 21.0, e20 - 21.0, math.exp(-20.0) + 19.0, math.e - 2.0])
+    )
     kl.sum().backward()
     assert log_ratio.grad is not None and torch.isfinite(log_ratio.grad).all()
     assert log_ratio.grad[0] == 0.0 and log_ratio.grad[2] == 0.0  # past the clamp: no gradient
     assert log_ratio.grad[3] == pytest.approx(math.e - 1.0)  # d/dx (eˣ − 1 − x)
+
 
 def test_k3_kl_is_non_negative() -> None:
     log_ratio = torch.linspace(-10.0, 5.0, 1001)
@@ -209,7 +211,8 @@ def test_as_loss_terms_k1_has_no_pull_k2_is_the_kl_gradient_and_k3_the_reverse_k
     k1, k2, k3 = (grad((pi_old * k(log_ref - log_pi)).sum()) for k in (k1_kl, k2_kl, k3_kl))
     forward_kl = grad((log_pi.exp() * (log_pi - log_ref)).sum())  # ∇ KL(π_θ ‖ π_ref)
     reverse_kl = grad((log_ref.exp() * (log_ref - log_pi)).sum())  # ∇ KL(π_ref ‖ π_θ)
-    assert torch.allclose(k1, torch.zeros(3, dtype=torch.float64), atol=1e-15)  # E_old[∇ log π_θ] = 0: no pull toward π_ref
+    # E_old[∇ log π_θ] = 0: no pull toward π_ref
+    assert torch.allclose(k1, torch.zeros(3, dtype=torch.float64), atol=1e-15)
     assert torch.allclose(k2, forward_kl, atol=1e-15)
     assert torch.allclose(k3, reverse_kl, atol=1e-15)
     assert not torch.allclose(forward_kl, reverse_kl, atol=1e-3)  # the two directions differ here

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from agents.networks import Actor, ActorCritic, NetworkSpec, StackedNetworks, adapt_step_size, refresh_reference
 from agents.seeding import seed_everything
-from agents.seeds import clip_grad_norms_
+from agents.stacked import clip_grad_norms_
 
 OBS_DIM = 4
 B = 5

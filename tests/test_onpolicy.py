@@ -76,8 +76,8 @@ def test_a_masked_step_moves_the_stepping_seeds_alone_as_a_stack_of_one_would() 
     pair.step(loss, torch.tensor([True, False]), max_grad_norm=0.5)
     assert torch.equal(pair.net.flat[0], alone.net.flat[0]) and not torch.equal(pair.net.flat[0], before[0])
     assert torch.equal(pair.net.flat[1], before[1])
-    assert pair.lanes[1].optimizer.state_dict()["state"] == {}
-    assert pair.lanes[0].optimizer.state_dict()["state"][0]["step"] == 1
+    assert pair.trainees[1].optimizer.state_dict()["state"] == {}
+    assert pair.trainees[0].optimizer.state_dict()["state"][0]["step"] == 1
 
 
 def test_learning_rates_are_each_seed_s() -> None:
@@ -86,7 +86,7 @@ def test_learning_rates_are_each_seed_s() -> None:
     before = stack.net.flat.detach().clone()
     stack.step(seed_loss(stack), torch.tensor([True, True]), max_grad_norm=0.5)
     assert not torch.equal(stack.net.flat[0], before[0]) and torch.equal(stack.net.flat[1], before[1])
-    assert stack.lanes[1].optimizer.state_dict()["param_groups"][0]["lr"] == 0.0
+    assert stack.trainees[1].optimizer.state_dict()["param_groups"][0]["lr"] == 0.0
 
 
 def test_per_seed_metrics_name_each_running_seed_s_row() -> None:

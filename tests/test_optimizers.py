@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.optimizers import OptimizerFactory, SeedOptimizer, optimizer_factory
-from agents.seeds import clip_grad_norms_
+from agents.stacked import clip_grad_norms_
 
 START = [[1.0, 2.0], [3.0, 4.0]]
 GRAD = [[3.0, -4.0], [0.3, 0.4]]  # row 0's norm is 5, row 1's 0.5
@@ -46,7 +46,7 @@ def test_one_adam_step_by_hand_clips_each_seed_by_its_own_norm() -> None:
     # 1 − 0.1·0.6/0.60001, 2 + 0.1·0.8/0.80001; 3 − 0.1·0.3/0.30001, 4 − 0.1·0.4/0.40001
     expected = torch.tensor([[0.9000016667, 2.0999987500], [2.9000033332, 3.9000025000]])
     torch.testing.assert_close(flat.data, expected, atol=1e-6, rtol=0)
-    state = optimizer.lane(0).state[optimizer.rows[0]]
+    state = optimizer.for_seed(0).state[optimizer.rows[0]]
     assert float(state["step"]) == 1.0
     torch.testing.assert_close(state["exp_avg"], torch.tensor([0.06, -0.08]))  # (1 − 0.9)·g
     torch.testing.assert_close(state["exp_avg_sq"], torch.tensor([0.00036, 0.00064]))  # (1 − 0.999)·g²
@@ -60,7 +60,9 @@ def test_one_rmsprop_step_by_hand() -> None:
     # 1 − 0.01·3/0.30001, 2 + 0.01·4/0.40001; 3 − 0.01·0.3/0.03001, 4 − 0.01·0.4/0.04001
     expected = torch.tensor([[0.9000033332, 2.0999975001], [2.9000333222, 3.9000249938]])
     torch.testing.assert_close(flat.data, expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(optimizer.lane(1).state[optimizer.rows[1]]["square_avg"], torch.tensor([9e-4, 16e-4]))
+    torch.testing.assert_close(
+        optimizer.for_seed(1).state[optimizer.rows[1]]["square_avg"], torch.tensor([9e-4, 16e-4])
+    )
 
 
 @pytest.mark.parametrize("name", FACTORIES)
@@ -69,18 +71,18 @@ def test_a_seed_outside_stepping_keeps_its_parameters_and_state(name: str) -> No
     optimizer = SeedOptimizer(flat, FACTORIES[name])
     grad = torch.tensor(GRAD)
     optimizer.gradient_step(linear_loss(flat, grad), torch.tensor([True, True]), max_grad_norm=10.0)
-    before, state = flat.data.clone(), copy.deepcopy(optimizer.lane(1).state_dict())
+    before, state = flat.data.clone(), copy.deepcopy(optimizer.for_seed(1).state_dict())
     for _ in range(2):
         optimizer.gradient_step(linear_loss(flat, grad), torch.tensor([True, False]), max_grad_norm=10.0)
     assert not torch.equal(flat.data[0], before[0])
     assert torch.equal(flat.data[1], before[1])
-    after = optimizer.lane(1).state_dict()
+    after = optimizer.for_seed(1).state_dict()
     for key, value in state["state"][0].items():
         assert torch.equal(after["state"][0][key], value), key
     # A seed that never stepped has no state, as a single run's optimizer before its first step.
     idle = SeedOptimizer(stacked(torch.tensor(START)), FACTORIES[name])
     idle.gradient_step(linear_loss(idle.flat, grad), torch.tensor([True, False]), max_grad_norm=10.0)
-    assert idle.lane(1).state_dict()["state"] == {}
+    assert idle.for_seed(1).state_dict()["state"] == {}
 
 
 def single_run(start: Tensor, make: OptimizerFactory) -> tuple[nn.Parameter, torch.optim.Optimizer]:
@@ -129,7 +131,7 @@ def test_a_seeds_row_is_a_single_runs_optimizer_bit_for_bit_at_any_stack_size(na
             optimizer.gradient_step(linear_loss(flat, grads[t][:S]), torch.tensor(stepping[t][:S]), max_norm)
         for k in range(S):
             assert torch.equal(flat.data[k], singles[k][0].data), (S, k)
-            assert_same_state(optimizer.lane(k), singles[k][1])
+            assert_same_state(optimizer.for_seed(k), singles[k][1])
 
 
 @pytest.mark.parametrize("name", FACTORIES)
@@ -148,8 +150,8 @@ def test_a_seeds_state_dict_moves_to_a_single_run_and_into_another_stack(name: s
         stack.gradient_step(linear_loss(flat, grads(3)), torch.ones(3, dtype=torch.bool), max_norm)
     # ... then resumes as a single run (a deep copy: torch's load_state_dict keeps the tensors it is given) ...
     parameter, single = single_run(flat.data[1], FACTORIES[name])
-    single.load_state_dict(copy.deepcopy(stack.lane(1).state_dict()))
-    assert_same_state(single, stack.lane(1))
+    single.load_state_dict(copy.deepcopy(stack.for_seed(1).state_dict()))
+    assert_same_state(single, stack.for_seed(1))
     for _ in range(2):
         grad = grads(3)
         single_step(parameter, single, grad[1], max_norm)
@@ -161,15 +163,15 @@ def test_a_seeds_state_dict_moves_to_a_single_run_and_into_another_stack(name: s
     into = SeedOptimizer(other, FACTORIES[name])
     buffer = io.BytesIO()
     torch.save(single.state_dict(), buffer)
-    into.lane(2).load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
-    assert_same_state(into.lane(2), single)
+    into.for_seed(2).load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    assert_same_state(into.for_seed(2), single)
     for _ in range(2):
         grad = grads(4)
         single_step(parameter, single, grad[2], max_norm)
         into.gradient_step(linear_loss(other, grad), torch.tensor([False, True, True, False]), max_norm)
     assert torch.equal(other.data[2], parameter.data)
     assert torch.equal(other.data[0], start[0])  # not stepping, not moved
-    assert_same_state(into.lane(2), single)
+    assert_same_state(into.for_seed(2), single)
 
 
 def test_an_old_checkpoints_adam_state_still_loads() -> None:
@@ -197,19 +199,19 @@ def test_an_old_checkpoints_adam_state_still_loads() -> None:
     never_stepped = {"state": {}, "param_groups": copy.deepcopy(old["param_groups"])}
     flat = stacked(torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))
     optimizer = SeedOptimizer(flat, optimizer_factory("adam", lr=1e-3, eps=1e-5))
-    optimizer.lane(0).load_state_dict(copy.deepcopy(old))
-    optimizer.lane(1).load_state_dict(copy.deepcopy(never_stepped))
+    optimizer.for_seed(0).load_state_dict(copy.deepcopy(old))
+    optimizer.for_seed(1).load_state_dict(copy.deepcopy(never_stepped))
     parameter, single = single_run(flat.data[0], optimizer_factory("adam", lr=1e-3, eps=1e-5))
     single.load_state_dict(copy.deepcopy(old))
     grad = torch.tensor([[0.1, 0.2, -0.3], [0.4, -0.5, 0.6]])
     optimizer.gradient_step(linear_loss(flat, grad), torch.tensor([True, True]), max_grad_norm=10.0)
     single_step(parameter, single, grad[0], 10.0)
     assert torch.equal(flat.data[0], parameter.data)
-    assert float(optimizer.lane(0).state_dict()["state"][0]["step"]) == 4.0
-    assert float(optimizer.lane(1).state_dict()["state"][0]["step"]) == 1.0
+    assert float(optimizer.for_seed(0).state_dict()["state"][0]["step"]) == 4.0
+    assert float(optimizer.for_seed(1).state_dict()["state"][0]["step"]) == 1.0
     # The loaded learning rate stands until the stack sets this iteration's.
     optimizer.set_learning_rates([1e-4, 2e-4])
-    assert [lane.param_groups[0]["lr"] for lane in optimizer.optimizers] == [1e-4, 2e-4]
+    assert [o.param_groups[0]["lr"] for o in optimizer.optimizers] == [1e-4, 2e-4]
 
 
 def test_the_factory_names_torchs_optimizers_and_refuses_others() -> None:

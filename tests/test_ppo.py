@@ -50,7 +50,9 @@ def test_rollout_log_probs_equal_the_updates_so_the_first_ratio_is_one() -> None
     obs, _ = env.reset(seed=0)
     torch.manual_seed(0)
     model = ActorCritic(NetworkSpec(obs_dim=4, action_dim=2, continuous=False))
-    segment = collect_segment(env, model, RolloutState(obs, np.zeros(4, dtype=bool)), SegmentBuffers(16, 4, 4, (), True))
+    segment = collect_segment(
+        env, model, RolloutState(obs, np.zeros(4, dtype=bool)), SegmentBuffers(16, 4, 4, (), True)
+    )
     log_probs, _, values = model.evaluate(segment.obs.flatten(0, 1), segment.actions.flatten(0, 1))
     ratio = (log_probs - segment.log_probs.flatten()).exp()
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6)
@@ -61,8 +63,18 @@ def test_recomputed_targets_at_unchanged_parameters_are_the_collection_s(tmp_pat
     # Two seeds side by side, each with a truncation inside the segment (ConstantReward's limit is 20 steps,
     # T = 25): recomputing V(s_0 … s_T) with the critic that collected gives its advantages and targets back,
     # the truncated step's bootstrap from its final observation included.
-    cfgs = [ppo_config("testbed-toy/ConstantReward-v0", seed=k, n_envs=2, n_steps=25, minibatch_size=25,
-                       vectorization="sync", recompute_advantages=True) for k in (0, 1)]  # fmt: skip
+    cfgs = [
+        ppo_config(
+            "testbed-toy/ConstantReward-v0",
+            seed=k,
+            n_envs=2,
+            n_steps=25,
+            minibatch_size=25,
+            vectorization="sync",
+            recompute_advantages=True,
+        )
+        for k in (0, 1)
+    ]
     learner = ppo.Learner(cfgs)
     try:
         collected = learner.collect([0, 0], [True, True])
@@ -78,20 +90,37 @@ def test_recomputed_targets_at_unchanged_parameters_are_the_collection_s(tmp_pat
 
 
 def test_recomputing_advantages_changes_the_epochs_after_the_first_only(tmp_path: Path) -> None:
-    base = dict(total_steps=512, n_envs=2, n_steps=128, minibatch_size=64, eval_interval=0, eval_episodes=1)
+    base = {
+        "total_steps": 512,
+        "n_envs": 2,
+        "n_steps": 128,
+        "minibatch_size": 64,
+        "eval_interval": 0,
+        "eval_episodes": 1,
+    }
     rows = {}
     for epochs in (1, 4):
         for recompute in (False, True):
             run_dir = tmp_path / f"e{epochs}-{recompute}"
-            run_training(ppo, ppo_config("CartPole-v1", n_epochs=epochs, recompute_advantages=recompute, **base), run_dir)
-            rows[epochs, recompute] = [{k: v for k, v in r.items() if k.startswith("losses/")}
-                                       for r in read_progress(run_dir)]  # fmt: skip
+            run_training(
+                ppo, ppo_config("CartPole-v1", n_epochs=epochs, recompute_advantages=recompute, **base), run_dir
+            )
+            rows[epochs, recompute] = [
+                {k: v for k, v in r.items() if k.startswith("losses/")} for r in read_progress(run_dir)
+            ]
     assert rows[1, False] == rows[1, True]  # one epoch: nothing to recompute
     assert rows[4, False][0] != rows[4, True][0]
 
 
 def test_value_clip_max_takes_the_larger_error_only_where_clipping_bites(tmp_path: Path) -> None:
-    base = dict(total_steps=512, n_envs=2, n_steps=128, minibatch_size=64, eval_interval=0, eval_episodes=1)
+    base = {
+        "total_steps": 512,
+        "n_envs": 2,
+        "n_steps": 128,
+        "minibatch_size": 64,
+        "eval_interval": 0,
+        "eval_episodes": 1,
+    }
     rows = {}
     for clip_range_vf in (1e6, 0.01):  # 1e6: no value moves that far, so both forms are the unclipped error
         for form in ("prediction", "max"):
@@ -106,9 +135,20 @@ def test_value_clip_max_takes_the_larger_error_only_where_clipping_bites(tmp_pat
 def test_critic_learns_the_infinite_horizon_value_under_truncation(tmp_path: Path) -> None:
     # γ = 0.9: V = 1 / (1 − γ) = 10. Treating the time limit (20 steps) as termination would give
     # values falling from 8.8 at the start to 1 at the end, about 6 on average.
-    cfg = ppo_config("testbed-toy/ConstantReward-v0", total_steps=30_000, n_envs=4, n_steps=64, minibatch_size=64,
-                     n_epochs=4, gamma=0.9, gae_lambda=0.95, learning_rate=3e-3, anneal_lr=False, eval_episodes=1,
-                 eval_interval=0)  # fmt: skip
+    cfg = ppo_config(
+        "testbed-toy/ConstantReward-v0",
+        total_steps=30_000,
+        n_envs=4,
+        n_steps=64,
+        minibatch_size=64,
+        n_epochs=4,
+        gamma=0.9,
+        gae_lambda=0.95,
+        learning_rate=3e-3,
+        anneal_lr=False,
+        eval_episodes=1,
+        eval_interval=0,
+    )
     run_training(ppo, cfg, tmp_path / "run")
     ckpt = runlog.load_checkpoint(tmp_path / "run", {"algo": "ppo"})
     model = ActorCritic(NetworkSpec(obs_dim=1, action_dim=2, continuous=False))
@@ -118,8 +158,17 @@ def test_critic_learns_the_infinite_horizon_value_under_truncation(tmp_path: Pat
 
 
 def test_two_armed_bandit_is_solved(tmp_path: Path) -> None:
-    cfg = ppo_config("testbed-toy/TwoArms-v0", total_steps=4096, n_envs=8, n_steps=16, minibatch_size=64,
-                     learning_rate=1e-2, eval_episodes=4, eval_interval=0, ent_coef=0.0)  # fmt: skip
+    cfg = ppo_config(
+        "testbed-toy/TwoArms-v0",
+        total_steps=4096,
+        n_envs=8,
+        n_steps=16,
+        minibatch_size=64,
+        learning_rate=1e-2,
+        eval_episodes=4,
+        eval_interval=0,
+        ent_coef=0.0,
+    )
     summary = run_training(ppo, cfg, tmp_path / "run")
     assert summary["final_eval_return_mean"] == 1.0
 
@@ -138,11 +187,15 @@ def test_same_seed_gives_identical_losses(tmp_path: Path) -> None:
 
 
 def test_different_seeds_differ(tmp_path: Path) -> None:
-    run_training(ppo, ppo_config("CartPole-v1", total_steps=512, seed=1, eval_interval=0, eval_episodes=1),
-                 tmp_path / "a")  # fmt: skip
-    run_training(ppo, ppo_config("CartPole-v1", total_steps=512, seed=2, eval_interval=0, eval_episodes=1),
-                 tmp_path / "b")  # fmt: skip
-    assert read_progress(tmp_path / "a")[0]["losses/value_loss"] != read_progress(tmp_path / "b")[0]["losses/value_loss"]
+    run_training(
+        ppo, ppo_config("CartPole-v1", total_steps=512, seed=1, eval_interval=0, eval_episodes=1), tmp_path / "a"
+    )
+    run_training(
+        ppo, ppo_config("CartPole-v1", total_steps=512, seed=2, eval_interval=0, eval_episodes=1), tmp_path / "b"
+    )
+    assert (
+        read_progress(tmp_path / "a")[0]["losses/value_loss"] != read_progress(tmp_path / "b")[0]["losses/value_loss"]
+    )
 
 
 # ── learning ────────────────────────────────────────────────────────────────────────────────────────
@@ -160,8 +213,9 @@ def test_cartpole_learns(tmp_path: Path) -> None:
 def test_continuous_control_improves(tmp_path: Path) -> None:
     # InvertedPendulum-v5: an untrained policy balances for a few steps; the continuous default learns
     # to balance for the full 1000 steps within 15k steps (seeds 0-2 all reach 1000).
-    cfg = ppo_config("InvertedPendulum-v5", continuous=True, total_steps=15_360, n_steps=1024, eval_interval=1024,
-                     eval_episodes=5)  # fmt: skip
+    cfg = ppo_config(
+        "InvertedPendulum-v5", continuous=True, total_steps=15_360, n_steps=1024, eval_interval=1024, eval_episodes=5
+    )
     run_training(ppo, cfg, tmp_path / "run")
     evals = [float(r["eval/return_mean"]) for r in read_progress(tmp_path / "run") if r["eval/return_mean"]]
     assert evals[0] < 60
@@ -211,8 +265,9 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(
 def test_resume_of_an_env_without_state_restores_normalizers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # LunarLanderContinuous can't be snapshotted: the run resumes with fresh episodes but the same
     # normalizer statistics, and finishes.
-    cfg = ppo_config("LunarLanderContinuous-v3", True, total_steps=1024, n_steps=256, n_epochs=1, eval_interval=0,
-                     eval_episodes=1)  # fmt: skip
+    cfg = ppo_config(
+        "LunarLanderContinuous-v3", True, total_steps=1024, n_steps=256, n_epochs=1, eval_interval=0, eval_episodes=1
+    )
     with monkeypatch.context() as patch:
         interrupt_after(patch, onpolicy, "segment_steps", 2)
         assert run_training(ppo, cfg, tmp_path / "run")["status"] == "interrupted"

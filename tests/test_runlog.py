@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from agents import runlog
+from agents.rundir import CHECKPOINT, prepare_run_dir, write_summary
 from agents.runlog import (
     MetricLog,
     NonFiniteError,
@@ -24,7 +25,6 @@ from agents.runlog import (
     rng_state,
     save_checkpoint,
 )
-from agents.rundir import CHECKPOINT, prepare_run_dir, write_summary
 from envs.errors import BadInput
 from tests.conftest import wait_for
 
@@ -245,8 +245,15 @@ def test_load_refuses_a_checkpoint_holding_nan_or_inf(tmp_path: Path, entry: dic
 
 def test_load_leaves_the_envs_and_generators_state_to_their_owners(tmp_path: Path) -> None:
     # An env's own state may hold an inf (a bound, a timer); only what was learned must be finite.
-    save_checkpoint(tmp_path, {**EXPECTED, "model": {"w": torch.ones(2)}, "env_state": {"bound": np.array([np.inf])},
-                               "rollout": {"next_obs": np.array([np.nan])}})  # fmt: skip
+    save_checkpoint(
+        tmp_path,
+        {
+            **EXPECTED,
+            "model": {"w": torch.ones(2)},
+            "env_state": {"bound": np.array([np.inf])},
+            "rollout": {"next_obs": np.array([np.nan])},
+        },
+    )
     assert np.isinf(load_checkpoint(tmp_path, EXPECTED)["env_state"]["bound"]).all()
 
 
@@ -254,8 +261,15 @@ def test_record_diverged_writes_a_summary_a_bench_keeps(tmp_path: Path) -> None:
     error = runlog.NonFiniteCheckpoint("checkpoint.pt holds NaN", 512)
     runlog.record_diverged(tmp_path, error, {"algo": "ppo", "env_id": "CartPole-v1", "seed": 3})
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary == {"algo": "ppo", "env_id": "CartPole-v1", "seed": 3, "status": "failed", "total_steps": 512,
-                       "error": "checkpoint.pt holds NaN", "diverged": True}  # fmt: skip
+    assert summary == {
+        "algo": "ppo",
+        "env_id": "CartPole-v1",
+        "seed": 3,
+        "status": "failed",
+        "total_steps": 512,
+        "error": "checkpoint.pt holds NaN",
+        "diverged": True,
+    }
 
 
 def test_check_progress_refuses_a_missing_or_shortened_progress_csv(tmp_path: Path) -> None:
@@ -405,4 +419,3 @@ def test_stop_flag_catches_sigint() -> None:
         wait_for(lambda: stop.raised)
         assert stop.signal == signal.SIGINT
     assert signal.getsignal(signal.SIGINT) is before
-

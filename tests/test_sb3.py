@@ -12,15 +12,27 @@ import torch
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch import nn
 
-from agents import plumbing, ppo, runlog, sb3, tracking
+from agents import ppo, run_envs, runlog, sb3, tracking
 from agents.onpolicy import Segment
 from agents.ppo import TAGS
 from agents.seeding import generator_seeds
 from envs import BadInput, normalizer_state
 from tests.conftest import interrupt_after, ppo_config, read_progress, run_training
 
-SUMMARY_KEYS = {"algo", "env_id", "seed", "status", "total_steps", "wall_time_s", "sps", "final_eval_return_mean",
-                "final_eval_return_std", "final_eval_episodes", "eval_convention", "error"}  # fmt: skip
+SUMMARY_KEYS = {
+    "algo",
+    "env_id",
+    "seed",
+    "status",
+    "total_steps",
+    "wall_time_s",
+    "sps",
+    "final_eval_return_mean",
+    "final_eval_return_std",
+    "final_eval_episodes",
+    "eval_convention",
+    "error",
+}
 
 
 def steps_of(run_dir: Path) -> list[int]:
@@ -32,27 +44,57 @@ def steps_of(run_dir: Path) -> list[int]:
 
 def test_cartpole_preset_maps_to_sb3_arguments_with_linear_schedules() -> None:
     args = sb3.sb3_arguments(ppo_config("CartPole-v1"))  # continuous looked up from the env id
-    expected = {"n_steps": 32, "batch_size": 256, "n_epochs": 20, "gamma": 0.98, "gae_lambda": 0.8,
-                "clip_range_vf": None, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "target_kl": None,
-                "normalize_advantage": True, "seed": generator_seeds(0)[2], "device": "cpu"}  # fmt: skip
+    expected = {
+        "n_steps": 32,
+        "batch_size": 256,
+        "n_epochs": 20,
+        "gamma": 0.98,
+        "gae_lambda": 0.8,
+        "clip_range_vf": None,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "target_kl": None,
+        "normalize_advantage": True,
+        "seed": generator_seeds(0)[2],
+        "device": "cpu",
+    }
     assert {k: args[k] for k in expected} == expected
     # Annealed: value = progress_remaining · start, as SB3 (and the zoo's lin_ schedules) compute it.
     assert args["learning_rate"](1.0) == pytest.approx(1e-3) and args["learning_rate"](0.5) == pytest.approx(5e-4)
     assert args["clip_range"](1.0) == pytest.approx(0.2) and args["clip_range"](0.5) == pytest.approx(0.1)
-    assert args["policy_kwargs"] == {"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": nn.Tanh,
-                                     "ortho_init": True, "share_features_extractor": False}  # fmt: skip
+    assert args["policy_kwargs"] == {
+        "net_arch": {"pi": [64, 64], "vf": [64, 64]},
+        "activation_fn": nn.Tanh,
+        "ortho_init": True,
+        "share_features_extractor": False,
+    }
 
 
 def test_halfcheetah_preset_maps_to_constant_values_and_the_continuous_policy() -> None:
     args = sb3.sb3_arguments(ppo_config("HalfCheetah-v5", continuous=True))
     # n_epochs 1: the preset recomputes advantages, so Learner.learn calls train() once per epoch (20).
-    expected = {"n_steps": 1024, "batch_size": 256, "n_epochs": 1, "gamma": 0.99, "gae_lambda": 0.92,
-                "learning_rate": 6.626235648340379e-05, "clip_range": 0.2, "ent_coef": 2.532299819667241e-08,
-                "vf_coef": 0.9008510636587208, "max_grad_norm": 0.5, "normalize_advantage": False}  # fmt: skip
+    expected = {
+        "n_steps": 1024,
+        "batch_size": 256,
+        "n_epochs": 1,
+        "gamma": 0.99,
+        "gae_lambda": 0.92,
+        "learning_rate": 6.626235648340379e-05,
+        "clip_range": 0.2,
+        "ent_coef": 2.532299819667241e-08,
+        "vf_coef": 0.9008510636587208,
+        "max_grad_norm": 0.5,
+        "normalize_advantage": False,
+    }
     assert {k: args[k] for k in expected} == expected
-    assert args["policy_kwargs"] == {"net_arch": {"pi": [256, 256], "vf": [256, 256]}, "activation_fn": nn.ReLU,
-                                     "ortho_init": False, "share_features_extractor": False,
-                                     "log_std_init": -0.9666898400402343}  # fmt: skip
+    assert args["policy_kwargs"] == {
+        "net_arch": {"pi": [256, 256], "vf": [256, 256]},
+        "activation_fn": nn.ReLU,
+        "ortho_init": False,
+        "share_features_extractor": False,
+        "log_std_init": -0.9666898400402343,
+    }
 
 
 def test_make_sb3_env_normalizes_as_our_factory() -> None:
@@ -83,8 +125,16 @@ def test_what_sb3_cannot_run_is_refused_before_any_work() -> None:
 
 
 def test_recomputed_advantages_are_sb3s_own_under_the_same_critic_and_follow_a_trained_one() -> None:
-    cfg = ppo_config("Pendulum-v1", continuous=True, n_envs=2, n_steps=16, minibatch_size=8, n_epochs=3,
-                     recompute_advantages=True, total_steps=64)  # fmt: skip
+    cfg = ppo_config(
+        "Pendulum-v1",
+        continuous=True,
+        n_envs=2,
+        n_steps=16,
+        minibatch_size=8,
+        n_epochs=3,
+        recompute_advantages=True,
+        total_steps=64,
+    )
     learner = sb3.Learner([cfg])
     try:
         learner.collect([0], [True])
@@ -109,9 +159,15 @@ def test_recomputed_advantages_are_sb3s_own_under_the_same_critic_and_follow_a_t
 
 
 # SB3's parameter names → ours (agents.networks.ActorCritic), for two hidden layers.
-SB3_NAMES = {"mlp_extractor.policy_net.0": "actor.trunk.0", "mlp_extractor.policy_net.2": "actor.trunk.2",
-             "action_net": "actor.head", "log_std": "actor.log_std", "mlp_extractor.value_net.0": "critic_trunk.0",
-             "mlp_extractor.value_net.2": "critic_trunk.2", "value_net": "critic_head"}  # fmt: skip
+SB3_NAMES = {
+    "mlp_extractor.policy_net.0": "actor.trunk.0",
+    "mlp_extractor.policy_net.2": "actor.trunk.2",
+    "action_net": "actor.head",
+    "log_std": "actor.log_std",
+    "mlp_extractor.value_net.0": "critic_trunk.0",
+    "mlp_extractor.value_net.2": "critic_trunk.2",
+    "value_net": "critic_head",
+}
 
 
 def as_tensor(x: np.ndarray) -> torch.Tensor:
@@ -123,38 +179,59 @@ def ours_of(sb3_name: str) -> str:
     return SB3_NAMES[sb3_name] if sb3_name in SB3_NAMES else f"{SB3_NAMES[layer]}.{kind}"
 
 
-@pytest.mark.parametrize("overrides", [
-    {"ent_coef": 0.01, "clip_range_vf": 0.2},
-    {"hidden_sizes": (32, 32), "activation": "relu", "ortho_init": False, "log_std_init": -0.9,
-     "normalize_advantage": False, "vf_coef": 0.437, "max_grad_norm": 0.8, "learning_rate": 1e-3},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"ent_coef": 0.01, "clip_range_vf": 0.2},
+        {
+            "hidden_sizes": (32, 32),
+            "activation": "relu",
+            "ortho_init": False,
+            "log_std_init": -0.9,
+            "normalize_advantage": False,
+            "vf_coef": 0.437,
+            "max_grad_norm": 0.8,
+            "learning_rate": 1e-3,
+        },
+    ],
+)
 def test_our_update_is_sb3s_train_on_the_same_batch_from_the_same_weights(overrides: dict[str, Any]) -> None:
     """Our PPO's K epochs (``ppo.update``: the losses, per-minibatch advantage normalization, the global
     gradient-norm clip, Adam with ε = 1e-5) move the weights as SB3's ``train()`` does, given SB3's rollout
     and weights. One minibatch an epoch, so that the order of the samples (each library shuffles with its
     own generator) only reorders sums."""
-    cfg = ppo_config("Pendulum-v1", continuous=True, n_envs=2, n_steps=64, minibatch_size=128, n_epochs=3,
-                     **overrides)  # fmt: skip
+    cfg = ppo_config("Pendulum-v1", continuous=True, n_envs=2, n_steps=64, minibatch_size=128, n_epochs=3, **overrides)
     reference, ours = sb3.Learner([cfg]), ppo.Learner([cfg])
     try:
         reference.collect([0], [True])
         buffer = reference.model.rollout_buffer
         T, N = cfg.n_steps, cfg.n_envs
         segment = Segment(
-            obs=as_tensor(buffer.observations), actions=as_tensor(buffer.actions),
-            log_probs=as_tensor(buffer.log_probs), values=as_tensor(buffer.values), next_values=torch.zeros(T, N),
-            rewards=as_tensor(buffer.rewards), terminated=torch.zeros(T, N, dtype=torch.bool),
-            truncated=torch.zeros(T, N, dtype=torch.bool), sample_mask=torch.ones(T, N, dtype=torch.bool),
+            obs=as_tensor(buffer.observations),
+            actions=as_tensor(buffer.actions),
+            log_probs=as_tensor(buffer.log_probs),
+            values=as_tensor(buffer.values),
+            next_values=torch.zeros(T, N),
+            rewards=as_tensor(buffer.rewards),
+            terminated=torch.zeros(T, N, dtype=torch.bool),
+            truncated=torch.zeros(T, N, dtype=torch.bool),
+            sample_mask=torch.ones(T, N, dtype=torch.bool),
             last_obs=torch.zeros(1, N, buffer.obs_shape[0]),
-        )  # fmt: skip
-        model = ours.lanes[0].model
+        )
+        model = ours.trainees[0].model
         parameters = dict(model.named_parameters())
         with torch.no_grad():
             for name, weight in reference.model.policy.state_dict().items():
                 parameters[ours_of(name)].copy_(weight)
         ours.stack.set_learning_rates([cfg.learning_rate])
-        ppo.update(ours, segment, as_tensor(buffer.advantages), as_tensor(buffer.returns),
-                   torch.tensor([[cfg.clip_range]]), torch.tensor([True]))  # fmt: skip
+        ppo.update(
+            ours,
+            segment,
+            as_tensor(buffer.advantages),
+            as_tensor(buffer.returns),
+            torch.tensor([[cfg.clip_range]]),
+            torch.tensor([True]),
+        )
         before = {name: weight.clone() for name, weight in reference.model.policy.state_dict().items()}
         reference.model.train()
         for name, weight in reference.model.policy.state_dict().items():
@@ -176,7 +253,7 @@ def test_cartpole_run_writes_our_run_directory(tmp_path: Path) -> None:
     summary = run_training(sb3, cfg, run_dir)
 
     assert summary["status"] == "completed" and summary["algo"] == "sb3-ppo" and summary["total_steps"] == 2048
-    assert SUMMARY_KEYS <= set(summary) and summary["final_eval_episodes"] == 2
+    assert set(summary) >= SUMMARY_KEYS and summary["final_eval_episodes"] == 2
     assert json.loads((run_dir / "summary.json").read_text()) == summary
     rows = read_progress(run_dir)
     assert list(rows[0]) == ["global_step", "wall_time_s", *TAGS]
@@ -198,8 +275,8 @@ def test_cartpole_run_writes_our_run_directory(tmp_path: Path) -> None:
     assert {"model", "rng", "wall_time_s"} <= set(ckpt)
     # The checkpoint's policy, rebuilt without PPO (as `testbed eval` would), plays the final evaluation again.
     policy = sb3.load_policy(cfg, ckpt["model"])
-    eval_env = plumbing.make_eval_env(cfg, cfg.eval_episodes)
-    seeds = [plumbing.EVAL_SEED_BASE + i for i in range(cfg.eval_episodes)]
+    eval_env = run_envs.make_eval_env(cfg, cfg.eval_episodes)
+    seeds = [run_envs.EVAL_SEED_BASE + i for i in range(cfg.eval_episodes)]
     returns = tracking.evaluate_policy(policy, eval_env, seeds, deterministic=True)
     assert returns.mean() == pytest.approx(summary["final_eval_return_mean"])
     eval_env.close()
@@ -225,8 +302,9 @@ def test_normalized_pendulum_run_evaluates_with_vecnormalize_statistics(
         return original(model, env, *args, **kwargs)
 
     monkeypatch.setattr(tracking, "evaluate_policy", recording)
-    cfg = ppo_config("Pendulum-v1", continuous=True, total_steps=512, n_steps=256, n_epochs=2, eval_episodes=2,
-                     eval_interval=256)  # fmt: skip
+    cfg = ppo_config(
+        "Pendulum-v1", continuous=True, total_steps=512, n_steps=256, n_epochs=2, eval_episodes=2, eval_interval=256
+    )
     summary = run_training(sb3, cfg, tmp_path / "run")
     assert summary["status"] == "completed" and np.isfinite(summary["final_eval_return_mean"])
 

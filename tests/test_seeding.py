@@ -13,7 +13,7 @@ import pytest
 import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from agents import grpo, plumbing, ppo, sb3
+from agents import grpo, ppo, run_envs, sb3
 from agents.seeding import (
     RESET_SEED_FLOOR,
     Stream,
@@ -51,7 +51,7 @@ def test_no_two_seeds_purposes_or_draws_share_a_reset_seed() -> None:
     assert len(set(every)) == len(every)
     # ints an env takes, above evaluation's fixed seeds
     assert all(isinstance(s, int) and RESET_SEED_FLOOR <= s < 2**32 for s in every)
-    assert plumbing.EVAL_SEED_BASE + 10_000 < RESET_SEED_FLOOR
+    assert run_envs.EVAL_SEED_BASE + 10_000 < RESET_SEED_FLOOR
 
 
 def test_the_generators_are_seeded_from_their_own_branch() -> None:
@@ -91,7 +91,7 @@ def recorded_resets(monkeypatch: pytest.MonkeyPatch, algo: ModuleType, cfg: Any,
 
 
 EVAL_EPISODES = 2
-EVALUATION = {plumbing.EVAL_SEED_BASE + i for i in range(EVAL_EPISODES)}
+EVALUATION = {run_envs.EVAL_SEED_BASE + i for i in range(EVAL_EPISODES)}
 RUNS = ["ppo", "sb3-ppo", "grpo", "grpo-branch"]
 
 

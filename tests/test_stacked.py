@@ -1,5 +1,5 @@
-"""Seeds trained side by side (``agents/seeds.py``, ``agents/ppo.py``, ``train --seeds``, ``--stack``): a seed's numbers
-are bit-identical whatever seeds share its process, and however many."""
+"""Seeds trained side by side (``agents/stacked.py``, ``agents/ppo.py``, ``train --seeds``, ``--stack``): a seed's
+numbers are bit-identical whatever seeds share its process, and however many."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import torch
 
 from agents import advantages as adv
 from agents import grpo, ppo, rundir, runlog
-from agents.seeds import clip_grad_norms_, fixed_minibatch_slots, masked_mean
+from agents.stacked import clip_grad_norms_, fixed_minibatch_slots, masked_mean
 from agents.training import check_stack
 from lab import bench, cells
 from lab.cli import main
-from tests import test_grpo_stack as grpo_tests
+from tests import test_grpo as grpo_tests
 from tests.conftest import (
     assert_close_progress,
     interrupt_after,
@@ -34,8 +34,16 @@ from tests.conftest import (
 LOSSES = ["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac"]
 # Four minibatches of a 128-sample segment, so each seed's minibatches are padded; a target KL low enough
 # that seeds stop their epochs at different minibatches.
-SMALL = {"n_envs": 2, "n_steps": 64, "minibatch_size": 32, "n_epochs": 3, "eval_interval": 256, "eval_episodes": 2,
-         "target_kl": 0.004, "total_steps": 512}  # fmt: skip
+SMALL = {
+    "n_envs": 2,
+    "n_steps": 64,
+    "minibatch_size": 32,
+    "n_epochs": 3,
+    "eval_interval": 256,
+    "eval_episodes": 2,
+    "target_kl": 0.004,
+    "total_steps": 512,
+}
 
 
 def small(seed: int, env_id: str = "CartPole-v1", **overrides: Any) -> ppo.PPOConfig:
@@ -101,8 +109,11 @@ def test_clip_grad_norms_clips_each_seed_by_its_own_norm() -> None:
 # ── a seed's numbers do not depend on its neighbours ───────────────────────────────────────────────
 
 
-@pytest.mark.parametrize("overrides", [{}, {"env_id": "Pendulum-v1"}, {"recompute_advantages": True}],
-                         ids=["CartPole-v1", "Pendulum-v1", "recompute"])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"env_id": "Pendulum-v1"}, {"recompute_advantages": True}],
+    ids=["CartPole-v1", "Pendulum-v1", "recompute"],
+)
 def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(tmp_path: Path, overrides: dict) -> None:
     first = train_stack(tmp_path / "a", [0, 1, 2], **overrides)
     other = train_stack(tmp_path / "b", [0, 7, 2], **overrides)
@@ -143,11 +154,23 @@ class BatchedStack:
 def batched_stack(algo: str) -> BatchedStack:
     if algo == "ppo":  # CartPole's native vector env: each seed has its own
         return BatchedStack(ppo, small, train_stack, losses_of, same_parameters, ppo.train_stack)
-    if algo == "ppo-shared":  # Pendulum's sync vector env: the seeds share one (plumbing.open_shared_envs)
-        return BatchedStack(ppo, partial(small, env_id="Pendulum-v1"), partial(train_stack, env_id="Pendulum-v1"),
-                            losses_of, same_parameters, ppo.train_stack)  # fmt: skip
-    return BatchedStack(grpo, grpo_tests.small, grpo_tests.train_stack, grpo_tests.losses_of,
-                        grpo_tests.same_parameters, grpo.train_stack)  # fmt: skip
+    if algo == "ppo-shared":  # Pendulum's sync vector env: the seeds share one (run_envs.open_shared_envs)
+        return BatchedStack(
+            ppo,
+            partial(small, env_id="Pendulum-v1"),
+            partial(train_stack, env_id="Pendulum-v1"),
+            losses_of,
+            same_parameters,
+            ppo.train_stack,
+        )
+    return BatchedStack(
+        grpo,
+        grpo_tests.small,
+        grpo_tests.train_stack,
+        grpo_tests.losses_of,
+        grpo_tests.same_parameters,
+        grpo.train_stack,
+    )
 
 
 @pytest.mark.parametrize("algo", ["ppo", "ppo-shared", "grpo"])
@@ -210,22 +233,26 @@ def test_train_seeds_writes_ordinary_run_directories_that_eval_and_resume_read(t
     for seed in (5, 6):
         run_dir = parent / f"seed{seed}"
         assert {"config.yaml", "meta.json", "progress.csv", "checkpoint.pt", "summary.json"} <= {
-            p.name for p in run_dir.iterdir()}  # fmt: skip
+            p.name for p in run_dir.iterdir()
+        }
         assert rundir.read_config(run_dir)["seed"] == seed
     assert main(["eval", str(parent / "seed6"), "--episodes", "2"]) == 0
     assert main(["plot", str(parent), "--out", str(tmp_path / "curves.png")]) == 0  # both seeds' curves
     assert main([*base, "--seeds", "5,6", "--total-steps", "512", "--resume"]) == 0  # the stack, resumed
-    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", "--run-dir", str(parent / "seed5"),
-                 "--total-steps", "640", "--resume"]) == 0  # one seed of it, resumed alone  # fmt: skip
+    one = ["train", "--algo", "ppo", "--env", "CartPole-v1", "--run-dir", str(parent / "seed5")]
+    assert main([*one, "--total-steps", "640", "--resume"]) == 0  # one seed of it, resumed alone
     assert [int(r["global_step"]) for r in read_progress(parent / "seed5")] == [128, 256, 384, 512, 640]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--seeds", "0,x"], "--seeds takes a count"),
-    (["--seeds", "0,0"], "distinct"),
-    (["--seeds", "0,1", "--seed", "3"], "drop --seed"),
-    (["--seeds", "2", "--algo", "sb3-ppo"], "does not support"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--seeds", "0,x"], "--seeds takes a count"),
+        (["--seeds", "0,0"], "distinct"),
+        (["--seeds", "0,1", "--seed", "3"], "drop --seed"),
+        (["--seeds", "2", "--algo", "sb3-ppo"], "does not support"),
+    ],
+)
 def test_bad_seeds_are_refused_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
@@ -240,9 +267,11 @@ def test_pack_stacks_groups_the_seeds_of_a_cell() -> None:
     grid = bench.Grid("g", ["ppo", "grpo", "sb3-ppo"], ["CartPole-v1"], list(range(5)), 512)
     stacks = cells.pack_stacks(grid.cells(), 3)
     for algo in ("ppo", "grpo"):
-        assert [[c.seed for c in s] for s in stacks if s[0].algo == algo] == [[0, 2, 4], [1, 3]]  # at most 3, near-equal
+        seeds = [[c.seed for c in s] for s in stacks if s[0].algo == algo]
+        assert seeds == [[0, 2, 4], [1, 3]]  # at most 3, near-equal
     assert all(len(s) == 1 for s in stacks if s[0].algo == "sb3-ppo")  # the reference: one seed per process
-    assert [[c.seed for c in s] for s in cells.pack_stacks(grid.cells(), 1) if s[0].algo == "ppo"] == [[k] for k in range(5)]
+    singles = [[c.seed for c in s] for s in cells.pack_stacks(grid.cells(), 1) if s[0].algo == "ppo"]
+    assert singles == [[k] for k in range(5)]
 
 
 def test_a_rerun_packs_only_the_seeds_left_to_train(tmp_path: Path) -> None:
@@ -261,7 +290,11 @@ def test_the_longest_stacks_start_first(tmp_path: Path) -> None:
     _, stacks = cells.pack_pending(grid.cells(), tmp_path, 3)
     # PPO's three seeds in one process (3 × 512 steps) before SB3's one seed per process, in seed order.
     assert [(s[0].algo, [c.seed for c in s]) for s in stacks] == [
-        ("ppo", [0, 1, 2]), ("sb3-ppo", [0]), ("sb3-ppo", [1]), ("sb3-ppo", [2])]  # fmt: skip
+        ("ppo", [0, 1, 2]),
+        ("sb3-ppo", [0]),
+        ("sb3-ppo", [1]),
+        ("sb3-ppo", [2]),
+    ]
     longer = bench.Grid("g", ["ppo"], ["CartPole-v1"], [0], 1024)
     assert cells.longest_first([grid.cells()[:1], longer.cells()]) == [longer.cells(), grid.cells()[:1]]
 
@@ -280,8 +313,25 @@ def test_a_bench_trains_a_cells_seeds_in_one_process_and_reports_them(tmp_path: 
     assert [o.attempts for o in again] == [0, 0]
     # Seed 1 of the bench's stack is seed 1 of `testbed train --seed 1`, bit for bit.
     single = tmp_path / "single"
-    assert main(["train", "--algo", "ppo", "--env", "CartPole-v1", *cli_small(), "--seed", "1", "--total-steps", "256",
-                 "--run-dir", str(single)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--algo",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                *cli_small(),
+                "--seed",
+                "1",
+                "--total-steps",
+                "256",
+                "--run-dir",
+                str(single),
+            ]
+        )
+        == 0
+    )
     stacked = bench_dir / "CartPole-v1" / "ppo" / "seed1"
     assert rundir.read_config(stacked) == rundir.read_config(single)
     assert losses_of(stacked) == losses_of(single) and len(losses_of(single)) == 2

@@ -174,7 +174,7 @@ def test_registration_is_idempotent() -> None:
     ],
 )
 def test_bad_settings_are_refused(make: Callable[[], object]) -> None:
-    with pytest.raises(BadInput, match=">= 1|>= 0"):
+    with pytest.raises(BadInput, match=r">= 1|>= 0"):
         make()
 
 

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 import envs as envs_pkg
-from agents import grpo, plumbing, ppo, tracking
+from agents import grpo, ppo, run_envs, tracking
 from agents.networks import Actor, ActorCritic, NetworkSpec
 from agents.rollout import evaluate_policies, evaluate_policy
 from agents.tracking import EvalSchedule, StackEvaluations
-from tests import test_grpo_stack as grpo_tests
+from tests import test_grpo as grpo_tests
 from tests import toy_envs  # noqa: F401  registers the toy envs
 from tests.conftest import ppo_config, progress_values, run_training, stack_dirs
 
 E = 3  # eval episodes: sub-envs per seed
-SEEDS = [plumbing.EVAL_SEED_BASE + i for i in range(E)]
+SEEDS = [run_envs.EVAL_SEED_BASE + i for i in range(E)]
 
 
 def counted_steps(env: Any) -> list[int]:
@@ -50,7 +50,7 @@ def test_seeds_evaluated_together_get_their_returns_alone_and_a_finished_seed_st
     # stepping at a = 0.5 returns 75, and a = 0.8 falls at the first step with 1.8.
     cfg = ppo_config("tests.toy_envs:testbed-toy/Tightrope-v0", True, eval_episodes=E)
     actors = [tightrope_actor(a) for a in (0.0, 0.5, 0.8)]
-    together = [plumbing.make_eval_env(cfg, E) for _ in actors]
+    together = [run_envs.make_eval_env(cfg, E) for _ in actors]
     steps = [counted_steps(env) for env in together]
     returns = evaluate_policies(actors, together, SEEDS)
     expected = [50.0, 75.0, 1.0 + float(np.float32(0.8))]
@@ -58,7 +58,7 @@ def test_seeds_evaluated_together_get_their_returns_alone_and_a_finished_seed_st
     # The seed that fell took its one step; the others their 50 (the last of which ends their episodes).
     assert [count[0] for count in steps] == [50, 50, 1]
     for actor, ret in zip(actors, returns, strict=True):
-        alone = plumbing.make_eval_env(cfg, E)
+        alone = run_envs.make_eval_env(cfg, E)
         np.testing.assert_array_equal(evaluate_policy(actor, alone, SEEDS), ret)
         alone.close()
     for env in together:
@@ -85,10 +85,10 @@ def test_a_stack_evaluates_each_seed_bit_identically_to_its_own_module_alone(one
         torch.manual_seed(seed)
         models.append(ActorCritic(spec))
         stats.append({"obs_rms": {"mean": np.full(4, 0.1 * seed), "var": np.full(4, 1.0 + seed), "count": 10.0}})
-    seeds = [plumbing.EVAL_SEED_BASE + i for i in range(4)]
+    seeds = [run_envs.EVAL_SEED_BASE + i for i in range(4)]
 
     def eval_envs() -> list[Any]:
-        made = [plumbing.make_eval_env(cfg, 4) for _ in models]
+        made = [run_envs.make_eval_env(cfg, 4) for _ in models]
         for env, state in zip(made, stats, strict=True):
             envs_pkg.load_normalizer_state(env, state)
         return made
@@ -100,32 +100,32 @@ def test_a_stack_evaluates_each_seed_bit_identically_to_its_own_module_alone(one
     assert len({tuple(r) for r in together}) > 1  # the seeds differ, so the check compares something
 
 
-def test_the_first_due_lane_evaluates_every_planned_lane_and_the_others_take_their_returns() -> None:
+def test_the_first_due_seed_evaluates_every_planned_seed_and_the_others_take_their_returns() -> None:
     calls: list[list[int]] = []
 
-    def evaluate_lanes(ks: list[int]) -> list[np.ndarray]:
+    def evaluate_seeds(ks: list[int]) -> list[np.ndarray]:
         calls.append(list(ks))
         return [np.array([float(k)]) for k in ks]
 
-    evaluations = StackEvaluations(evaluate_lanes)
+    evaluations = StackEvaluations(evaluate_seeds)
     evaluations.plan([0, 2])
     assert [evaluations.evaluate(k).tolist() for k in (0, 1, 2)] == [[0.0], [1.0], [2.0]]
-    assert calls == [[0, 2], [1]]  # lane 1 was not planned: it evaluates alone
+    assert calls == [[0, 2], [1]]  # seed 1 was not planned: it evaluates alone
     evaluations.plan([1])
-    with pytest.raises(KeyError):  # this iteration's plan holds no evaluation of lane 0's
+    with pytest.raises(KeyError):  # this iteration's plan holds no evaluation of seed 0's
         evaluations.returns[0]
 
 
-def test_a_joint_evaluation_that_fails_leaves_each_lane_to_evaluate_alone() -> None:
-    def evaluate_lanes(ks: list[int]) -> list[np.ndarray]:
-        if 1 in ks:  # lane 1's policy breaks its env
-            raise RuntimeError("lane 1")
+def test_a_joint_evaluation_that_fails_leaves_each_seed_to_evaluate_alone() -> None:
+    def evaluate_seeds(ks: list[int]) -> list[np.ndarray]:
+        if 1 in ks:  # seed 1's policy breaks its env
+            raise RuntimeError("seed 1")
         return [np.array([float(k)]) for k in ks]
 
-    evaluations = StackEvaluations(evaluate_lanes)
+    evaluations = StackEvaluations(evaluate_seeds)
     evaluations.plan([0, 1, 2])
     assert evaluations.evaluate(0).tolist() == [0.0]
-    with pytest.raises(RuntimeError, match="lane 1"):
+    with pytest.raises(RuntimeError, match="seed 1"):
         evaluations.evaluate(1)
     assert evaluations.evaluate(2).tolist() == [2.0]
 

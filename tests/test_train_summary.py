@@ -19,8 +19,10 @@ def summary_of(run_dir: Path) -> dict[str, Any]:
 
 
 def expected_seed_line(s: dict[str, Any]) -> str:
-    return (f"seed {s['seed']}: final eval return {s['final_eval_return_mean']:.2f} ± {s['final_eval_return_std']:.2f} "
-            f"(3 episodes), {s['total_steps']:,} steps, {s['wall_time_s']:.1f} s")  # fmt: skip
+    return (
+        f"seed {s['seed']}: final eval return {s['final_eval_return_mean']:.2f} ± {s['final_eval_return_std']:.2f} "
+        f"(3 episodes), {s['total_steps']:,} steps, {s['wall_time_s']:.1f} s"
+    )
 
 
 def test_seeds_end_with_a_line_each_and_the_mean_over_seeds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

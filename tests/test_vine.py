@@ -24,8 +24,18 @@ from tests.conftest import grpo_config
 
 def uniform_actor() -> Actor:
     """π(a | s) = 1/2 for both actions: the last layer's weights and bias are zero."""
-    actor = Actor(NetworkSpec(obs_dim=4, action_dim=2, continuous=False, hidden_sizes=(8,), activation="tanh",
-                              shared_trunk=False, ortho_init=True, log_std_init=0.0))  # fmt: skip
+    actor = Actor(
+        NetworkSpec(
+            obs_dim=4,
+            action_dim=2,
+            continuous=False,
+            hidden_sizes=(8,),
+            activation="tanh",
+            shared_trunk=False,
+            ortho_init=True,
+            log_std_init=0.0,
+        )
+    )
     with torch.no_grad():
         for parameter in list(actor.parameters())[-2:]:
             parameter.zero_()
@@ -46,7 +56,9 @@ def test_branch_values_converge_to_the_known_values_and_count_every_branch_step(
     buffers = SegmentBuffers(H, M, 4, (), True)
     recorder = vine.PointRecorder(env, m)
     first_obs, _ = env.reset(seed=list(range(M)))
-    trunks = collect_episodes(env, actor.act, np.asarray(first_obs, dtype=np.float32), buffers, before_step=recorder.record)
+    trunks = collect_episodes(
+        env, actor.act, np.asarray(first_obs, dtype=np.float32), buffers, before_step=recorder.record
+    )
     assert len(recorder.points) == 2 * M  # every member is alive at steps 0 and 5
     rewards = trunks.rewards[:, 0]  # trunk 0: distractors at steps 0 … 8, the outcome ±1 at step 9
     recorder.points = [p for p in recorder.points if p[1] == 0]  # trunk 0's points: (0, 0, s_0), (1, 0, s_5)
@@ -69,7 +81,9 @@ def test_branches_restore_the_trunk_state_exactly() -> None:
     buffers = SegmentBuffers(H, M, 4, (), True)
     recorder = vine.PointRecorder(env, 5)
     first_obs, _ = env.reset(seed=[1, 2, 3, 4])
-    trunks = collect_episodes(env, actor.act, np.asarray(first_obs, dtype=np.float32), buffers, before_step=recorder.record)
+    trunks = collect_episodes(
+        env, actor.act, np.asarray(first_obs, dtype=np.float32), buffers, before_step=recorder.record
+    )
     values = vine.branch_values(env, actor.act, recorder, J=2, K=2, gamma=1.0, buffers=buffers)
     torch.testing.assert_close(values.values[1], trunks.rewards[H - 1])
     env.close()
@@ -106,16 +120,38 @@ def test_vine_is_refused_where_it_cannot_run(tmp_path: Path, capsys: pytest.Capt
         grpo.validate(config("LunarLander-v3", total_steps=10_000_000))  # Box2D: no settable state
     with pytest.raises(BadInput, match="vine_branches \\(K\\) must divide B·G = 16"):
         config(vine_branches=3)
-    argv = ["train", "--algo", "grpo-vine", "--env", "testbed/Chain-v0", "--set", "advantage=outcome",
-            "--run-dir", str(tmp_path / "r")]  # fmt: skip
+    argv = [
+        "train",
+        "--algo",
+        "grpo-vine",
+        "--env",
+        "testbed/Chain-v0",
+        "--set",
+        "advantage=outcome",
+        "--run-dir",
+        str(tmp_path / "r"),
+    ]
     assert main(argv) == 2
     assert "grpo-vine fixes advantage=vine" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 
 def test_algo_variants_fix_their_setting_and_keep_their_name(tmp_path: Path) -> None:
-    argv = ["train", "--algo", "ppo-lambda0", "--env", "testbed/Chain-v0", "--env-kwargs", "horizon:5",
-            "--total-steps", "2048", "--set", "eval_episodes=2", "--run-dir", str(tmp_path / "r")]  # fmt: skip
+    argv = [
+        "train",
+        "--algo",
+        "ppo-lambda0",
+        "--env",
+        "testbed/Chain-v0",
+        "--env-kwargs",
+        "horizon:5",
+        "--total-steps",
+        "2048",
+        "--set",
+        "eval_episodes=2",
+        "--run-dir",
+        str(tmp_path / "r"),
+    ]
     assert main(argv) == 0
     config_text = (tmp_path / "r" / "config.yaml").read_text()
     assert "algo: ppo-lambda0" in config_text and "gae_lambda: 0.0" in config_text and "horizon: 5" in config_text

@@ -51,8 +51,8 @@ from agents import advantages as adv
 from agents import distributions as D
 from agents.audit_scores import NOISE_TARGET, noise_share
 from agents.networks import Actor, ActorCritic, Sample
-from agents.plumbing import observation_statistics
 from agents.rollout import Episodes, SegmentBuffers, drive, episode_steps
+from agents.run_envs import observation_statistics
 from agents.seeding import start_seeds
 from agents.vine import PointRecorder
 from envs import EnvOptions, episode_limit, freeze_normalizers, load_normalizer_state, make_vector
@@ -119,8 +119,12 @@ def env_maker(cfg: Any, normalizers: dict[str, Any]) -> AuditEnv:
         mode = starts.restore_mode(cfg.env_id, **cfg.env_kwargs)
     except starts.NotRestorable as error:
         raise BadInput(f"the audit restores states along trajectories: {error}") from None
-    options = EnvOptions(normalize_obs=cfg.normalize_obs, vectorization="sync", reward_delay=cfg.reward_delay,
-                         reward_offset=cfg.reward_offset)  # fmt: skip
+    options = EnvOptions(
+        normalize_obs=cfg.normalize_obs,
+        vectorization="sync",
+        reward_delay=cfg.reward_delay,
+        reward_offset=cfg.reward_offset,
+    )
     observation = observation_statistics(normalizers)
 
     def make_env(M: int) -> VectorEnv:
@@ -129,12 +133,23 @@ def env_maker(cfg: Any, normalizers: dict[str, Any]) -> AuditEnv:
         freeze_normalizers(env)
         return env
 
-    scale = float(np.sqrt(np.asarray(normalizers["return_rms"]["var"]).item() + 1e-8)) if "return_rms" in normalizers else 1.0
+    scale = (
+        float(np.sqrt(np.asarray(normalizers["return_rms"]["var"]).item() + 1e-8))
+        if "return_rms" in normalizers
+        else 1.0
+    )
     return AuditEnv(make_env, H, scale, mode)
 
 
-def branch_returns(env: VectorEnv, actor: Actor, jobs: list[Job], K: int, gamma: float, buffers: SegmentBuffers,
-                   mode: starts.RestoreMode) -> tuple[Tensor, int]:  # fmt: skip
+def branch_returns(
+    env: VectorEnv,
+    actor: Actor,
+    jobs: list[Job],
+    K: int,
+    gamma: float,
+    buffers: SegmentBuffers,
+    mode: starts.RestoreMode,
+) -> tuple[Tensor, int]:
     """Σ_u γ^u r_u of every job's K rollouts, (len(jobs), K), and the env steps taken (replays included).
 
     The env holds len(jobs)·K sub-envs, job j in sub-envs j·K … j·K + K − 1. Rollout k of a job draws π's
@@ -153,10 +168,13 @@ def branch_returns(env: VectorEnv, actor: Actor, jobs: list[Job], K: int, gamma:
 
     def act(obs: Tensor) -> Sample:
         shape = (K, actor.spec.action_dim) if continuous else (K,)
-        noise = torch.cat([torch.randn(shape, generator=g) if continuous else torch.rand(shape, generator=g)
-                           for g in generators])[torch.from_numpy(clock["alive"])]  # fmt: skip
+        noise = torch.cat(
+            [torch.randn(shape, generator=g) if continuous else torch.rand(shape, generator=g) for g in generators]
+        )[torch.from_numpy(clock["alive"])]
         out = actor(obs)
-        actions = D.gaussian_from_normal(out, actor.log_std, noise) if continuous else D.categorical_from_uniform(out, noise)
+        actions = (
+            D.gaussian_from_normal(out, actor.log_std, noise) if continuous else D.categorical_from_uniform(out, noise)
+        )
         if clock["t"] == 0:
             for j, job in enumerate(jobs):
                 if job.forced is not None:
@@ -168,8 +186,15 @@ def branch_returns(env: VectorEnv, actor: Actor, jobs: list[Job], K: int, gamma:
     return returns, episodes.env_steps + replay_steps
 
 
-def run_jobs(audit_env: AuditEnv, actor: Actor, jobs: list[Job], K: int, gamma: float, settings: AuditSettings,
-             buffers_for: Callable[[int], SegmentBuffers]) -> tuple[Tensor, int]:  # fmt: skip
+def run_jobs(
+    audit_env: AuditEnv,
+    actor: Actor,
+    jobs: list[Job],
+    K: int,
+    gamma: float,
+    settings: AuditSettings,
+    buffers_for: Callable[[int], SegmentBuffers],
+) -> tuple[Tensor, int]:
     """:func:`branch_returns` of every job, ``round_jobs`` at a time (the last round may be shorter):
     (len(jobs), K) returns and the env steps taken."""
     parts, steps = [], 0
@@ -198,12 +223,18 @@ class Trunks:
         if point.state is not None:
             return point
         G = self.episodes.mask.shape[1] // len(self.seeds)
-        return starts.BranchPoint(seed=self.seeds[i // G], actions=list(self.passed_actions[:t, i]),
-                                  raw_obs=point.raw_obs, state=None, prefix_return=None)  # fmt: skip
+        return starts.BranchPoint(
+            seed=self.seeds[i // G],
+            actions=list(self.passed_actions[:t, i]),
+            raw_obs=point.raw_obs,
+            state=None,
+            prefix_return=None,
+        )
 
 
-def collect_trunks(env: VectorEnv, actor: Actor, settings: AuditSettings, buffers: SegmentBuffers,
-                   mode: starts.RestoreMode) -> Trunks:  # fmt: skip
+def collect_trunks(
+    env: VectorEnv, actor: Actor, settings: AuditSettings, buffers: SegmentBuffers, mode: starts.RestoreMode
+) -> Trunks:
     """B groups of G episodes from same-seed resets (seeds from the audit's seed), every state recorded."""
     B, G = settings.groups, settings.group_size
     seeds = start_seeds(settings.seed, 0, B)
@@ -232,17 +263,20 @@ def group_estimates(episodes: Episodes, B: int, G: int, gamma: float) -> dict[st
     T, M = episodes.mask.shape
     rewards, mask = episodes.rewards * episodes.mask, episodes.mask
     returns = adv.discounted_returns(rewards, mask, gamma).view(B, G)  # (B, G)
-    per_step = {"process": adv.group_process(rewards.view(T, B, G), mask.view(T, B, G)),
-                "step_baseline": adv.group_step_baseline(rewards.view(T, B, G), mask.view(T, B, G), gamma),
-                "step_alive": adv.group_step_alive(rewards.view(T, B, G), mask.view(T, B, G), gamma)}  # fmt: skip
+    per_step = {
+        "process": adv.group_process(rewards.view(T, B, G), mask.view(T, B, G)),
+        "step_baseline": adv.group_step_baseline(rewards.view(T, B, G), mask.view(T, B, G), gamma),
+        "step_alive": adv.group_step_alive(rewards.view(T, B, G), mask.view(T, B, G), gamma),
+    }
     estimates = {name: A.reshape(T, M) for name, A in per_step.items()}
     for name, score in (("outcome", adv.group_outcome), ("rloo", adv.group_rloo)):
         estimates[name] = score(returns).reshape(1, M).expand(T, M) * mask
     return estimates
 
 
-def gae_estimates(episodes: Episodes, critic: ActorCritic, value_scale: float, gamma: float,
-                  lambdas: tuple[float, ...]) -> dict[str, Tensor]:  # fmt: skip
+def gae_estimates(
+    episodes: Episodes, critic: ActorCritic, value_scale: float, gamma: float, lambdas: tuple[float, ...]
+) -> dict[str, Tensor]:
     """GAE(γ, λ) with the run's critic on the trunks, (T, M) per λ: values σ_R·V_φ; a truncated episode
     bootstraps from its final observation, a terminated one from nothing."""
     T, M = episodes.mask.shape
@@ -256,8 +290,10 @@ def gae_estimates(episodes: Episodes, critic: ActorCritic, value_scale: float, g
     next_values = torch.where(last, final_values.unsqueeze(0), next_values)
     terminated = last & episodes.terminated.unsqueeze(0)
     rewards = episodes.rewards * mask
-    return {f"gae({lam:g})": adv.gae(rewards, values, next_values, terminated, last | ~mask, gamma, lam) * mask
-            for lam in lambdas}  # fmt: skip
+    return {
+        f"gae({lam:g})": adv.gae(rewards, values, next_values, terminated, last | ~mask, gamma, lam) * mask
+        for lam in lambdas
+    }
 
 
 @dataclass
@@ -277,10 +313,17 @@ class Audit:
 
     def rows(self) -> list[dict[str, float | int]]:
         """One row per sample, for audit.csv."""
-        return [{"t": self.t[n], "member": self.member[n], "steps_left": self.steps_left[n],
-                 "truth": float(self.truth[n]), "truth_se": float(self.truth_se[n]),
-                 **{name: float(values[n]) for name, values in self.estimates.items()}}
-                for n in range(len(self.t))]  # fmt: skip
+        return [
+            {
+                "t": self.t[n],
+                "member": self.member[n],
+                "steps_left": self.steps_left[n],
+                "truth": float(self.truth[n]),
+                "truth_se": float(self.truth_se[n]),
+                **{name: float(values[n]) for name, values in self.estimates.items()},
+            }
+            for n in range(len(self.t))
+        ]
 
 
 def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, settings: AuditSettings) -> Audit:
@@ -322,10 +365,15 @@ def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, setting
             more, steps = branch_round(D_nk.shape[1] // K)
             D_nk, truth_steps = torch.cat([D_nk, more], dim=1), truth_steps + steps
         # The vine's values: V̂(s_t) and V̂(s_{t+1}) from noise of their own; 0 past the episode's end.
-        vine_jobs = [Job(trunks.point(t + u, i), None, (settings.seed, n, 1, u))
-                     for n, (t, i) in enumerate(chosen) for u in (0, 1) if (t + u, i) in trunks.recorded]  # fmt: skip
-        vine_returns, vine_steps = run_jobs(audit_env, actor, vine_jobs, settings.vine_branches, gamma, settings,
-                                            buffers_for)  # fmt: skip
+        vine_jobs = [
+            Job(trunks.point(t + u, i), None, (settings.seed, n, 1, u))
+            for n, (t, i) in enumerate(chosen)
+            for u in (0, 1)
+            if (t + u, i) in trunks.recorded
+        ]
+        vine_returns, vine_steps = run_jobs(
+            audit_env, actor, vine_jobs, settings.vine_branches, gamma, settings, buffers_for
+        )
     values = iter(vine_returns.mean(1).tolist())
     vine = []
     for t, i in chosen:
@@ -338,7 +386,15 @@ def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, setting
     sampled = {name: A[t_index, members] for name, A in estimates.items()}
     sampled["vine"] = torch.tensor(vine)
     lengths = episodes.lengths
-    return Audit(t=t_index.tolist(), member=members.tolist(), steps_left=(lengths[members] - t_index).tolist(),
-                 obs=episodes.obs[t_index, members], actions=episodes.actions[t_index, members],
-                 truth=D_nk.mean(1), truth_se=D_nk.std(1) / D_nk.shape[1] ** 0.5, estimates=sampled,
-                 env_steps=episodes.env_steps + truth_steps + vine_steps, branches=D_nk.shape[1])
+    return Audit(
+        t=t_index.tolist(),
+        member=members.tolist(),
+        steps_left=(lengths[members] - t_index).tolist(),
+        obs=episodes.obs[t_index, members],
+        actions=episodes.actions[t_index, members],
+        truth=D_nk.mean(1),
+        truth_se=D_nk.std(1) / D_nk.shape[1] ** 0.5,
+        estimates=sampled,
+        env_steps=episodes.env_steps + truth_steps + vine_steps,
+        branches=D_nk.shape[1],
+    )

@@ -140,7 +140,6 @@ def trajectories_at(x: Tensor, index: Tensor) -> Tensor:
     return torch.take_along_dim(x, index.view(*index.shape[:1], 1, index.shape[1], *[1] * (x.dim() - 3)), dim=2)
 
 
-
 # ── a stacked network over each seed's masked rows, in chunks of a fixed width ────────────────────────
 
 ROWS = 256
@@ -166,8 +165,9 @@ def pick_steps(
     flat_mask = mask.flatten(1, 2)  # (S, H·W)
     rows = masked_first(flat_mask)  # (S, R)
     at_batch = (rows // W) * M + torch.gather(members, 1, rows % W)  # (S, R)  positions in the (H, M) batch
-    picked = {name: torch.take_along_dim(x, at_batch.view(S, -1, *[1] * (x.dim() - 2)), dim=1)
-              for name, x in batch.items()}  # fmt: skip
+    picked = {
+        name: torch.take_along_dim(x, at_batch.view(S, -1, *[1] * (x.dim() - 2)), dim=1) for name, x in batch.items()
+    }
     picked |= {"mask": torch.gather(flat_mask, 1, rows), "weight": torch.gather(weights.flatten(1, 2), 1, rows)}
     return picked, flat_mask.sum(-1)
 

@@ -1,5 +1,5 @@
-"""Env plumbing around every algorithm: the training and evaluation envs a run opens, the networks' shape
-for their spaces, the observation statistics evaluation uses, and the env part of a checkpoint."""
+"""A run's envs, around every algorithm: the training envs a stack's seeds share, the evaluation envs, the
+networks' shape for their spaces, the observation statistics evaluation uses, and the env part of a checkpoint."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def open_envs(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **train
     across agents. A delayed reward does not change an episode's return, which is what evaluation reports.
     """
     train = open_train_env(cfg, n_envs, options, **train_kwargs)
-    return envs_around(train, make_eval_env(cfg, cfg.eval_episodes))
+    return envs_with_shapes(train, make_eval_env(cfg, cfg.eval_episodes))
 
 
 def open_train_env(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **train_kwargs: Any) -> VectorEnv:
@@ -65,7 +65,7 @@ def open_train_env(cfg: RunConfig, n_envs: int, options: envs_pkg.EnvOptions, **
     return train
 
 
-def envs_around(train: VectorEnv, evaluation: VectorEnv) -> Envs:
+def envs_with_shapes(train: VectorEnv, evaluation: VectorEnv) -> Envs:
     """A training and an evaluation env with the shapes of the training env's spaces."""
     obs_dim, action_dim, continuous = space_dims(train)
     action_shape = tuple(train.single_action_space.shape) if continuous else ()
@@ -89,16 +89,20 @@ def check_env(cfg: RunConfig) -> None:
         try:
             env = gym.make(cfg.env_id, **kwargs)
         except (TypeError, ValueError) as error:
-            raise BadInput(f"{cfg.env_id} does not accept env_kwargs {brief(kwargs)} ({brief(str(error))}). Check the keyword names "
-                           "and values the env's constructor takes.") from None  # fmt: skip
+            raise BadInput(
+                f"{cfg.env_id} does not accept env_kwargs {brief(kwargs)} ({brief(str(error))}). Check the keyword "
+                "names and values the env's constructor takes."
+            ) from None
         spaces.append((env.observation_space, env.action_space))
         env.close()
     if len(spaces) == 2:  # the policy trained in the first env acts in both
         for name, trained, evaluated in zip(("observation", "action"), *spaces):
             if trained != evaluated:
-                raise BadInput(f"eval_env_kwargs {brief(cfg.eval_env_kwargs)} change {cfg.env_id}'s {name} space from "
-                               f"{_space_text(trained)} to {_space_text(evaluated)}: the policy could not act in that "
-                               "env. Evaluate with kwargs that keep the spaces (a reward's weight, say).")  # fmt: skip
+                raise BadInput(
+                    f"eval_env_kwargs {brief(cfg.eval_env_kwargs)} change {cfg.env_id}'s {name} space from "
+                    f"{_space_text(trained)} to {_space_text(evaluated)}: the policy could not act in that "
+                    "env. Evaluate with kwargs that keep the spaces (a reward's weight, say)."
+                )
 
 
 def _space_text(space: gym.Space) -> str:
@@ -120,10 +124,15 @@ def network_spec(env: VectorEnv, cfg: RunConfig, shared_trunk: bool = False) -> 
     """The networks' shape for this env's spaces and the config's network fields (PPO, GRPO, sb3-ppo)."""
     obs_dim, action_dim, continuous = space_dims(env)
     return NetworkSpec(
-        obs_dim=obs_dim, action_dim=action_dim, continuous=continuous, hidden_sizes=cfg.hidden_sizes,
-        activation=cfg.activation, shared_trunk=shared_trunk, ortho_init=cfg.ortho_init,
+        obs_dim=obs_dim,
+        action_dim=action_dim,
+        continuous=continuous,
+        hidden_sizes=cfg.hidden_sizes,
+        activation=cfg.activation,
+        shared_trunk=shared_trunk,
+        ortho_init=cfg.ortho_init,
         log_std_init=cfg.log_std_init,
-    )  # fmt: skip
+    )
 
 
 def observation_statistics(normalizers: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +170,7 @@ class SharedEnv:
         return slice(j * n, (j + 1) * n)
 
 
-def seat(shared_envs: list[SharedEnv], k: int) -> tuple[SharedEnv, int]:
+def seed_env(shared_envs: list[SharedEnv], k: int) -> tuple[SharedEnv, int]:
     """Seed k's training env and the seed's place j among the env's seeds."""
     shared = next(shared for shared in shared_envs if shared.first <= k < shared.first + shared.seeds)
     return shared, k - shared.first
