@@ -12,9 +12,8 @@ import torch
 from agents import a2c, sb3
 from agents.a2c import A2CConfig, a2c_loss
 from agents.config import resolve_config
-from agents.onpolicy import Segment
 from tests.conftest import read_progress, run_training
-from tests.test_sb3 import as_tensor, ours_of
+from tests.test_sb3 import as_tensor, ours_of, sb3_rollout_into
 
 
 def a2c_config(env_id: str = "CartPole-v1", continuous: bool = False, **overrides: Any) -> A2CConfig:
@@ -96,26 +95,7 @@ def test_our_update_is_sb3s_a2c_train_on_the_same_batch_from_the_same_weights(ov
     cfg = a2c_config("Pendulum-v1", continuous=True, n_envs=2, n_steps=8, normalize_obs=False, **overrides)
     reference, ours = sb3.Learner([cfg]), a2c.Learner([cfg])
     try:
-        reference.collect([0], [True])
-        buffer = reference.model.rollout_buffer
-        T, N = cfg.n_steps, cfg.n_envs
-        segment = Segment(
-            obs=as_tensor(buffer.observations),
-            actions=as_tensor(buffer.actions),
-            log_probs=as_tensor(buffer.log_probs),
-            values=as_tensor(buffer.values),
-            next_values=torch.zeros(T, N),
-            rewards=as_tensor(buffer.rewards),
-            terminated=torch.zeros(T, N, dtype=torch.bool),
-            truncated=torch.zeros(T, N, dtype=torch.bool),
-            sample_mask=torch.ones(T, N, dtype=torch.bool),
-            last_obs=torch.zeros(1, N, buffer.obs_shape[0]),
-        )
-        parameters = dict(ours.trainees[0].model.named_parameters())
-        with torch.no_grad():
-            for name, weight in reference.model.policy.state_dict().items():
-                parameters[ours_of(name)].copy_(weight)
-        ours.stack.set_learning_rates([cfg.learning_rate])
+        segment, buffer, parameters = sb3_rollout_into(reference, ours, cfg)
         stats = a2c.update(ours, segment, as_tensor(buffer.advantages), as_tensor(buffer.returns), torch.tensor([True]))
         before = {name: weight.clone() for name, weight in reference.model.policy.state_dict().items()}
         reference.model.train()

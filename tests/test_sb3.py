@@ -179,6 +179,33 @@ def ours_of(sb3_name: str) -> str:
     return SB3_NAMES[sb3_name] if sb3_name in SB3_NAMES else f"{SB3_NAMES[layer]}.{kind}"
 
 
+def sb3_rollout_into(reference: sb3.Learner, ours: Any, cfg: Any) -> tuple[Segment, Any, dict[str, nn.Parameter]]:
+    """SB3's rollout of one iteration as our Segment (T, N), and SB3's weights and learning rate in ours: the
+    same batch from the same weights, for comparing one update. Returns the segment, SB3's rollout buffer and
+    our parameters by name."""
+    reference.collect([0], [True])
+    buffer = reference.model.rollout_buffer
+    T, N = cfg.n_steps, cfg.n_envs
+    segment = Segment(
+        obs=as_tensor(buffer.observations),
+        actions=as_tensor(buffer.actions),
+        log_probs=as_tensor(buffer.log_probs),
+        values=as_tensor(buffer.values),
+        next_values=torch.zeros(T, N),
+        rewards=as_tensor(buffer.rewards),
+        terminated=torch.zeros(T, N, dtype=torch.bool),
+        truncated=torch.zeros(T, N, dtype=torch.bool),
+        sample_mask=torch.ones(T, N, dtype=torch.bool),
+        last_obs=torch.zeros(1, N, buffer.obs_shape[0]),
+    )
+    parameters = dict(ours.trainees[0].model.named_parameters())
+    with torch.no_grad():
+        for name, weight in reference.model.policy.state_dict().items():
+            parameters[ours_of(name)].copy_(weight)
+    ours.stack.set_learning_rates([cfg.learning_rate])
+    return segment, buffer, parameters
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -203,27 +230,7 @@ def test_our_update_is_sb3s_train_on_the_same_batch_from_the_same_weights(overri
     cfg = ppo_config("Pendulum-v1", continuous=True, n_envs=2, n_steps=64, minibatch_size=128, n_epochs=3, **overrides)
     reference, ours = sb3.Learner([cfg]), ppo.Learner([cfg])
     try:
-        reference.collect([0], [True])
-        buffer = reference.model.rollout_buffer
-        T, N = cfg.n_steps, cfg.n_envs
-        segment = Segment(
-            obs=as_tensor(buffer.observations),
-            actions=as_tensor(buffer.actions),
-            log_probs=as_tensor(buffer.log_probs),
-            values=as_tensor(buffer.values),
-            next_values=torch.zeros(T, N),
-            rewards=as_tensor(buffer.rewards),
-            terminated=torch.zeros(T, N, dtype=torch.bool),
-            truncated=torch.zeros(T, N, dtype=torch.bool),
-            sample_mask=torch.ones(T, N, dtype=torch.bool),
-            last_obs=torch.zeros(1, N, buffer.obs_shape[0]),
-        )
-        model = ours.trainees[0].model
-        parameters = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, weight in reference.model.policy.state_dict().items():
-                parameters[ours_of(name)].copy_(weight)
-        ours.stack.set_learning_rates([cfg.learning_rate])
+        segment, buffer, parameters = sb3_rollout_into(reference, ours, cfg)
         ppo.update(
             ours,
             segment,
