@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -29,7 +28,7 @@ from agents.config import MAX_BATCH, MAX_ENVS, RunConfig, check
 from agents.onpolicy import Segment, actor_critic
 from agents.registry import Declaration
 from agents.stacked import by_seed, masked_mean
-from agents.training import Experience, run_stack
+from agents.training import Experience, entry_points
 
 STATS = ("losses/policy_loss", "losses/value_loss", "losses/entropy")
 """The update's statistics, each seed's (:func:`a2c_loss`): a NaN in one stops the run, keeping the last checkpoint."""
@@ -171,16 +170,7 @@ def update(learner: Learner, segment: Segment, advantages: Tensor, returns: Tens
     return torch.stack([terms.policy_loss, terms.value_loss, terms.entropy], dim=1).detach().cpu()
 
 
-def train(cfg: A2CConfig, run_dir: Path, resume: bool = False, name: str = "a2c") -> dict[str, Any]:
-    """Train A2C into ``run_dir``: a stack of one. Returns the summary also written to ``summary.json``."""
-    return run_stack(Learner, [cfg], [run_dir], resume, name)[0]
-
-
-def train_stack(
-    cfgs: list[A2CConfig], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = "a2c"
-) -> list[dict[str, Any]]:
-    """Train one A2C run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
-    return run_stack(Learner, cfgs, run_dirs, resume, name)
+train, train_stack = entry_points(Learner, "a2c")
 
 
 ALGORITHMS = (

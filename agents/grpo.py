@@ -28,7 +28,6 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -56,7 +55,7 @@ from agents.registry import Declaration
 from agents.rollout import SegmentBuffers, drive_seeds
 from agents.run_envs import Envs, network_spec, obs_statistics
 from agents.stacked import ROWS, Minibatches, log_probs_at, masked_mean, pick_steps, trajectories_at
-from agents.training import Experience, run_stack
+from agents.training import Experience, entry_points
 from envs import load_normalizer_state, normalizer_state
 
 TAGS = [
@@ -403,18 +402,7 @@ class Learner:
             close_member_envs(seed.envs, seed.groups)
 
 
-def train(cfg: GRPOConfig, run_dir: Path, resume: bool = False, name: str = "grpo") -> dict[str, Any]:
-    """Train the GRPO agent into ``run_dir``: a stack of one. Returns the summary also written to ``summary.json``."""
-    return train_stack([cfg], [run_dir], resume, name)[0]
-
-
-def train_stack(
-    cfgs: list[GRPOConfig], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = "grpo"
-) -> list[dict[str, Any]]:
-    """Train one GRPO run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
-    for cfg in cfgs:
-        validate(cfg)
-    return run_stack(Learner, cfgs, run_dirs, resume, name)
+train, train_stack = entry_points(Learner, "grpo", validate)
 
 
 # ── Declaration: what the registry, the planner and `testbed tune` know of GRPO ─────────────────────────

@@ -40,7 +40,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -62,7 +61,7 @@ from agents.onpolicy import (
 )
 from agents.registry import Declaration
 from agents.stacked import Minibatches, by_seed, masked_mean
-from agents.training import Experience, run_stack
+from agents.training import Experience, entry_points
 
 TAGS = [
     "charts/episodic_return",
@@ -303,16 +302,7 @@ def update(
     return (totals / counts.clamp(min=1).unsqueeze(1)).cpu()
 
 
-def train(cfg: PPOConfig, run_dir: Path, resume: bool = False, name: str = "ppo") -> dict[str, Any]:
-    """Train PPO into ``run_dir``: a stack of one. Returns the summary also written to ``summary.json``."""
-    return run_stack(Learner, [cfg], [run_dir], resume, name)[0]
-
-
-def train_stack(
-    cfgs: list[PPOConfig], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = "ppo"
-) -> list[dict[str, Any]]:
-    """Train one PPO run per config, side by side in this process, into ``run_dirs``; returns their summaries."""
-    return run_stack(Learner, cfgs, run_dirs, resume, name)
+train, train_stack = entry_points(Learner, "ppo")
 
 
 # ── Declaration: what the registry, the planner and `testbed tune` know of PPO ──────────────────────────

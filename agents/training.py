@@ -299,6 +299,27 @@ def run_stack(
     return [seed_run.summary or {} for seed_run in runs]
 
 
+def entry_points(
+    build: Callable[[list[Any]], Trainer], name: str, checks: Callable[[Any], None] | None = None
+) -> tuple[Callable[..., dict[str, Any]], Callable[..., list[dict[str, Any]]]]:
+    """An algorithm's two ways in, both :func:`run_stack` with its ``build``: ``train(cfg, run_dir, resume=False,
+    name=name)``, a stack of one that returns its summary, and ``train_stack(cfgs, run_dirs, resume=False,
+    name=name)``, seeds side by side in this process, returning their summaries. ``checks``: the algorithm's
+    own, run on every config before anything is built."""
+
+    def train_stack(
+        cfgs: list[Any], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = name
+    ) -> list[dict[str, Any]]:
+        for cfg in cfgs if checks is not None else ():
+            checks(cfg)
+        return run_stack(build, cfgs, run_dirs, resume, name)
+
+    def train(cfg: Any, run_dir: Path, resume: bool = False, name: str = name) -> dict[str, Any]:
+        return train_stack([cfg], [run_dir], resume, name)[0]
+
+    return train, train_stack
+
+
 def train_seeds(
     trainer: Trainer,
     runs: list[SeedRun],
