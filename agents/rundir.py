@@ -32,6 +32,11 @@ from agents.config import build_config, load_yaml
 from envs.errors import BadInput, brief
 
 CHECKPOINT = "checkpoint.pt"
+CODE_VERSION = 3
+"""What the algorithms compute, as a number: raise it with any change that alters a run's numbers (seeds,
+streams, an update's math). Every run records it in meta.json, so a bench never takes a run of older code for
+one of today's, and ``benchmarks/manifest.yaml``'s ``code_version`` is the same number (a test holds them
+equal)."""
 
 
 def kept_checkpoint(step: int) -> str:
@@ -240,8 +245,9 @@ def write_meta(run_dir: Path, extra: dict[str, Any] | None = None) -> None:
         except metadata.PackageNotFoundError:
             versions[name] = None
     meta = {
-        "command": sys.argv,
+        "command": ["testbed", *sys.argv[1:]],  # not the script's path: a record names no machine's folders
         "git_commit": _git_commit(),
+        "code_version": CODE_VERSION,
         "python": platform.python_version(),
         "packages": versions,
         "host": socket.gethostname(),

@@ -62,6 +62,7 @@ def test_train_writes_the_whole_run_directory(cartpole_run: Path) -> None:
     assert config["algo"] == "ppo" and config["seed"] == 3 and config["n_envs"] == 8 and config["eval_episodes"] == 3
     meta = json.loads((cartpole_run / "meta.json").read_text())
     assert meta["preset"] == "CartPole-v1" and meta["packages"]["torch"] and "train" in meta["command"]
+    assert meta["command"][0] == "testbed" and meta["code_version"] == rundir.CODE_VERSION  # no machine's folders
     assert meta["cpu"] == rundir.cpu_model() and meta["cpu"]  # the machine's CPU model: numbers repeat on the same one
     summary = json.loads((cartpole_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["total_steps"] == 2048
