@@ -213,6 +213,20 @@ def config_differences(run_dir: Path, algo: str, cfg: Any) -> list[str]:
     return sorted(key for key in asked if asked[key] != had[key])
 
 
+def other_code_version(run_dir: Path) -> int | None:
+    """The code version, other than today's :data:`CODE_VERSION`, that trained (part of) the run in ``run_dir``:
+    one its meta.json or a resume's meta.resume*.json records; None when none does. A start made before runs
+    recorded their code version counts as today's, so that runs trained earlier still resume."""
+    for path in sorted(run_dir.glob("meta*.json")):
+        try:
+            version = json.loads(path.read_bytes()).get("code_version")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(version, int) and version != CODE_VERSION:
+            return version
+    return None
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(

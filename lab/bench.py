@@ -203,9 +203,9 @@ def time_stamp() -> str:
 
 def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:
     """Copy into ``bench_dir`` each completed run of the bench ``source`` that a cell asks for: same algo, env,
-    variant and seed, trained with the settings the cell asks for (its config.yaml), where the cell has no
-    run yet. Its console log comes along. A run still going or stopped in ``source`` stays there, so that no
-    run is trained twice. Returns how many runs were copied.
+    variant and seed, trained with the settings the cell asks for (its config.yaml) by today's code (its
+    meta.json's code version), where the cell has no run yet. Its console log comes along. A run still going or
+    stopped in ``source`` stays there, so that no run is trained twice. Returns how many runs were copied.
 
     Each copy keeps its wall time, so a bench that reuses PPO's runs can give GRPO PPO's time as a budget
     and compare the two at equal time (a stacked run's time is its stack's: stack both alike).
@@ -217,7 +217,7 @@ def adopt_runs(cells: list[Cell], source: Path, bench_dir: Path) -> int:
         here, there = cell.run_dir(bench_dir), cell.run_dir(source)
         if (here.exists() and any(here.iterdir())) or read_status(there) != "completed":
             continue
-        if rundir.config_differences(there, cell.algo, cell.config()):
+        if rundir.other_code_version(there) is not None or rundir.config_differences(there, cell.algo, cell.config()):
             continue
         copy_run_into(there, here, "adopting")
         if log_path(there).exists():
@@ -298,9 +298,9 @@ def run_grid(
         others = [why for cell in cells if (why := reused_elsewhere(cell, bench_dir))]
         if others:
             raise BadInput(
-                f"{len(others)} run(s) of {bench_dir} were trained with other settings than this bench asks for (the "
-                f"presets changed?): {'; '.join(others[:3])}{' …' if len(others) > 3 else ''}. Use another --name, or "
-                "move those runs away to train them again."
+                f"{len(others)} run(s) of {bench_dir} were trained with other settings or older code than this "
+                f"bench asks for (the presets changed?): {'; '.join(others[:3])}{' …' if len(others) > 3 else ''}. "
+                "Use another --name, or move those runs away to train them again."
             )
         if prepare is not None:
             prepare(bench_dir)

@@ -90,13 +90,15 @@ class Cell:
 
 def reused_elsewhere(cell: Cell, bench_dir: Path) -> str | None:
     """Why the cell's run directory, if it holds a run to reuse (completed, or with a checkpoint to resume),
-    is not the run the cell asks for: the settings in which its config.yaml differs; None if it is, or holds
-    nothing to reuse."""
+    is not the run the cell asks for: the older code that trained it, or the settings in which its config.yaml
+    differs; None if it is, or holds nothing to reuse."""
     run_dir = cell.run_dir(bench_dir)
     if not (run_dir / "config.yaml").exists() or not (
         (run_dir / rundir.CHECKPOINT).exists() or read_status(run_dir) == "completed"
     ):
         return None
+    if (version := rundir.other_code_version(run_dir)) is not None:
+        return f"{run_dir} (trained by code version {version}, today's is {rundir.CODE_VERSION})"
     differing = rundir.config_differences(run_dir, cell.algo, cell.config())
     return f"{run_dir} ({', '.join(differing)})" if differing else None
 

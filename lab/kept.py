@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import csv
 import gzip
+import json
 import math
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from agents.config import load_yaml
-from agents.rundir import read_summary
+from agents.rundir import other_code_version, read_summary
 from envs.errors import BadInput
 from lab.results import EVAL_COLUMN, KEPT_PROGRESS
 
@@ -104,14 +105,29 @@ def run_dirs(folder: Path) -> Iterator[Path]:
             yield from run_dirs(child)
 
 
+def without_machine_paths(meta: bytes) -> bytes:
+    """A meta.json as a result keeps it: its command starting ``testbed``, not the path of the script that ran on
+    some machine (runs made before meta.json wrote it so); otherwise as written."""
+    try:
+        record = json.loads(meta)
+        command = record["command"]
+    except (ValueError, KeyError, TypeError):
+        return meta
+    if not command or command[0] == "testbed":
+        return meta
+    return (json.dumps({**record, "command": ["testbed", *command[1:]]}, indent=2)).encode()
+
+
 def keep_run(run_dir: Path, target: Path) -> None:
     """Write what a result keeps of ``run_dir`` into ``target`` (made or replaced): staged beside it and
     renamed into place, so that a stop leaves the old copy or the new, never half of one."""
     staging = target.with_name(f".{target.name}.keeping")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for name in ["config.yaml", "summary.json", *sorted(p.name for p in run_dir.glob("meta*.json"))]:
+    for name in ("config.yaml", "summary.json"):
         shutil.copy2(run_dir / name, staging / name)
+    for meta in sorted(run_dir.glob("meta*.json")):
+        (staging / meta.name).write_bytes(without_machine_paths(meta.read_bytes()))
     progress = run_dir / "progress.csv"
     if progress.exists():
         text = thin_progress(progress.read_text(encoding="utf-8", errors="surrogateescape"))
@@ -159,12 +175,16 @@ def restores(run_dir: Path) -> bool:
 
 def restore_runs(folder: Path, output: Path) -> list[Path]:
     """Copy the runs kept under ``folder`` to their paths under ``output`` where the output holds no files of
-    its own there (a run of this checkout is newer than, or the same as, the kept one); the paths restored."""
+    its own there (a run of this checkout is newer than, or the same as, the kept one); the paths restored.
+    A run older code trained (its meta.json's code version) stays kept but is not restored: the command trains
+    it again, as today's code computes it."""
     restored = []
     for kept in run_dirs(folder):
         relative = kept.relative_to(folder)
         target = output / relative
-        if not ended(kept) or not restores(kept) or (target.is_dir() and any(target.iterdir())):
+        if not ended(kept) or not restores(kept) or other_code_version(kept) is not None:
+            continue
+        if target.is_dir() and any(target.iterdir()):
             continue
         copy_run_into(kept, target, "restoring")
         restored.append(relative)

@@ -48,8 +48,9 @@ HEADER = """\
 # existed keep what their files and the history record). Nor `progress`: `testbed results save` writes it
 # when it keeps the files of a result still being made. `testbed results pages`
 # rebuilds docs/results/ and the README's generated blocks from this file and the kept files.
-# code_version: raise it when a change alters what the algorithms compute; results produced at a lower
-# version are shown as from older code, with their commit, and stay out of the headline tables.
+# code_version: raise it, with CODE_VERSION in agents/rundir.py, when a change alters what the algorithms
+# compute; results produced at a lower version are shown as from older code, with their commit, and stay out
+# of the headline tables.
 """
 ENTRY_KEYS = (
     "name",

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agents import rundir
 from agents.runlog import Progress
 from envs.errors import BadInput
 from lab import bench, normalized, published, report
@@ -356,6 +357,14 @@ def test_a_bench_reuses_the_completed_runs_of_another_that_it_asks_for(
     summary = stopped / "CartPole-v1" / "ppo" / "seed1" / "summary.json"
     summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": "interrupted"}))
     assert bench.adopt_runs(tiny_grid("some", algos=["ppo"]).cells(), stopped, tmp_path / "some") == 1
+    # Runs older code trained (their meta.json's code version) are not adopted, and a bench refuses them.
+    older = tmp_path / "older"
+    shutil.copytree(source, older)
+    meta = older / "CartPole-v1" / "ppo" / "seed0" / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "code_version": rundir.CODE_VERSION - 1}))
+    assert bench.adopt_runs(tiny_grid("newer", algos=["ppo"]).cells(), older, tmp_path / "newer") == 1
+    with pytest.raises(BadInput, match=f"trained by code version {rundir.CODE_VERSION - 1}, today's is"):
+        bench.run_grid(tiny_grid("older", algos=["ppo"]), 1, "local", None, root=tmp_path, report=False)
 
     grid = tiny_grid("target", algos=["ppo"], seeds=3)
     # A copy stopped halfway, in its hidden staging folder, is thrown away and made again.

@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+from agents import rundir
 from lab import kept
 from lab.results import find_runs
 
@@ -80,3 +81,16 @@ def test_restoring_fills_only_folders_without_files_of_their_own(tmp_path: Path)
     assert (tmp_path / "fresh/seed3/summary.json").is_file() and not (tmp_path / "fresh/seed3/checkpoint.pt").exists()
     assert kept.restore_runs(tmp_path / "result", tmp_path / "runs/b") == []  # the local run stays as it is
     assert (tmp_path / "runs/b/seed3/checkpoint.pt").is_file()
+
+
+def test_a_kept_run_names_no_machine_s_folders_and_older_code_s_runs_are_not_restored(tmp_path: Path) -> None:
+    run = _run(tmp_path / "runs/b/seed3")
+    (run / "meta.json").write_text(json.dumps({"command": ["/home/me/lab/__main__.py", "train"], "code_version": 2}))
+    kept.keep_runs(tmp_path / "runs/b", tmp_path / "result")
+    meta = json.loads((tmp_path / "result/seed3/meta.json").read_text())
+    assert meta == {"command": ["testbed", "train"], "code_version": 2}
+    # Trained by code version 2, which today's computes otherwise: kept as a record, trained again on a rerun.
+    assert rundir.other_code_version(tmp_path / "result/seed3") == 2 != rundir.CODE_VERSION
+    assert kept.restore_runs(tmp_path / "result", tmp_path / "fresh") == []
+    (tmp_path / "result/seed3/meta.json").write_text(json.dumps({"code_version": rundir.CODE_VERSION}))
+    assert kept.restore_runs(tmp_path / "result", tmp_path / "fresh") == [Path("seed3")]
