@@ -8,7 +8,9 @@ The algorithms come from the registry, so one added later is covered without a l
 - (b) a run interrupted and resumed from its checkpoint equals a straight run, for every algo but the SB3
   references, whose resume is not exact by design (``agents/sb3.py``);
 - (c) ``testbed eval`` loads a run's checkpoint and plays it;
-- (d) a bad config value is refused in one line, before anything is written.
+- (d) a bad config value is refused in one line, before anything is written;
+- (e) a seed gives the same numbers whichever command trains it: ``testbed train``, a bench (beside another
+  seed), a credit study and a tuning trial at the preset's values.
 
 A reference implementation takes the presets of the algo it mirrors (``sb3-ppo``: ``ppo``), which is how the
 registry tells one. Runs are CartPole-v1 at each preset with a budget of about a thousand env steps, no periodic
@@ -24,7 +26,7 @@ import torch
 
 from agents import registry, runlog
 from lab.cli import main
-from tests.conftest import interrupt_after, read_progress
+from tests.conftest import REPO, interrupt_after, read_progress
 
 DECLARED = [name for name, entry in registry.entries().items() if entry.base == name]  # variants left out
 REFERENCES = [name for name in DECLARED if registry.preset_of(name) != name]
@@ -36,23 +38,16 @@ SMALL: dict[str, list[str]] = {
 TOTAL_STEPS = 1024
 
 
-def train_argv(algo: str, run_dir: Path, *more: str) -> list[str]:
-    """``testbed train`` of ``algo`` on CartPole-v1 at its preset, small, into ``run_dir``."""
+def small(algo: str) -> list[str]:
+    """The ``--set`` arguments that keep a run of ``algo`` to a few seconds: no periodic evaluation."""
     settings = ["eval_interval=0", "eval_episodes=2", *SMALL.get(registry.preset_of(algo), [])]
-    sets = [arg for setting in settings for arg in ("--set", setting)]
-    return [
-        "train",
-        "--algo",
-        algo,
-        "--env",
-        "CartPole-v1",
-        "--total-steps",
-        str(TOTAL_STEPS),
-        *sets,
-        "--run-dir",
-        str(run_dir),
-        *more,
-    ]
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+def train_argv(algo: str, run_dir: Path, *more: str, env: str = "CartPole-v1") -> list[str]:
+    """``testbed train`` of ``algo`` on ``env`` at its preset, small, into ``run_dir``."""
+    steps = ["--total-steps", str(TOTAL_STEPS)]
+    return ["train", "--algo", algo, "--env", env, *steps, *small(algo), "--run-dir", str(run_dir), *more]
 
 
 def rows_but_wall_clock(run_dir: Path) -> list[dict[str, str]]:
@@ -123,3 +118,31 @@ def test_a_bad_config_value_is_refused_in_one_line_before_anything_is_written(
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", [name for name in DECLARED if name not in REFERENCES])
+def test_a_seed_gives_the_same_numbers_whichever_command_trains_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # a bench's cells are `python -m lab` processes started here
+    budget = ["--total-steps", str(TOTAL_STEPS), *small(algo), "--workers", "1"]
+    assert main(train_argv(algo, tmp_path / "alone", "--seed", "1")) == 0
+    # A bench trains seed 1 beside seed 0, in one process where the algo stacks seeds.
+    assert main(["bench", "--algos", algo, "--envs", "CartPole-v1", "--seeds", "2", *budget, "--name", "b"]) == 0
+    assert_same_run(tmp_path / "alone", tmp_path / f"runs/bench/b/CartPole-v1/{algo}/seed1")
+    # A tuning study's first trial trains at the preset's values of the keys its space searches (one here, that
+    # leaves the iteration's size, to which a study rounds its budget, as the preset's).
+    (tmp_path / "space.yaml").write_text("gamma: {low: 0.8, high: 0.9999}\n")
+    tune = ["tune", "--algo", algo, "--env", "CartPole-v1", "--trials", "1", "--seeds", "1", "--first-seed", "1"]
+    assert main([*tune, *budget, "--space", "space.yaml", "--name", "t"]) == 0
+    (trial,) = (tmp_path / "runs/tune/t").glob(f"trial*/CartPole-v1/{algo}/seed1")
+    assert_same_run(tmp_path / "alone", trial)
+    # A credit study's cell is the run `testbed train` makes on the task's env with the horizon's kwargs.
+    credit = ["credit", "--task", "chain", "--horizons", "4", "--algos", algo, "--seeds", "1"]
+    assert main([*credit, *budget, "--name", "c"]) == 0
+    chain = ["--seed", "0", "--set", "env_kwargs=horizon:4"]
+    assert main(train_argv(algo, tmp_path / "chain", *chain, env="testbed/Chain-v0")) == 0
+    (cell,) = (tmp_path / "runs/bench/c").glob(f"*/horizon4/{algo}/seed0")
+    assert_same_run(tmp_path / "chain", cell)
