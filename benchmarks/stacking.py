@@ -15,7 +15,9 @@ Ours runs without periodic evaluations or intermediate checkpoints (its final ev
 stay in the time); SB3 evaluates and saves nothing. Each process's gradient steps, summed over its seeds (ours:
 from each seed's final checkpoint; SB3's: its optimizer's steps, counted), go beside its time, so that a
 table of unequal work says so. ``--sizes 1,2,4,8,16`` instead times one stacked process per stack size, for
-the bench's default ``--stack``.
+the bench's default ``--stack``. ``--eval-cost N`` instead times N pairs of stacked processes, one without
+periodic evaluation and one with the preset's (every seed's episodes in one batched forward pass, ``agents/
+tracking.py``), taking turns: what evaluating costs a stack.
 
 ``--algo grpo`` times our GRPO preset the same way; SB3 has no GRPO.
 
@@ -81,7 +83,7 @@ print(json.dumps({**timers, "train_s": time.perf_counter() - start}))
 @dataclasses.dataclass
 class Row:
     case: str
-    impl: str  # stacked | ours | sb3 | turns (older results) | stacked_profiled | size
+    impl: str  # stacked | ours | sb3 | turns (older results) | stacked_profiled | size | stacked_eval
     seeds: int  # seeds this process trained
     seed: str  # which
     wall_s: float
@@ -115,7 +117,11 @@ def timed(cmd: list[str], core: int | None) -> tuple[float, Any]:
     return wall, proc
 
 
-def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int], algo: str = "ppo") -> list[str]:
+def ours_argv(
+    case: speed.Case, steps: int, run_dir: Path, seeds: list[int], algo: str = "ppo", flags: tuple[str, ...] = ()
+) -> list[str]:
+    """Our process training ``seeds``: without periodic evaluation or intermediate checkpoints unless ``flags``
+    (its ``--set`` arguments then) say otherwise."""
     which = ["--seed", str(seeds[0])] if len(seeds) == 1 else ["--seeds", ",".join(map(str, seeds))]
     return [
         sys.executable,
@@ -129,7 +135,7 @@ def ours_argv(case: speed.Case, steps: int, run_dir: Path, seeds: list[int], alg
         *which,
         "--total-steps",
         str(steps),
-        *speed.OURS_FLAGS,
+        *(flags or speed.OURS_FLAGS),
         "--run-dir",
         str(run_dir),
     ]
@@ -182,13 +188,16 @@ def markdown(
         case_rows = [r for r in rows if r.case == name]
         by = {
             impl: [r for r in case_rows if r.impl == impl and r.returncode == 0]
-            for impl in ("stacked", "ours", "sb3", "turns", "stacked_profiled", "size")
+            for impl in ("stacked", "ours", "sb3", "turns", "stacked_profiled", "size", "stacked_eval")
         }
         lines += [f"## {name}: {algo.upper()}, {cases[name].env_id}, {steps[name]:,} steps per seed", ""]
         if by["size"]:
             lines += ["| seeds in the process | wall (s) | s per seed |", "|---|---|---|"]
             lines += [f"| {r.seeds} | {r.wall_s:.1f} | {r.wall_s / r.seeds:.2f} |" for r in by["size"]]
             lines.append("")
+            continue
+        if by["stacked_eval"]:
+            lines += eval_cost_lines(by["stacked"], by["stacked_eval"], cases[name].env_id)
             continue
         total = {impl: sum(r.wall_s for r in by[impl]) for impl in ("stacked", "ours", "sb3", "turns")}
         work = {impl: total_gradient_steps(by[impl]) for impl in ("stacked", "ours", "sb3", "turns")}
@@ -251,6 +260,24 @@ def markdown(
     return "\n".join(lines)
 
 
+def eval_cost_lines(without: list[Row], evaluated: list[Row], env_id: str) -> list[str]:
+    """The table of ``--eval-cost``: each pair's wall times, and the ratio of the medians."""
+    import statistics
+
+    lines = [
+        f"Periodic evaluation at the preset's interval and episodes ({env_id}), against none, the same stack of "
+        f"{without[0].seeds} seeds, processes taking turns:",
+        "",
+        "| pair | no periodic evaluation (s) | the preset's evaluation (s) |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {i + 1} | {a.wall_s:.1f} | {b.wall_s:.1f} |" for i, (a, b) in enumerate(zip(without, evaluated))]
+    plain, costly = statistics.median(r.wall_s for r in without), statistics.median(r.wall_s for r in evaluated)
+    ratio = f"**{costly / plain:.2f}×**"
+    lines += ["", f"With evaluation / without, medians ({costly:.1f} s against {plain:.1f} s): {ratio}"]
+    return [*lines, ""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", choices=sorted(CASES), required=True)
@@ -258,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per seed (default: the case's)")
     parser.add_argument("--core", type=int, default=None, help="pin every process to this core")
     parser.add_argument("--sizes", default=None, help="time one stacked process per stack size, e.g. 1,2,4,8,16")
+    parser.add_argument("--eval-cost", type=int, metavar="N", help="time N pairs: no evaluation, the preset's")
     parser.add_argument("--no-sb3", action="store_true")
     parser.add_argument("--algo", choices=["ppo", "grpo"], default="ppo")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stacking")
@@ -296,6 +324,15 @@ def main(argv: list[str] | None = None) -> int:
                         args.core,
                     )
                     record(Row(name, "size", size, f"0-{size - 1}", wall, proc.returncode))
+                continue
+            if args.eval_cost:
+                evaluated = ("--set", "checkpoint_interval=0")  # the preset's eval_interval and eval_episodes
+                for pair in range(args.eval_cost):
+                    for impl, flags in (("stacked", ()), ("stacked_eval", evaluated)):
+                        run_dir = Path(tmp) / f"{impl}{pair}"
+                        argv = ours_argv(case, case.total_steps, run_dir, seeds, args.algo, flags)
+                        wall, proc = timed(argv, args.core)
+                        record(Row(name, impl, len(seeds), f"0-{seeds[-1]}", wall, proc.returncode))
                 continue
             stacked_dir = Path(tmp) / "stacked"
             wall, proc = timed(ours_argv(case, case.total_steps, stacked_dir, seeds, args.algo), args.core)

@@ -106,3 +106,22 @@ def test_the_reports_show_the_gradient_steps_and_flag_unequal_work() -> None:
             rows += [stacking.Row("halfcheetah", impl, 1, str(k), 15.0, 0, gradient_steps=steps) for k in range(2)]
         md = stacking.markdown(rows, "python benchmarks/stacking.py", "a machine", stacking.CASES, {"halfcheetah": 1})
         assert f"| {2 * sb3_steps:,} |" in md and ("**Unequal work**" in md) == unequal
+
+
+def test_the_evaluation_cost_compares_the_same_stack_with_and_without_the_preset_s_evaluation() -> None:
+    case, run_dir = stacking.CASES["cartpole"], Path("stack")
+    plain = stacking.ours_argv(case, 1000, run_dir, [0, 1])
+    evaluated = stacking.ours_argv(case, 1000, run_dir, [0, 1], flags=("--set", "checkpoint_interval=0"))
+    assert "eval_interval=0" in plain and "eval_interval=0" not in evaluated
+    at = plain.index("eval_interval=0")
+    assert evaluated == plain[: at - 1] + plain[at + 1 :]  # the same process, with the preset's evaluation
+    rows = [
+        stacking.Row("cartpole", impl, 8, "0-7", wall, 0)
+        for without, with_eval in ((60.0, 70.0), (66.0, 69.0), (70.0, 80.0))
+        for impl, wall in (("stacked", without), ("stacked_eval", with_eval))
+    ]
+    md = stacking.markdown(
+        rows, "python benchmarks/stacking.py --eval-cost 3", "a machine", stacking.CASES, {"cartpole": 1}
+    )
+    assert "| 2 | 66.0 | 69.0 |" in md
+    assert "medians (70.0 s against 66.0 s): **1.06×**" in md  # 70 / 66
