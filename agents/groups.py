@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -108,6 +108,7 @@ class Groups:
     env_steps: int  # all env steps: members, trunks, replays and vine branches
     restore_time_s: float
     vine: VineValues | None = None  # advantage=vine: the values along the batch's trajectories
+    episode_last_rewards: list[float] = field(default_factory=list)  # raw, each episode's last step's
 
     @property
     def kept_groups(self) -> int:
@@ -138,7 +139,7 @@ def group_steps(
         with torch.inference_mode():
             return act(torch.from_numpy(starts.observe(env, raw_obs))).actions.cpu().numpy()
 
-    kept, parts, rounds, group_returns, episode_returns = 0, [], [], [], []
+    kept, parts, rounds, group_returns, episode_returns, last_rewards = 0, [], [], [], [], []
     env_steps, restore_time = 0, 0.0
     for round_ in range(cfg.max_resample_rounds + 1 if cfg.dynamic_sampling else 1):
         seeds = start_seeds(cfg.seed, iteration * (cfg.max_resample_rounds + 1) + round_, B)
@@ -162,6 +163,8 @@ def group_steps(
         # The env's own return: a reward offset c shifted each of the L steps by −c.
         raw_returns = ((episodes.rewards * episodes.mask).sum(0) + cfg.reward_offset * episodes.mask.sum(0)).numpy()
         episode_returns += (np.repeat(prefix_returns, G) + raw_returns).tolist()
+        ends = (episodes.lengths - 1).clamp(min=0)  # (M,) each member's last step
+        last_rewards += (episodes.rewards[ends, torch.arange(B * G)] + cfg.reward_offset).tolist()
         informative = returns.amax(1) != returns.amin(1) if cfg.dynamic_sampling else torch.ones(B, dtype=torch.bool)
         groups = informative.nonzero().squeeze(1)[: B - kept]
         parts.append(episodes.select((groups.unsqueeze(1) * G + torch.arange(G)).flatten()))
@@ -175,7 +178,9 @@ def group_steps(
         env_steps += values.branch_steps
         restore_time += values.restore_time_s
     batch = concat_episodes(parts)
-    return Groups(batch, rounds, torch.cat(group_returns), episode_returns, env_steps, restore_time, values)
+    return Groups(
+        batch, rounds, torch.cat(group_returns), episode_returns, env_steps, restore_time, values, last_rewards
+    )
 
 
 def open_member_envs(cfg: Any, H: int) -> tuple[Envs, MemberEnvs, SegmentBuffers]:
@@ -295,7 +300,7 @@ def pad_groups(
 def experience(groups: Groups) -> Experience:
     """An iteration's groups as the lifecycle counts and logs them."""
     lengths = torch.cat([e.lengths for e in groups.rounds]).tolist()
-    return Experience(groups, groups.env_steps, groups.episode_returns, lengths)
+    return Experience(groups, groups.env_steps, groups.episode_returns, lengths, groups.episode_last_rewards)
 
 
 def group_statistics(groups: Groups) -> dict[str, float | None]:

@@ -185,8 +185,8 @@ def segment_steps(env: VectorEnv, state: RolloutState, buffers: SegmentBuffers) 
     the segment's last bootstrap values are filled. So one batched call can drive many seeds' segments
     (:meth:`OnPolicy.collect`).
 
-    Finished episodes' raw returns and lengths (from ``info["episode"]``) are appended to
-    ``state.episode_returns`` / ``state.episode_lengths`` for logging.
+    Finished episodes' raw returns, lengths and last rewards (from ``info["episode"]``) are appended to
+    ``state.episode_returns`` / ``episode_lengths`` / ``episode_last_rewards`` for logging.
     """
     T = buffers.obs.shape[0]
     next_obs, next_is_autoreset = state.next_obs, state.next_is_autoreset
@@ -206,6 +206,7 @@ def segment_steps(env: VectorEnv, state: RolloutState, buffers: SegmentBuffers) 
             finished = info["_episode"]
             state.episode_returns.extend(info["episode"]["r"][finished].tolist())
             state.episode_lengths.extend(info["episode"]["l"][finished].tolist())
+            state.episode_last_rewards.extend(info["episode"]["last"][finished].tolist())
             state.episode_envs.extend(np.flatnonzero(finished).tolist())
     state.next_obs, state.next_is_autoreset = np.asarray(next_obs, dtype=np.float32), next_is_autoreset
     last_values = yield state.next_obs

@@ -32,15 +32,20 @@ class RolloutState:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     episode_envs: list[int] = field(default_factory=list)  # the sub-env each episode ran in
+    episode_last_rewards: list[float] = field(default_factory=list)  # each episode's raw reward at its last step
 
-    def take_episodes(self, rows: slice) -> tuple[list[float], list[int]]:
-        """The returns and lengths of the episodes that ended in sub-envs ``rows`` since they were last
-        taken, for the logs."""
+    def take_episodes(self, rows: slice) -> tuple[list[float], list[int], list[float]]:
+        """The returns, lengths and last rewards of the episodes that ended in sub-envs ``rows`` since they were
+        last taken, for the logs."""
         envs = range(len(self.next_obs))[rows]
         mine = [i for i, env in enumerate(self.episode_envs) if env in envs]
-        taken = [self.episode_returns[i] for i in mine], [self.episode_lengths[i] for i in mine]
+        taken = (
+            [self.episode_returns[i] for i in mine],
+            [self.episode_lengths[i] for i in mine],
+            [self.episode_last_rewards[i] for i in mine],
+        )
         for i in reversed(mine):
-            del self.episode_returns[i], self.episode_lengths[i], self.episode_envs[i]
+            del self.episode_returns[i], self.episode_lengths[i], self.episode_envs[i], self.episode_last_rewards[i]
         return taken
 
 

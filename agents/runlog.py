@@ -231,8 +231,14 @@ class MetricLog:
     """
 
     def __init__(
-        self, run_dir: Path, columns: list[str], resume_step: int | None, csv_bytes: int | None = None
+        self,
+        run_dir: Path,
+        columns: list[str],
+        resume_step: int | None,
+        csv_bytes: int | None = None,
+        episodes: bool = False,
     ) -> None:
+        """``episodes``: also write every training episode to ``episodes.csv`` (:class:`EpisodeLog`)."""
         from torch.utils.tensorboard import SummaryWriter  # here: TensorBoard takes a second; `eval` needs none
 
         self.columns = ["global_step", "wall_time_s", *columns]
@@ -253,6 +259,7 @@ class MetricLog:
             atomic_write_text(self.csv_path, self._csv_text([]))
         self.csv_file = open(self.csv_path, "a", newline="")  # noqa: SIM115  open for the run: closed by close()
         self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=self.columns, extrasaction="ignore")
+        self.episodes = EpisodeLog(run_dir, resume_step) if episodes else None
 
     def _csv_text(self, rows: list[dict[str, str]]) -> str:
         text = io.StringIO()
@@ -301,11 +308,54 @@ class MetricLog:
         self.writer.flush()
         self.csv_file.flush()
         os.fsync(self.csv_file.fileno())
+        if self.episodes is not None:
+            self.episodes.flush()
 
     def close(self) -> None:
         self.flush()
         self.writer.close()
         self.csv_file.close()
+        if self.episodes is not None:
+            self.episodes.close()
+
+
+class EpisodeLog:
+    """``episodes.csv``: one row per training episode, in the order they ended: ``global_step`` (of the iteration
+    that logged it), ``episode`` (1, 2, …), ``return``, ``length`` and ``last_reward`` (the raw reward of its last
+    step). Runs of bsuite envs write it: bsuite scores a run by its episodes (``lab.bsuite_scores``).
+
+    On resume the rows after the checkpoint's step are dropped and the count goes on from the rows kept, so a
+    resumed run's file reads as if it had never stopped."""
+
+    COLUMNS = ("global_step", "episode", "return", "length", "last_reward")
+
+    def __init__(self, run_dir: Path, resume_step: int | None) -> None:
+        self.path = run_dir / "episodes.csv"
+        rows: list[dict[str, str]] = []
+        if resume_step is not None and self.path.exists():
+            with open(self.path, newline="") as f:
+                rows = [row for row in csv.DictReader(f) if int(row["global_step"]) <= resume_step]
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.path, text.getvalue())
+        self.episodes = len(rows)
+        self.file = open(self.path, "a", newline="")  # noqa: SIM115  open for the run: closed by close()
+        self.writer = csv.writer(self.file)
+
+    def write(self, step: int, returns: list[float], lengths: list[float], last_rewards: list[float]) -> None:
+        for ret, length, last in zip(returns, lengths, last_rewards, strict=True):
+            self.episodes += 1
+            self.writer.writerow([step, self.episodes, f"{ret:.6g}", int(length), f"{last:.6g}"])
+
+    def flush(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.flush()
+        self.file.close()
 
 
 # ── progress on the terminal ─────────────────────────────────────────────────────────────────────

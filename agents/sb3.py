@@ -86,10 +86,27 @@ class LinearSchedule:
 
 
 def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env (validating the id and its dependencies first)."""
+    """Observation and action space of one env as SB3's policy sees it (an array observation flattened, as
+    :func:`make_sb3_env` flattens it), validating the id and its dependencies first."""
     envs_pkg.check_env_installed(env_id)
     with gym.make(env_id) as env:
-        return env.observation_space, env.action_space
+        return _flat(env.observation_space), env.action_space
+
+
+def _flat(space: gym.Space) -> gym.Space:
+    """A Box of any shape as the flat Box our factory's ``FlattenObservation`` makes of it (bsuite's (1, n)
+    observations); other spaces as they are."""
+    return gym.spaces.flatten_space(space) if isinstance(space, gym.spaces.Box) and len(space.shape) > 1 else space
+
+
+def _wrap(env: gym.Env, delay: Any = None) -> gym.Env:
+    """Each SB3 sub-env: its rewards delayed (``reward_delay``), its array observations flattened as our vector
+    envs flatten them, so that SB3's policy and our evaluation envs take the same observations."""
+    if delay:
+        env = DelayedReward(env, delay)
+    if _flat(env.observation_space) is not env.observation_space:
+        env = gym.wrappers.FlattenObservation(env)
+    return env
 
 
 def check_expressible(cfg: PPOConfig | A2CConfig) -> None:
@@ -115,7 +132,8 @@ def validate(cfg: PPOConfig | A2CConfig) -> None:
     """Checks that need the env, before anything is written (``lab.cli``'s ``Algo.validate``)."""
     check_expressible(cfg)
     obs_space, action_space = _spaces(cfg.env_id)
-    # Our eval envs flatten other observation spaces (Discrete → one-hot), which SB3's policy would re-encode.
+    # Our eval envs flatten other observation spaces (Discrete → one-hot), which SB3's policy would re-encode;
+    # array observations are flattened for SB3 too (_wrap), so _spaces gives them flat.
     check(
         isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1,
         f"{reference(cfg).name} supports flat Box observations; {cfg.env_id} has {obs_space}. "
@@ -230,9 +248,14 @@ def make_sb3_env(cfg: PPOConfig | A2CConfig) -> VecEnv:
     """N Monitor-wrapped envs (DummyVecEnv; SubprocVecEnv for ``vectorization=async``), then VecNormalize
     with our factory's settings when either normalization is on. ``Learner`` sets the seeds of its first reset."""
     vec_env_cls = SubprocVecEnv if cfg.vectorization == "async" else DummyVecEnv  # SB3 has no native vector envs
-    delay = {"wrapper_class": DelayedReward, "wrapper_kwargs": {"delay": cfg.reward_delay}} if cfg.reward_delay else {}
     env = make_vec_env(
-        cfg.env_id, n_envs=cfg.n_envs, seed=cfg.seed, vec_env_cls=vec_env_cls, env_kwargs=cfg.env_kwargs, **delay
+        cfg.env_id,
+        n_envs=cfg.n_envs,
+        seed=cfg.seed,
+        vec_env_cls=vec_env_cls,
+        env_kwargs=cfg.env_kwargs,
+        wrapper_class=_wrap,
+        wrapper_kwargs={"delay": cfg.reward_delay},
     )
     if cfg.normalize_obs or cfg.normalize_reward:
         env = VecNormalize(
@@ -308,19 +331,24 @@ def load_policy(cfg: PPOConfig | A2CConfig, state_dict: dict[str, Tensor]) -> SB
 
 
 class EpisodeRecorder(BaseCallback):
-    """Collects Monitor's raw return and length of every episode that ends during a rollout."""
+    """Collects Monitor's raw return and length of every episode that ends during a rollout, and its raw last
+    reward (VecNormalize's original reward where it scales them)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.returns: list[float] = []
         self.lengths: list[int] = []
+        self.last_rewards: list[float] = []
 
     def _on_step(self) -> bool:
-        for info in self.locals["infos"]:
+        env = self.model.get_env()
+        rewards = env.get_original_reward() if isinstance(env, VecNormalize) else self.locals["rewards"]  # (N,)
+        for i, info in enumerate(self.locals["infos"]):
             episode = info.get("episode")
             if episode is not None:
                 self.returns.append(float(episode["r"]))
                 self.lengths.append(int(episode["l"]))
+                self.last_rewards.append(float(rewards[i]))
         return True
 
 
@@ -381,10 +409,10 @@ class Learner:
         model.collect_rollouts(model.env, self.recorder, model.rollout_buffer, n_rollout_steps=model.n_steps)
         model._update_current_progress_remaining(model.num_timesteps, model._total_timesteps)
         recorder: EpisodeRecorder = self.recorder  # type: ignore[assignment]
-        returns, lengths = list(recorder.returns), list(recorder.lengths)
-        recorder.returns.clear()
-        recorder.lengths.clear()
-        return [Experience(None, model.num_timesteps - before, returns, lengths)]
+        returns, lengths, last = list(recorder.returns), list(recorder.lengths), list(recorder.last_rewards)
+        for taken in (recorder.returns, recorder.lengths, recorder.last_rewards):
+            taken.clear()
+        return [Experience(None, model.num_timesteps - before, returns, lengths, last)]
 
     def learn(
         self,

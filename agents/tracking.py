@@ -20,6 +20,7 @@ from agents.config import RunConfig
 from agents.networks import Actor, ActorCritic
 from agents.rollout import evaluate_policies, evaluate_policy
 from agents.run_envs import EVAL_SEED_BASE
+from envs.bsuite import is_bsuite
 
 
 def evaluate(
@@ -131,7 +132,13 @@ class RunTracker:
         eval_step: int | None = None,
     ) -> None:
         self.run_dir, self.algo, self.cfg = run_dir, algo, cfg
-        self.log = runlog.MetricLog(run_dir, tags, resume_step=global_step if resume else None, csv_bytes=csv_bytes)
+        self.log = runlog.MetricLog(
+            run_dir,
+            tags,
+            resume_step=global_step if resume else None,
+            csv_bytes=csv_bytes,
+            episodes=is_bsuite(cfg.env_id),  # bsuite scores a run by its episodes
+        )
         self.evals = EvalSchedule(cfg.eval_interval, evaluate, global_step, eval_step)
         self.progress = runlog.Progress(cfg.total_steps, global_step, f"{algo} {cfg.env_id} seed {cfg.seed}")
         self.recent_returns: deque[float] = deque(maxlen=20)
@@ -154,15 +161,18 @@ class RunTracker:
         episode_returns: Sequence[float],
         episode_lengths: Sequence[float],
         final: bool = False,
+        episode_last_rewards: Sequence[float] = (),
     ) -> bool:
-        """One iteration: every finished episode and the metrics to TensorBoard, a CSV row with the
-        episodes' means, an evaluation when one is due or when this is the ``final`` iteration (its row
-        then holds the run's final evaluation), and the progress line.
+        """One iteration: every finished episode and the metrics to TensorBoard (and to episodes.csv, for a
+        bsuite env), a CSV row with the episodes' means, an evaluation when one is due or when this is the
+        ``final`` iteration (its row then holds the run's final evaluation), and the progress line.
 
         Returns False when a second stop signal cut the final evaluation short: the row is written without
         it, and the run is to stop there (a resume evaluates it, :meth:`finish`)."""
         for ret, length in zip(episode_returns, episode_lengths, strict=True):
             self.log.scalars(step, {"charts/episodic_return": ret, "charts/episodic_length": length})
+        if self.log.episodes is not None:
+            self.log.episodes.write(step, list(episode_returns), list(episode_lengths), list(episode_last_rewards))
         self.recent_returns.extend(episode_returns)
         sps = self.sps(step)
         evaluation, evaluated = self.evals.maybe_run(step), True

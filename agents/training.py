@@ -40,6 +40,7 @@ class Experience:
     env_steps: int  # env steps the collection took; they count toward total_steps
     episode_returns: Sequence[float]  # raw returns of the episodes that ended, for the logs
     episode_lengths: Sequence[float]
+    episode_last_rewards: Sequence[float] = ()  # raw reward of each episode's last step (bsuite scores by it)
 
 
 @dataclass
@@ -382,7 +383,12 @@ def train_seeds(
                 spent = seed_run.budget_spent  # read once: the clock moves between two reads
                 final = spent and not stopping
                 stopping |= not seed_run.tracker.record(
-                    seed_run.global_step, seed_metrics, batch.episode_returns, batch.episode_lengths, final
+                    seed_run.global_step,
+                    seed_metrics,
+                    batch.episode_returns,
+                    batch.episode_lengths,
+                    final,
+                    batch.episode_last_rewards,
                 )
                 if seed_run.tracker.checkpoint_due(seed_run.global_step, stopping) or seed_run.keeps_due:
                     seed_run.checkpoint(name)

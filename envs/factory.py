@@ -5,7 +5,8 @@ Every env it makes:
   (``terminated | truncated``), the returned observation is the true final observation; the next
   ``step`` call ignores its action, resets that sub-env and returns the first observation of the new
   episode with reward 0. Rollouts mark that autoreset step as not a training sample.
-- records episode statistics (``info["episode"]``) of the raw rewards, inside any reward scaling;
+- records episode statistics (``info["episode"]``) of the raw rewards, inside any reward scaling, with each
+  episode's last reward (:class:`RecordEpisodes`);
 - uses the native vectorized implementation where one exists (gymnasium's CartPole without kwargs, the
   testbed's tasks of :mod:`envs.tasks` with any kwargs but a time limit), else ``sync`` or ``async``
   vectorization;
@@ -34,6 +35,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers import vector as vector_wrappers
 
+from envs import bsuite
 from envs.delay import Delay, DelayedReward, check_delay
 from envs.errors import BadInput, brief
 from envs.normalize import NormalizeObservation, NormalizeReward
@@ -94,6 +96,8 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
             fix = "install the package that provides it"
             raise BadInput(f"{env_id}: cannot import {module!r} ({error}); {fix}") from None
         env_id = name
+    if bsuite.is_bsuite(env_id) and env_id not in gym.registry:
+        bsuite.register()  # Shimmy registers bsuite's envs as it is imported
     if env_id in gym.registry:
         return gym.spec(env_id)
     closest = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
@@ -300,6 +304,18 @@ class ClipAction(vector_wrappers.TransformAction):
         )
 
 
+class RecordEpisodes(vector_wrappers.RecordEpisodeStatistics):
+    """gymnasium's episode statistics (``info["episode"]``: return ``r``, length ``l``, time ``t``), plus ``last``:
+    each ended episode's raw reward at its last step. bsuite scores some experiments by it (the umbrella's
+    outcome, ±1, arrives there beside ±1 random rewards that its return mixes in)."""
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        obs, rewards, terminated, truncated, info = super().step(actions)
+        if "episode" in info:
+            info["episode"]["last"] = np.where(info["_episode"], rewards, 0.0)  # (N,)
+        return obs, rewards, terminated, truncated, info
+
+
 class RewardOffset(VectorWrapper):
     """r' = r − c on every step of an episode (ARS's alive-bonus offset). The step that a NEXT_STEP autoreset
     spends on the reset belongs to no episode and keeps its reward of 0, which gymnasium's TransformReward
@@ -366,7 +382,7 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
         # Discrete, Tuple, Dict and image observations become flat vectors (Discrete one-hot).
         env = vector_wrappers.FlattenObservation(env)
-    env = vector_wrappers.RecordEpisodeStatistics(env)
+    env = RecordEpisodes(env)
     if is_continuous(env):
         env = ClipAction(env)
     if options.normalize_obs:
@@ -388,9 +404,14 @@ def make_vector(env_id: str, num_envs: int, options: EnvOptions = EnvOptions(), 
 
 def episode_limit(env_id: str, **env_kwargs: Any) -> int | None:
     """The most steps an episode of ``env_id`` can last: the least of its time limit (``max_episode_steps``
-    given, else the spec's) and the env's own ``horizon`` where it has one; None if it has neither."""
+    given, else the spec's) and the env's own ``horizon`` where it has one (a bsuite setting's fixed episode
+    length); None if it has neither."""
     spec = check_env_id(env_id)
     time_limit = env_kwargs.get("max_episode_steps") or spec.max_episode_steps
+    if bsuite.is_bsuite(env_id) and bsuite.experiment_of(env_id) in bsuite.EXPERIMENTS:
+        kwargs = {k: v for k, v in env_kwargs.items() if k != "max_episode_steps"}
+        limits = [int(n) for n in (time_limit, bsuite.episode_length(bsuite.experiment_of(env_id), **kwargs)) if n]
+        return min(limits)
     env = gym.make(env_id, **env_kwargs)
     try:
         horizon = getattr(env.unwrapped, "horizon", None)

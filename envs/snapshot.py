@@ -12,6 +12,8 @@ Supported families:
   post-termination counter, the RNG and the time-limit counter.
 - tasks whose unwrapped env has ``get_state``/``set_state`` (the testbed's own, :mod:`envs.tasks`): that
   state, the RNG and the time-limit counter.
+- bsuite's envs through Shimmy (:mod:`envs.bsuite`): every attribute of the bsuite env and its ``RandomState``
+  (which stands in for the gymnasium RNG), and the time-limit counter.
 
 For every kind, a :class:`envs.delay.DelayedReward` in the wrapper chain adds its buffered reward and its
 steps since the last release. Anything else raises :class:`NotRestorable`, never a silently wrong state.
@@ -25,6 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from envs import bsuite
 from envs.delay import DelayedReward
 
 
@@ -63,7 +66,7 @@ def _is_task(base: gym.Env) -> bool:
 def is_restorable(env: gym.Env) -> bool:
     """Whether :func:`snapshot` supports this environment."""
     base = env.unwrapped
-    return _is_mujoco(base) or _is_classic(base) or _is_task(base)
+    return _is_mujoco(base) or _is_classic(base) or _is_task(base) or bsuite.is_settable(base)
 
 
 def snapshot(env: gym.Env) -> dict[str, Any]:
@@ -71,8 +74,9 @@ def snapshot(env: gym.Env) -> dict[str, Any]:
     base = env.unwrapped
     time_limit = _time_limit(env)
     delay: DelayedReward | None = _wrapper(env, DelayedReward)
+    settable_bsuite = bsuite.is_settable(base)  # its RandomState is part of its own state
     state: dict[str, Any] = {
-        "rng": copy.deepcopy(base.np_random.bit_generator.state),
+        "rng": None if settable_bsuite else copy.deepcopy(base.np_random.bit_generator.state),
         "elapsed_steps": None if time_limit is None else time_limit._elapsed_steps,
         "delay": None if delay is None else {"buffered": delay.buffered, "since_release": delay.since_release},
     }
@@ -91,10 +95,13 @@ def snapshot(env: gym.Env) -> dict[str, Any]:
     elif _is_task(base):
         state["kind"] = "task"
         state["task"] = copy.deepcopy(base.get_state())
+    elif settable_bsuite:
+        state["kind"] = "bsuite"
+        state["bsuite"] = bsuite.state(base)
     else:
         raise NotRestorable(
             f"{env.spec.id if env.spec else type(base).__name__} has no state that can be set directly; only MuJoCo, "
-            "classic-control and get_state/set_state environments are restorable by state"
+            "classic-control, bsuite and get_state/set_state environments are restorable by state"
         )
     return state
 
@@ -106,7 +113,8 @@ def restore(env: gym.Env, state: dict[str, Any]) -> None:
     if (delay is None) != (state.get("delay") is None):
         # Restoring across the mismatch would drop or invent buffered rewards.
         raise NotRestorable("the snapshot and the env differ in having a DelayedReward wrapper")
-    base.np_random.bit_generator.state = copy.deepcopy(state["rng"])
+    if state["rng"] is not None:
+        base.np_random.bit_generator.state = copy.deepcopy(state["rng"])
     time_limit = _time_limit(env)
     if time_limit is not None and state["elapsed_steps"] is not None:
         time_limit._elapsed_steps = state["elapsed_steps"]
@@ -130,5 +138,9 @@ def restore(env: gym.Env, state: dict[str, Any]) -> None:
         if not _is_task(base):
             raise NotRestorable("a task snapshot cannot be restored into an env without set_state")
         base.set_state(copy.deepcopy(state["task"]))
+    elif state["kind"] == "bsuite":
+        if not bsuite.is_settable(base):
+            raise NotRestorable("a bsuite snapshot cannot be restored into another kind of env")
+        bsuite.set_state(base, state["bsuite"])
     else:
         raise NotRestorable(f"unknown snapshot kind {state['kind']!r}")
