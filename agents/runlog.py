@@ -347,7 +347,7 @@ class EpisodeLog:
     def write(self, step: int, returns: list[float], lengths: list[float], last_rewards: list[float]) -> None:
         for ret, length, last in zip(returns, lengths, last_rewards, strict=True):
             self.episodes += 1
-            self.writer.writerow([step, self.episodes, f"{ret:.6g}", int(length), f"{last:.6g}"])
+            self.writer.writerow([step, self.episodes, float(ret), int(length), float(last)])
 
     def flush(self) -> None:
         self.file.flush()

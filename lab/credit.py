@@ -7,7 +7,9 @@ score vs horizon, steps to solve vs horizon, and learning curves per horizon.
 Tasks:
 - ``chain`` / ``keydoor``: the testbed's tasks (``envs/tasks.py``), swept over their ``horizon``;
 - ``delayed:ENV_ID``: any env with its rewards delayed (``envs/delay.py``), swept over the delay k
-  (a number of steps, or ``end``).
+  (a number of steps, or ``end``);
+- ``bsuite:EXPERIMENT``: bsuite's credit-assignment and memory experiments (``envs/bsuite.py``), swept over
+  bsuite's own settings and scored by bsuite's own analysis (``lab/bsuite_study.py``, which writes their report).
 
 Scores: a task's return normalized by its known random and optimal expected returns, (R − R_random) /
 (R_optimal − R_random); a delayed env's by ``lab/reference_scores.yaml`` when it lists the env, else the
@@ -26,8 +28,9 @@ import numpy as np
 import yaml
 
 from agents.config import parse_key_values, read_yaml
-from envs import check_env_id, reference_returns
+from envs import bsuite, check_env_id, reference_returns
 from envs.errors import BadInput
+from lab import bsuite_study
 from lab.document import (
     DASH,
     Block,
@@ -68,18 +71,20 @@ TASK_TEXT = {
 
 @dataclass(frozen=True)
 class Study:
-    task: str  # chain, keydoor or delayed:ENV_ID
+    task: str  # chain, keydoor, delayed:ENV_ID or bsuite:EXPERIMENT
     env_id: str
-    axis: str  # horizon or reward_delay
+    axis: str  # horizon, reward_delay or bsuite_setting (indices into bsuite's sweep)
     horizons: list[str]
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
-        return "delayed" if self.axis == "reward_delay" else self.task
+        return {"reward_delay": "delayed", bsuite_study.AXIS: "bsuite"}.get(self.axis, self.task)
 
     def variants(self) -> dict[str, list[str]]:
         """Bench variants: label → key=value pairs for every algo."""
+        if self.axis == bsuite_study.AXIS:
+            return bsuite_study.variants(bsuite.experiment_of(self.env_id), self.horizons)
         variants = {}
         for h in self.horizons:
             kwargs = {**self.env_kwargs, "horizon": int(h)} if self.axis == "horizon" else dict(self.env_kwargs)
@@ -105,9 +110,16 @@ def plan_study(task: str, horizons: Sequence[str] | None, env_kwargs: Sequence[s
             raise BadInput("the study sets horizon itself: pass it with --horizons, not --env-kwargs")
         return Study(task, TASKS[task], "horizon", values, kwargs)
     prefix, _, env_id = task.partition(":")
+    if prefix == "bsuite":
+        experiment = bsuite.check_experiment(env_id)
+        if kwargs:
+            raise BadInput("bsuite's settings set the env's keyword arguments: pick settings with --horizons")
+        settings = bsuite_study.plan_settings(experiment, horizons)
+        return Study(task, bsuite.env_id(experiment), bsuite_study.AXIS, settings)
     if prefix != "delayed" or not env_id:
         raise BadInput(
-            f"unknown --task {task!r}; choose chain, keydoor or delayed:ENV_ID (e.g. delayed:HalfCheetah-v5)"
+            f"unknown --task {task!r}; choose chain, keydoor or delayed:ENV_ID (e.g. delayed:HalfCheetah-v5), or "
+            f"bsuite:EXPERIMENT ({', '.join(bsuite.EXPERIMENTS)})"
         )
     check_env_id(env_id)
     values = list(horizons or DEFAULT_HORIZONS["delayed"])
@@ -231,6 +243,8 @@ def build_credit_report(bench_dir: Path) -> dict[str, Path]:
     runs = find_runs([bench_dir])
     if not runs:
         raise BadInput(f"{bench_dir} holds no run yet: nothing to report")
+    if study.axis == bsuite_study.AXIS:
+        return bsuite_study.build_report(bench_dir, study, runs)
     table, score_name = cells(runs, study)
     algos = sorted({r.algo for r in runs})
     plots = bench_dir / "plots"

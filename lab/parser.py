@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from agents import registry
 from agents.config import MAX_EVAL_EPISODES, whole_number
+from envs.bsuite import EXPERIMENTS as BSUITE_EXPERIMENTS
 from envs.errors import BadInput, brief
 from envs.factory import TRUST_FLAG
 from lab.suites import SUITES
@@ -228,15 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     study = sub.add_parser(
         "credit",
-        help="a credit-assignment study: sweep the horizon or reward delay",
+        help="a credit-assignment study: sweep the horizon or reward delay, or one of bsuite's credit-assignment and "
+        f"memory experiments over its sweep ({', '.join(BSUITE_EXPERIMENTS)})",
         formatter_class=DefaultsFormatter,
         parents=[grid_options(3, "number of seeds"), execution_options("runs", None, cores)],
     )
     study.add_argument(
         "--task",
         required=True,
-        metavar="chain|keydoor|delayed:ENV_ID",
-        help="the testbed's chain or key-to-door task, or any env with delayed rewards",
+        metavar="chain|keydoor|delayed:ENV_ID|bsuite:EXPERIMENT",
+        help="the testbed's chain or key-to-door task, any env with delayed rewards, or a bsuite experiment: "
+        f"{', '.join(f'bsuite:{e}' for e in BSUITE_EXPERIMENTS)} (scored by bsuite's own analysis)",
     )
     study.add_argument(
         "--horizons",
@@ -244,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="H",
         help="episode lengths of chain/keydoor (default 10 30 100 300 1000); reward delays k of delayed:ENV_ID, "
-        "integers or end (default 1 20 100 end)",
+        "integers or end (default 1 20 100 end); for bsuite:EXPERIMENT, indices into bsuite's sweep (default: all, "
+        "e.g. 0 … 22 for umbrella_length/0 … /22), each run for bsuite's episodes unless --total-steps is given",
     )
     study.add_argument("--algos", nargs="+", default=["ppo", "grpo", "grpo-vine"], help=f"of: {algos}")
     study.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE", help="more env keyword arguments")
