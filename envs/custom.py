@@ -116,7 +116,19 @@ def made_env(make: EnvFactory, kwargs: dict[str, Any]) -> gym.Env:
     for space in ("observation_space", "action_space"):
         if not isinstance(getattr(env, space, None), gym.Space):
             raise BadInput(f"the env factory {name} returned an env without an {space} (a gymnasium Space); set one")
-    return env if {"seed", "options"} <= reset_keywords(env) else SeedlessReset(env)
+    return env if {"seed", "options"} <= reset_keywords(env) else seedless_adapted(env)
+
+
+def seedless_adapted(env: gym.Env) -> gym.Env:
+    """``env`` with a :class:`SeedlessReset` right around its own env, inside any wrappers of its (a TimeLimit
+    passes the seed down to the env it wraps)."""
+    if not isinstance(env, gym.Wrapper):
+        return SeedlessReset(env)
+    layer = env
+    while isinstance(layer.env, gym.Wrapper):
+        layer = layer.env
+    layer.env = SeedlessReset(layer.env)
+    return env
 
 
 def import_path(make: EnvFactory) -> str | None:
@@ -148,7 +160,7 @@ def factory_id(make: EnvFactory) -> str:
     path = import_path(make)
     if path is not None:
         return path
-    name = re.sub(r"[^\w.-]+", "_", getattr(make, "__qualname__", None) or type(make).__name__).strip("_.")
+    name = re.sub(r"[^\w.-]+", "_", getattr(make, "__name__", None) or type(make).__name__).strip("_.")
     return f"{NAMESPACE}/{name or 'env'}"
 
 
@@ -206,6 +218,7 @@ def check_known(env_id: str) -> None:
     if env_id.startswith(f"{NAMESPACE}/") and env_id not in gym.registry:
         raise BadInput(
             f"{env_id} was made by an env factory that no other process can import (a notebook's or a script's "
-            f"function, a lambda); pass that factory from Python (lab.api, env=...), or define it in a module and "
-            "train with module:function"
+            "function, a lambda); remake it from Python by passing that factory again (lab.api's load(RUN_DIR, "
+            "env=FACTORY), or train(ALGO, FACTORY, run_dir=RUN_DIR, resume=True)), or define it in a module and train "
+            "with --env module:function"
         )

@@ -87,7 +87,8 @@ class Run:
     command: str | None = None
     """The ``testbed`` command that trains the same run (where this process trained it)."""
     trust_env_module: bool = False
-    """Whether its ``module:…`` env id may be imported (``--trust-env-module``): set by :func:`load`."""
+    """Whether its ``module:…`` env id may be imported (``--trust-env-module``): :func:`load`'s choice; a run this
+    process trained trusts the env it was given."""
 
     @property
     def curves(self) -> pd.DataFrame:
@@ -234,7 +235,7 @@ def train(
     plan = cli.plan_training(args)
     summaries = train_planned(plan, algo, callback=callback, command=["testbed", *argv])
     runs = [
-        Run(r.run_dir, rundir.read_config(r.run_dir), summary, command=_shown(argv))
+        Run(r.run_dir, rundir.read_config(r.run_dir), summary, _shown(argv), trust_env_module=True)  # its env: ours
         for r, summary in zip(plan.runs, summaries, strict=True)
     ]
     return runs if plan.seeds is not None else runs[0]
@@ -252,6 +253,7 @@ def evaluate(
     """``testbed eval``: the run's checkpoint over ``episodes`` fixed episode seeds (the same for every run), with
     ``env_kwargs`` on top of the run's own, and the first episode's GIF in ``video``."""
     path = run.path if isinstance(run, Run) else Path(run)
+    trust_env_module = trust_env_module or (isinstance(run, Run) and run.trust_env_module)
     argv = ["eval", str(path), "--episodes", str(episodes), *(["--stochastic"] if stochastic else [])]
     if env_kwargs:
         argv += ["--env-kwargs", *(f"{key}:{_yaml(value, key)}" for key, value in env_kwargs.items())]
@@ -284,6 +286,12 @@ def bench(
     ``ALGO.key`` for one. Finished cells are skipped, so calling it again continues; KeyboardInterrupt stops every
     cell with a checkpoint."""
     ids = [env_id(env) for env in envs] if envs is not None else None
+    for i, (env, given) in enumerate(zip(envs or [], ids or [], strict=True)):
+        if not isinstance(env, str) and given in (ids or [])[:i]:
+            raise BadInput(
+                f"two env factories in envs share the id {given} (their name); give them different names, e.g. "
+                "def make_a(): …"
+            )
     argv = ["bench", *_values("--algos", algos), *_values("--envs", ids), *_value("--suite", suite)]
     argv += [*_value("--seeds", seeds), "--first-seed", str(first_seed), *_value("--total-steps", total_steps)]
     argv += _value("--budget-seconds", budget_seconds) + _sets(overrides) + _value("--name", name)
@@ -397,12 +405,17 @@ def tune(
 # ── loaders ──────────────────────────────────────────────────────────────────────────────────────────
 
 
-def load(path: str | Path, *, trust_env_module: bool = False) -> Run:
+def load(path: str | Path, *, env: Env | None = None, trust_env_module: bool = False) -> Run:
     """The run in ``path`` (a run directory: config.yaml, summary.json, progress.csv, checkpoint.pt). A run folder
-    is data: a ``module:…`` env id is imported only with ``trust_env_module`` (``--trust-env-module``)."""
+    is data: a ``module:…`` env id is imported only with ``trust_env_module`` (``--trust-env-module``). ``env``: the
+    factory a ``factory/…`` run was trained from, which no other process can remake, for its :meth:`Run.policy`."""
     run_dir = Path(path)
     check_run_folder(run_dir)
-    return Run(run_dir, rundir.read_config(run_dir), rundir.read_summary(run_dir) or {}, None, trust_env_module)
+    config = rundir.read_config(run_dir)
+    if env is not None and (given := env_id(env)) != config.get("env_id"):
+        trained = config.get("env_id")
+        raise BadInput(f"{run_dir} was trained on {trained}, not on {given}; pass the env it was trained on")
+    return Run(run_dir, config, rundir.read_summary(run_dir) or {}, None, trust_env_module)
 
 
 def load_bench(path: str | Path) -> Bench:
