@@ -90,7 +90,19 @@ class FactoryEnv:
         self.make = make
 
     def __call__(self, **kwargs: Any) -> gym.Env:
+        # gymnasium's make and SB3's ask for a render mode; a factory that takes none draws its own way.
+        if "render_mode" in kwargs and not takes_keyword(self.make, "render_mode"):
+            del kwargs["render_mode"]
         return made_env(self.make, kwargs)
+
+
+def takes_keyword(make: EnvFactory, name: str) -> bool:
+    """Whether ``make`` takes the keyword argument ``name`` (by name, or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(make).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: let the call say
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def made_env(make: EnvFactory, kwargs: dict[str, Any]) -> gym.Env:

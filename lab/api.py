@@ -36,6 +36,7 @@ from agents import rundir
 from agents.runlog import request_stop
 from envs import custom
 from envs.errors import BadInput
+from envs.factory import vector_layers
 from lab import bench as bench_module
 from lab import cli, committed
 from lab.factories import by_value, pickled
@@ -58,6 +59,7 @@ __all__ = [
     "Study",
     "bench",
     "credit",
+    "env_id",
     "evaluate",
     "load",
     "load_bench",
@@ -182,12 +184,6 @@ class Policy:
 
     def close(self) -> None:
         self.env.close()
-
-
-def vector_layers(env: Any) -> list[Any]:
-    from envs.factory import vector_layers as layers
-
-    return layers(env)
 
 
 # ── training ─────────────────────────────────────────────────────────────────────────────────────────

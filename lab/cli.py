@@ -419,9 +419,9 @@ def plan_tuning(args: argparse.Namespace) -> tuple[tune.TunePlan, int]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    plan, stack = plan_tuning(args)  # names checked before the study's modules, which import Optuna and the reports
     from lab import tune
 
-    plan, stack = plan_tuning(args)
     print(
         f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; {len(plan.space)} parameters, {args.backend} "
         f"backend, {counted(args.workers, 'trial')} at a time → {tune.TUNE_ROOT / plan.name}"

@@ -159,6 +159,18 @@ def test_grpo_refuses_an_env_whose_reset_takes_no_seed_and_ppo_trains_it(tmp_pat
     assert run.summary["status"] == "completed"
 
 
+@pytest.mark.parametrize("algo", ["a2c", "sb3-ppo"])
+def test_a_factory_env_trains_with_the_other_algorithms(algo: str, tmp_path: Path) -> None:
+    def make_pendulum() -> gym.Env:
+        return gym.make("Pendulum-v1")
+
+    overrides = {"n_steps": 64, **FAST} if algo == "sb3-ppo" else FAST
+    run = api.train(algo, make_pendulum, total_steps=256, run_dir=tmp_path / algo, overrides=overrides)
+    assert run.summary["status"] == "completed" and run.config["env_id"] == "factory/make_pendulum"
+    action = run.policy()(np.zeros(3, np.float32))
+    assert action.shape == (1,) and -2.0 <= action[0] <= 2.0  # clipped to the action space
+
+
 # ── callbacks ─────────────────────────────────────────────────────────────────────────────────────────
 
 
