@@ -42,7 +42,7 @@ from lab import cli, committed
 from lab.factories import by_value, pickled
 from lab.launch import train_planned
 from lab.parser import RaisingParser, build_parser
-from lab.plan import check_run_folder
+from lab.plan import check_run_folder, continuous
 from lab.results import open_progress
 
 if TYPE_CHECKING:
@@ -446,7 +446,9 @@ def env_id(env: Env) -> str:
     (``envs.custom.register``: it is called once, and refused in one line if it makes no gymnasium env)."""
     if isinstance(env, str):
         return env
-    return custom.register(env)
+    registered = custom.register(env)
+    continuous.cache_clear()  # a notebook's factory redefined under its name may make another action space
+    return registered
 
 
 def _parse(argv: list[str]) -> Any:
