@@ -87,7 +87,7 @@ class Run:
     summary: dict[str, Any]
     """summary.json (``status``, ``final_eval_return_mean``, …); empty while the run has not ended."""
     command: str | None = None
-    """The ``testbed`` command that trains the same run (where this process trained it)."""
+    """The ``testbed`` command that trains the same run (meta.json's, for a run read back)."""
     trust_env_module: bool = False
     """Whether its ``module:…`` env id may be imported (``--trust-env-module``): :func:`load`'s choice; a run this
     process trained trusts the env it was given."""
@@ -411,7 +411,19 @@ def load(path: str | Path, *, env: Env | None = None, trust_env_module: bool = F
     if env is not None and (given := env_id(env)) != config.get("env_id"):
         trained = config.get("env_id")
         raise BadInput(f"{run_dir} was trained on {trained}, not on {given}; pass the env it was trained on")
-    return Run(run_dir, config, rundir.read_summary(run_dir) or {}, None, trust_env_module)
+    return Run(run_dir, config, rundir.read_summary(run_dir) or {}, _recorded_command(run_dir), trust_env_module)
+
+
+def _recorded_command(run_dir: Path) -> str | None:
+    """The ``testbed …`` command meta.json records as the run's first start, if it is readable."""
+    import json
+    import shlex
+
+    try:
+        command = json.loads((run_dir / "meta.json").read_bytes()).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return shlex.join(map(str, command)) if isinstance(command, list) and command else None
 
 
 def load_bench(path: str | Path) -> Bench:
