@@ -80,6 +80,7 @@ def validate(cfg: GroupSettings) -> None:
     """Checks that need the env, run before any work starts. A budget smaller than one iteration is not
     among them: the run takes one whole iteration and its summary reports the steps it took."""
     horizon(cfg)  # raises BadInput for an env without a time limit
+    starts.check_seeded_reset(cfg.env_id, **cfg.env_kwargs)
     if cfg.start_mode == "branch":
         try:
             starts.restore_mode(cfg.env_id, **cfg.env_kwargs)
@@ -88,7 +89,8 @@ def validate(cfg: GroupSettings) -> None:
     if cfg.advantage == "vine" and not starts.settable(cfg.env_id, **cfg.env_kwargs):
         raise BadInput(
             f"advantage=vine restores states along trajectories, which needs an env whose state can be "
-            f"set (MuJoCo, classic control, the testbed's tasks); {cfg.env_id}'s cannot"
+            f"set (MuJoCo, classic control, the testbed's tasks, an env with get_state and set_state); {cfg.env_id}'s "
+            "cannot"
         )
 
 

@@ -54,12 +54,14 @@ class Declaration:
     """What ``--algo`` calls it."""
     config: type[RunConfig]
     """Its frozen config dataclass."""
-    train: Callable[[Any, Path, bool, str], dict[str, Any]]
-    """``train(cfg, run_dir, resume, name)``: trains into ``run_dir``; returns the summary."""
+    train: Callable[..., dict[str, Any]]
+    """``train(cfg, run_dir, resume, name, callback=None)``: trains into ``run_dir``, calling ``callback`` after
+    each iteration (``training.Callback``); returns the summary."""
     load_policy: Callable[[Any, VectorEnv, dict[str, Any]], Any]
     """``load_policy(cfg, eval_env, weights)``: rebuilds the checkpoint's policy for ``testbed eval`` and audits."""
-    train_stack: Callable[[list[Any], list[Path], list[bool], str], list[dict[str, Any]]] | None = None
-    """``train_stack(cfgs, run_dirs, resumes, name)``: seeds side by side in one process; None: not supported."""
+    train_stack: Callable[..., list[dict[str, Any]]] | None = None
+    """``train_stack(cfgs, run_dirs, resumes, name, callback=None)``: seeds side by side in one process; None: not
+    supported."""
     checks: Callable[[Any], None] = no_checks
     """The algo's own checks that need the env."""
     presets: str | None = None
@@ -161,8 +163,9 @@ class Algo:
 
     name: str
     config: type[RunConfig]
-    train: Callable[[Any, Path, bool, str], dict[str, Any]]
-    """``train(cfg, run_dir, resume, name)``: trains into ``run_dir``; returns the summary."""
+    train: Callable[..., dict[str, Any]]
+    """``train(cfg, run_dir, resume, name, callback=None)``: trains into ``run_dir``, calling ``callback`` after
+    each iteration (``training.Callback``); returns the summary."""
     load_policy: Callable[[Any, VectorEnv, dict[str, Any]], Any]
     """``load_policy(cfg, eval_env, weights)``: rebuilds the checkpoint's policy for ``testbed eval``."""
     checks: Callable[[Any], None] = no_checks
@@ -173,9 +176,9 @@ class Algo:
     """Config values that make this algo a variant of another (PPO with λ = 0, say); not overridable."""
     base: str = ""
     """The declared algo it is, or varies (``ppo`` for ``ppo-lambda0``)."""
-    train_stack: Callable[[list[Any], list[Path], list[bool], str], list[dict[str, Any]]] | None = None
-    """``train_stack(cfgs, run_dirs, resumes, name)``: seeds side by side in one process, each resumed from its
-    checkpoint or started; None: not supported."""
+    train_stack: Callable[..., list[dict[str, Any]]] | None = None
+    """``train_stack(cfgs, run_dirs, resumes, name, callback=None)``: seeds side by side in one process, each
+    resumed from its checkpoint or started; None: not supported."""
     space: Mapping[str, Any] | None = None
     """Its declared search space (its base's, for a variant), before what the variant fixes is taken out."""
 

@@ -399,10 +399,18 @@ class StopFlag:
     nothing else would stop it, and it would keep writing beside a rerun.
     """
 
+    active: StopFlag | None = None
+    """The flag of the run training in this process, for :func:`request_stop`."""
+
     def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
         self._watching = False
+
+    def request(self) -> None:
+        """Stop as a first signal would: at the end of this iteration, with a checkpoint (a callback's stop)."""
+        if self.signal is None:
+            self.signal = signal.SIGINT
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signal is not None:
@@ -424,9 +432,11 @@ class StopFlag:
         if parent.isdigit() and self._previous:
             self._watching = True
             threading.Thread(target=self._watch_parent, args=(int(parent),), daemon=True).start()
+        StopFlag.active = self
         return self
 
     def __exit__(self, *exc: object) -> None:
+        StopFlag.active = None
         self._watching = False
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
@@ -434,6 +444,15 @@ class StopFlag:
     @property
     def raised(self) -> bool:
         return self.signal is not None
+
+
+def request_stop() -> bool:
+    """Stop the run training in this process at the end of its iteration, with a checkpoint, as Ctrl-C does;
+    False when none is training."""
+    flag = StopFlag.active
+    if flag is not None:
+        flag.request()
+    return flag is not None
 
 
 class NonFiniteError(RuntimeError):

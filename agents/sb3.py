@@ -52,7 +52,7 @@ from agents.ppo import FINITE, TAGS, PPOConfig
 from agents.registry import Declaration
 from agents.run_envs import make_eval_env, observation_statistics
 from agents.seeding import env_seeds, generator_seeds, restart_seeds, seed_everything
-from agents.training import Experience, Trainee, run_stack
+from agents.training import Callback, Experience, Trainee, run_stack
 from envs.delay import DelayedReward
 from envs.errors import BadInput
 
@@ -482,11 +482,17 @@ def recompute_advantages(model: PPO) -> None:
     buffer.values = collected
 
 
-def train(cfg: PPOConfig | A2CConfig, run_dir: Path, resume: bool = False, name: str | None = None) -> dict[str, Any]:
+def train(
+    cfg: PPOConfig | A2CConfig,
+    run_dir: Path,
+    resume: bool = False,
+    name: str | None = None,
+    callback: Callback | None = None,
+) -> dict[str, Any]:
     """Train SB3's PPO or A2C (as ``cfg`` configures ours) into ``run_dir``; returns the summary also written to
-    ``summary.json``."""
+    ``summary.json``. ``callback``: called after each iteration (``training.Callback``)."""
     validate(cfg)
-    return run_stack(Learner, [cfg], [run_dir], resume, name or reference(cfg).name)[0]
+    return run_stack(Learner, [cfg], [run_dir], resume, name or reference(cfg).name, callback)[0]
 
 
 # ── Declaration: SB3's PPO and A2C, with our PPO's and A2C's configs and presets ──────────────────────────

@@ -142,6 +142,8 @@ class RunTracker:
         self.evals = EvalSchedule(cfg.eval_interval, evaluate, global_step, eval_step)
         self.progress = runlog.Progress(cfg.total_steps, global_step, f"{algo} {cfg.env_id} seed {cfg.seed}")
         self.recent_returns: deque[float] = deque(maxlen=20)
+        self.last_row: dict[str, float] = {}
+        """The numbers of the last progress.csv row, by column (its empty cells left out): what a callback is given."""
         self.start_step = self.last_checkpoint_step = global_step
         self.wall_offset = wall_offset
         self.start_time = time.perf_counter()
@@ -183,15 +185,13 @@ class RunTracker:
                 evaluated = False
         metrics = {**metrics, "charts/SPS": sps, **evaluation}
         self.log.scalars(step, metrics)
-        self.log.row(
-            step,
-            self.wall_time(),
-            {
-                **metrics,
-                "charts/episodic_return": float(np.mean(episode_returns)) if len(episode_returns) else None,
-                "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
-            },
-        )
+        row = {
+            **metrics,
+            "charts/episodic_return": float(np.mean(episode_returns)) if len(episode_returns) else None,
+            "charts/episodic_length": float(np.mean(episode_lengths)) if len(episode_lengths) else None,
+        }
+        self.log.row(step, self.wall_time(), row)
+        self.last_row = {tag: float(value) for tag, value in row.items() if value is not None}
         self.progress.update(step, sps, float(np.mean(self.recent_returns)) if self.recent_returns else None)
         return evaluated
 

@@ -107,6 +107,13 @@ class Trainer(Protocol):
     def close(self) -> None: ...
 
 
+Callback = Callable[[int, dict[str, float]], "bool | None"]
+"""``callback(step, metrics)``, called after each iteration's row is logged, with the env steps so far and the
+row's numbers by progress.csv column (``losses/policy_loss``, ``eval/return_mean`` when it evaluated, …);
+returning False stops the run as Ctrl-C does (:func:`agents.runlog.request_stop` does too): it checkpoints and
+ends ``interrupted``, to be resumed. In a stack, each seed's row calls it, and a stop stops every seed."""
+
+
 def check_stack(cfgs: Sequence[RunConfig]) -> None:
     """Seeds train as one stack when their configs differ in the seed alone (and the budget, which a resume
     may raise); BadInput otherwise."""
@@ -241,11 +248,12 @@ def run_stack(
     run_dirs: Sequence[Path],
     resume: bool | Sequence[bool],
     name: str,
+    callback: Callback | None = None,
 ) -> list[dict[str, Any]]:
     """Train the seeds that ``build(cfgs)`` makes, seed k into ``run_dirs[k]``; returns each seed's summary,
     also written to its ``summary.json``. ``build`` seeds each trainee. ``resume``: whether each seed continues
     from its checkpoint (one bool: all of them); a stack may hold both, and trainees at or past their budget,
-    which complete without training.
+    which complete without training. ``callback``: see :data:`Callback`.
 
     One iteration: ``collect`` → the learning-rate schedule → ``learn`` → per seed: log, evaluate,
     checkpoint. The schedule decays by the fraction of the budget still to go after this iteration's
@@ -292,7 +300,7 @@ def run_stack(
 
     try:
         with runlog.StopFlag() as stop:
-            train_seeds(trainer, runs, stop, fail, name, evaluations)
+            train_seeds(trainer, runs, stop, fail, name, evaluations, callback)
     finally:
         trainer.close()
     if disk_errors:
@@ -309,14 +317,20 @@ def entry_points(
     own, run on every config before anything is built."""
 
     def train_stack(
-        cfgs: list[Any], run_dirs: list[Path], resume: bool | list[bool] = False, name: str = name
+        cfgs: list[Any],
+        run_dirs: list[Path],
+        resume: bool | list[bool] = False,
+        name: str = name,
+        callback: Callback | None = None,
     ) -> list[dict[str, Any]]:
         for cfg in cfgs if checks is not None else ():
             checks(cfg)
-        return run_stack(build, cfgs, run_dirs, resume, name)
+        return run_stack(build, cfgs, run_dirs, resume, name, callback)
 
-    def train(cfg: Any, run_dir: Path, resume: bool = False, name: str = name) -> dict[str, Any]:
-        return train_stack([cfg], [run_dir], resume, name)[0]
+    def train(
+        cfg: Any, run_dir: Path, resume: bool = False, name: str = name, callback: Callback | None = None
+    ) -> dict[str, Any]:
+        return train_stack([cfg], [run_dir], resume, name, callback)[0]
 
     return train, train_stack
 
@@ -328,6 +342,7 @@ def train_seeds(
     fail: Callable[..., None],
     name: str,
     evaluations: StackEvaluations,
+    callback: Callback | None = None,
 ) -> None:
     """The iterations of :func:`run_stack`, until every seed has completed, failed or been interrupted."""
     for seed_run in runs:
@@ -390,6 +405,10 @@ def train_seeds(
                     final,
                     batch.episode_last_rewards,
                 )
+                # A callback's stop is a stop signal's: the seeds done with this iteration stop at the loop's top.
+                if callback is not None and callback(seed_run.global_step, dict(seed_run.tracker.last_row)) is False:
+                    stop.request()
+                    stopping |= not spent
                 if seed_run.tracker.checkpoint_due(seed_run.global_step, stopping) or seed_run.keeps_due:
                     seed_run.checkpoint(name)
                 if stopping:

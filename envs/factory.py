@@ -35,7 +35,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers import vector as vector_wrappers
 
-from envs import bsuite
+from envs import bsuite, custom
 from envs.delay import Delay, DelayedReward, check_delay
 from envs.errors import BadInput, brief
 from envs.normalize import NormalizeObservation, NormalizeReward
@@ -86,18 +86,22 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     """Return the spec of a registered id, or raise BadInput naming the closest registered ids.
 
     ``module:EnvId`` first imports ``module`` (which registers its envs), as ``gym.make`` does: for an id the
-    user typed. An id read from a file goes through :func:`check_saved_env_id` first.
+    user typed. An id read from a file goes through :func:`check_saved_env_id` first. ``module:function`` names
+    an env factory at the top of ``module`` (:mod:`envs.custom`); ``factory/…``, one given to this process.
     """
-    module, colon, name = env_id.rpartition(":")
+    module_name, colon, name = env_id.rpartition(":")
     if colon:
         try:
-            importlib.import_module(module)
+            module = importlib.import_module(module_name)
         except ImportError as error:
             fix = "install the package that provides it"
-            raise BadInput(f"{env_id}: cannot import {module!r} ({error}); {fix}") from None
+            raise BadInput(f"{env_id}: cannot import {module_name!r} ({error}); {fix}") from None
+        if (spec := custom.resolve_function(module, name)) is not None:
+            return spec
         env_id = name
     if bsuite.is_bsuite(env_id) and env_id not in gym.registry:
         bsuite.register()  # Shimmy registers bsuite's envs as it is imported
+    custom.check_known(env_id)
     if env_id in gym.registry:
         return gym.spec(env_id)
     closest = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
@@ -415,10 +419,22 @@ def episode_limit(env_id: str, **env_kwargs: Any) -> int | None:
     env = gym.make(env_id, **env_kwargs)
     try:
         horizon = getattr(env.unwrapped, "horizon", None)
+        # A factory's env (envs.custom) may hold a time limit of its own, inside the chain gym.make builds.
+        inner = [w._max_episode_steps for w in wrapper_chain(env) if isinstance(w, gym.wrappers.TimeLimit)]
     finally:
         env.close()
-    limits = [int(n) for n in (time_limit, horizon) if n is not None]
+    limits = [int(n) for n in (time_limit, horizon, *inner) if n is not None]
     return min(limits) if limits else None
+
+
+def wrapper_chain(env: gym.Env) -> list[gym.Wrapper]:
+    """The wrappers of one env, outermost first."""
+    layers: list[gym.Wrapper] = []
+    layer: Any = env
+    while isinstance(layer, gym.Wrapper):
+        layers.append(layer)
+        layer = layer.env
+    return layers
 
 
 def vector_layers(env: VectorEnv) -> list[VectorWrapper]:

@@ -45,8 +45,15 @@ def _wrapper(env: gym.Env, kind: type) -> Any | None:
     return None
 
 
-def _time_limit(env: gym.Env) -> gym.wrappers.TimeLimit | None:
-    return _wrapper(env, gym.wrappers.TimeLimit)
+def _time_limits(env: gym.Env) -> list[gym.wrappers.TimeLimit]:
+    """The env's time limits, outermost first: one where gym.make set it; a factory's env (``envs.custom``) may
+    hold one of its own inside the one ``max_episode_steps`` adds."""
+    limits, layer = [], env
+    while isinstance(layer, gym.Wrapper):
+        if isinstance(layer, gym.wrappers.TimeLimit):
+            limits.append(layer)
+        layer = layer.env
+    return limits
 
 
 def _is_mujoco(base: gym.Env) -> bool:
@@ -72,14 +79,16 @@ def is_restorable(env: gym.Env) -> bool:
 def snapshot(env: gym.Env) -> dict[str, Any]:
     """Capture everything that decides the env's next observations and rewards, as plain data."""
     base = env.unwrapped
-    time_limit = _time_limit(env)
+    time_limits = _time_limits(env)
     delay: DelayedReward | None = _wrapper(env, DelayedReward)
     settable_bsuite = bsuite.is_settable(base)  # its RandomState is part of its own state
     state: dict[str, Any] = {
         "rng": None if settable_bsuite else copy.deepcopy(base.np_random.bit_generator.state),
-        "elapsed_steps": None if time_limit is None else time_limit._elapsed_steps,
+        "elapsed_steps": time_limits[0]._elapsed_steps if time_limits else None,
         "delay": None if delay is None else {"buffered": delay.buffered, "since_release": delay.since_release},
     }
+    if len(time_limits) > 1:
+        state["inner_elapsed_steps"] = [limit._elapsed_steps for limit in time_limits[1:]]
     if _is_mujoco(base):
         import mujoco
 
@@ -115,9 +124,11 @@ def restore(env: gym.Env, state: dict[str, Any]) -> None:
         raise NotRestorable("the snapshot and the env differ in having a DelayedReward wrapper")
     if state["rng"] is not None:
         base.np_random.bit_generator.state = copy.deepcopy(state["rng"])
-    time_limit = _time_limit(env)
-    if time_limit is not None and state["elapsed_steps"] is not None:
-        time_limit._elapsed_steps = state["elapsed_steps"]
+    time_limits = _time_limits(env)
+    if time_limits and state["elapsed_steps"] is not None:
+        time_limits[0]._elapsed_steps = state["elapsed_steps"]
+    for limit, elapsed in zip(time_limits[1:], state.get("inner_elapsed_steps") or [], strict=False):
+        limit._elapsed_steps = elapsed
     if delay is not None:
         delay.buffered = float(state["delay"]["buffered"])
         delay.since_release = int(state["delay"]["since_release"])

@@ -32,6 +32,7 @@ from gymnasium.vector.utils import iterate
 from gymnasium.wrappers import vector as vector_wrappers
 
 from envs import snapshot
+from envs.custom import has_seedless_reset
 from envs.errors import BadInput
 from envs.factory import check_env_installed, find_wrapper
 from envs.members import as_passed, observe, sub_env_actions
@@ -42,6 +43,7 @@ __all__ = [
     "NotRestorable",
     "RestoreMode",
     "branch_groups",
+    "check_seeded_reset",
     "member_point",
     "observe",
     "reset_groups",
@@ -137,6 +139,29 @@ def _replay_differs(env_id: str, **env_kwargs: Any) -> str | None:
     finally:
         first.close()
         second.close()
+
+
+def check_seeded_reset(env_id: str, **env_kwargs: Any) -> None:
+    """BadInput, in one line, for an env that cannot give a group one start state: one whose ``reset`` takes no
+    seed (a factory's env, ``envs.custom.SeedlessReset``), or whose two resets with one seed differ."""
+    check_env_installed(env_id)
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        if has_seedless_reset(env):
+            raise BadInput(
+                f"{env_id}'s reset takes no seed, and GRPO starts a group's members from one state by resetting them "
+                "with one seed: give it reset(self, *, seed=None, options=None) that calls super().reset(seed=seed)"
+            )
+        first, _ = env.reset(seed=0)
+        second, _ = env.reset(seed=0)
+        if not _same(first, second):
+            raise BadInput(
+                f"{env_id}'s reset ignores its seed (two resets with seed 0 gave different observations), and GRPO "
+                "starts a group's members from one state by resetting them with one seed: draw the start from "
+                "self.np_random after super().reset(seed=seed)"
+            )
+    finally:
+        env.close()
 
 
 def settable(env_id: str, **env_kwargs: Any) -> bool:

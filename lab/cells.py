@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from agents import registry, rundir
 from agents.config import RunConfig
 from envs.errors import BadInput
+from lab.factories import ON_STDIN, by_value, pickled, send
 from lab.plan import resolve_run
 
 WRITER_WAIT_S = 30.0
@@ -281,6 +282,11 @@ def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list
     run_dirs = [cell.run_dir(bench_dir) for cell in cells]
     before = [summary_stamp(run_dir) for run_dir in run_dirs]  # a summary still there afterwards is an older one
     command = stack_command(cells, bench_dir, resume)
+    # An env factory only this process holds goes to the trainer by value, on its standard input (lab.factories).
+    factories = by_value({cell.env_id for cell in cells})
+    payload = pickled(factories) if factories else None
+    if payload is not None:
+        env[ON_STDIN] = "1"
     # One stack log per driver and first seed: two stacks of one cell may run at once, in one folder.
     first = run_dirs[0]
     shared_log = log_path(first) if len(cells) == 1 else first.with_name(f".stack-{os.getpid()}-{first.name}.log")
@@ -289,7 +295,13 @@ def _train(cells: list[Cell], bench_dir: Path, resume: bool, stop: Stop) -> list
             log.write(f"# {' '.join(log_path(run_dir).name for run_dir in run_dirs)}\n")
         log.write(f"$ {' '.join(command[1:])}\n")
         log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        stdin = subprocess.PIPE if payload is not None else None
+        process = subprocess.Popen(
+            command, stdin=stdin, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        if payload is not None:
+            assert process.stdin is not None
+            send(process.stdin, payload)
         stop.children[process] = tuple(run_dirs)
         stop.logs[process] = (shared_log, log.tell())
         if stop.stopped & set(run_dirs):  # stopped while this process was starting

@@ -12,15 +12,17 @@ misspelled algo or env id are answered without it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import os
 import statistics
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from agents import registry, rundir
 from agents.config import build_config, parse_key_values
@@ -29,19 +31,29 @@ from envs.errors import BadInput, brief
 from envs.factory import check_can_render, check_saved_env_id
 from lab import bench, manifest
 from lab.document import counted
+from lab.factories import receive as receive_factories
+from lab.launch import train_planned
 from lab.parser import build_parser, check_sizes
-from lab.plan import check_folder, check_run_folder, checkpoint_policy, plan_train, preset_note
+from lab.plan import TrainPlan, check_folder, check_run_folder, checkpoint_policy, plan_train, preset_note
 from lab.study import TUNE_FILE
+
+if TYPE_CHECKING:
+    from lab import credit, tune
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def plan_training(args: argparse.Namespace) -> TrainPlan:
+    """``testbed train``'s runs, every check done before anything is written (:func:`lab.plan.plan_train`)."""
     check_sizes(args)
+    return plan_train(args)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
     # gymnasium warns that an old env version is out of date each time one is made, twice while planning and
     # again in training (its "once" filter is reset whenever a filter is added): shown once, before the note.
     with warnings.catch_warnings(record=True) as caught:
-        plan = plan_train(args)
+        plan = plan_training(args)
     algo, runs, seeds = plan.algo, plan.runs, plan.seeds
     for shown in {str(w.message): w for w in caught}.values():
         warnings.showwarning(shown.message, shown.category, shown.filename, shown.lineno)
@@ -49,15 +61,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     note = preset_note(algo, args.env, runs[0].preset) if args.preset is None and not args.resume else None
     if note:
         print(note, file=sys.stderr)
-    with contextlib.ExitStack() as locks:
-        for r in runs:
-            locks.enter_context(rundir.prepare_run_dir(r.run_dir, r.mode != "new"))
-        for r in runs:
-            if r.mode == "new" or (r.mode == "resume" and r.cfg.total_steps != r.saved.get("total_steps")):
-                rundir.write_config(r.run_dir, args.algo, r.cfg)
-            if r.mode != "done":
-                rundir.write_meta(r.run_dir, {"preset": r.preset, "resumed": r.mode == "resume"})
-        first = runs[0]
+    first = runs[0]
+
+    def announce(plan: TrainPlan) -> None:
         if seeds is None:
             print(
                 f"{args.algo} on {first.cfg.env_id}, seed {first.cfg.seed}, {first.cfg.total_steps} steps, preset "
@@ -68,7 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"{args.algo} on {first.cfg.env_id}, seeds {', '.join(map(str, seeds))} side by side, "
                 f"{first.cfg.total_steps} steps each, preset {first.preset}"
             )
-        for r in runs:
+        for r in plan.runs:
             if r.mode == "done":
                 print(f"{r.run_dir} completed its {r.cfg.total_steps} steps already: nothing to do")
             elif r.mode == "new" and r.saved:
@@ -76,17 +82,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(
             f"run directory: {first.run_dir}" if seeds is None else f"run directories: {first.run_dir.parent}/seed<k>"
         )
-        active = [r for r in runs if r.mode != "done"]
-        trained: list[dict[str, Any]] = []
-        if active and seeds is None:
-            trained = [algo.train(first.cfg, first.run_dir, first.mode == "resume", args.algo)]
-        elif active:
-            assert algo.train_stack is not None
-            trained = algo.train_stack(
-                [r.cfg for r in active], [r.run_dir for r in active], [r.mode == "resume" for r in active], args.algo
-            )
-        by_dir = {r.run_dir: summary for r, summary in zip(active, trained, strict=True)}
-        summaries = [by_dir[r.run_dir] if r.run_dir in by_dir else rundir.read_summary(r.run_dir) or {} for r in runs]
+
+    summaries = train_planned(plan, args.algo, announce)
 
     for summary in summaries:
         if summary["status"] == "failed":
@@ -131,7 +128,25 @@ def seeds_line(summaries: list[dict[str, Any]]) -> str:
     return f"mean ± std over {over}: {statistics.fmean(finals):.2f} ± {statistics.pstdev(finals):.2f}"
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+@dataclass
+class Evaluation:
+    """What ``testbed eval`` measured: a run's policy over fixed episode seeds."""
+
+    env_id: str
+    global_step: int
+    """The env steps its checkpoint had trained."""
+    seeds: list[int]
+    """The episodes' reset seeds, one episode each (shared by every run: common random numbers)."""
+    returns: np.ndarray
+    """(episodes,) each episode's undiscounted return."""
+    deterministic: bool
+    video: Path | None = None
+    """The first episode's GIF, where one was asked for."""
+
+
+def evaluate_run(args: argparse.Namespace) -> Evaluation:
+    """``testbed eval``'s work, every check first: the run's checkpoint, acting in its env (with ``--env-kwargs`` on
+    top of the run's own) for ``--episodes`` episodes, and the first one's video when ``--video`` asks."""
     check_sizes(args)  # --episodes: one env each
     run_dir = Path(args.run_dir)
     check_run_folder(run_dir)
@@ -166,16 +181,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         returns = evaluate_policy(model, env, seeds, deterministic=not args.stochastic)
     finally:
         env.close()
-    mode = "stochastic" if args.stochastic else "deterministic"
-    print(
-        f"{cfg.env_id} after {ckpt['global_step']} steps, {mode}, {args.episodes} episodes (seeds {seeds[0]}…): return "
-        f"{returns.mean():.2f} ± {returns.std():.2f} (std over episodes)"
-    )
+    done = Evaluation(cfg.env_id, ckpt["global_step"], seeds, returns, not args.stochastic)
     if video_dir is not None:
         from lab.video import record_episode
 
-        path = record_episode(model, cfg.env_id, ckpt["normalizers"], video_dir, seeds[0], not args.stochastic)
-        print(f"video of the first episode: {path}")
+        done.video = record_episode(model, cfg.env_id, ckpt["normalizers"], video_dir, seeds[0], not args.stochastic)
+    return done
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    done = evaluate_run(args)
+    mode = "deterministic" if done.deterministic else "stochastic"
+    print(
+        f"{done.env_id} after {done.global_step} steps, {mode}, {len(done.seeds)} episodes (seeds {done.seeds[0]}…): "
+        f"return {done.returns.mean():.2f} ± {done.returns.std():.2f} (std over episodes)"
+    )
+    if done.video is not None:
+        print(f"video of the first episode: {done.video}")
     return 0
 
 
@@ -196,7 +218,8 @@ def _workers(args: argparse.Namespace) -> int:
     return args.workers or os.cpu_count() or 1
 
 
-def _stack(args: argparse.Namespace) -> int:
+def stack_size(args: argparse.Namespace) -> int:
+    """``--stack``: the most seeds one trainer process trains side by side."""
     if args.stack < 1:
         raise BadInput(f"--stack must be at least 1 (1 trains each seed in its own process), got {args.stack}")
     return args.stack
@@ -221,7 +244,13 @@ def _run_grid(
     """Run a planned grid, then say what completed, where the reports are, and what failed."""
     try:
         bench_dir, outcomes = bench.run_grid(
-            grid, workers, args.backend, args.ray_address, prepare=prepare, stack=_stack(args), reuse_from=reuse_from
+            grid,
+            workers,
+            args.backend,
+            args.ray_address,
+            prepare=prepare,
+            stack=stack_size(args),
+            reuse_from=reuse_from,
         )
     except KeyboardInterrupt:
         stopped = _stopped_cells(args.backend, "cells")
@@ -242,7 +271,9 @@ def grid_sets(args: argparse.Namespace) -> list[str]:
     return [*args.set, *([f"budget_seconds={args.budget_seconds}"] if args.budget_seconds is not None else [])]
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def plan_bench(args: argparse.Namespace) -> tuple[bench.Grid, int, list[Path]]:
+    """``testbed bench``'s grid, checked whole (every cell's config resolved), its workers and the benches it
+    reuses runs from."""
     check_sizes(args)
     workers = _workers(args)
     grid = bench.plan_grid(
@@ -261,6 +292,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise BadInput(
                 f"--reuse-from {brief(str(folder), 80)} is not a folder; give another bench's folder, runs/bench/NAME"
             )
+    return grid, workers, reuse_from
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    grid, workers, reuse_from = plan_bench(args)
     cells = len(grid.cells())
     print(
         f"bench {grid.name}: {counted(len(grid.algos), 'algo')} × {counted(len(grid.envs), 'env')} × "
@@ -270,7 +306,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return _run_grid(grid, workers, args, "report: {0}/report.md", reuse_from=reuse_from)
 
 
-def cmd_credit(args: argparse.Namespace) -> int:
+def plan_credit(args: argparse.Namespace) -> tuple[bench.Grid, credit.Study, int]:
+    """``testbed credit``'s study, its grid (one variant per horizon or delay, checked whole) and its workers."""
     from lab import credit
 
     check_sizes(args)
@@ -288,6 +325,13 @@ def cmd_credit(args: argparse.Namespace) -> int:
         variants=study.variants(),
         first_seed=args.first_seed,
     )
+    return grid, study, workers
+
+
+def cmd_credit(args: argparse.Namespace) -> int:
+    from lab import credit
+
+    grid, study, workers = plan_credit(args)
     bench_dir = bench.BENCH_ROOT / grid.name
     print(
         f"credit study {grid.name}: {study.env_id}, {study.axis} {' '.join(study.horizons)} × "
@@ -347,13 +391,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def plan_tuning(args: argparse.Namespace) -> tuple[tune.TunePlan, int]:
+    """``testbed tune``'s study, checked whole, and the most seeds a trial trains in one process."""
     check_sizes(args)
     registry.check_name(args.algo)  # before the study's modules, which import Optuna and the reports
     check_env_id(args.env)
     from lab import tune
 
-    stack = _stack(args)
+    stack = stack_size(args)
     plan = tune.plan_tune(
         args.algo,
         args.env,
@@ -370,6 +415,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         args.sampler_seed,
         tuple(args.vary),
     )
+    return plan, stack
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    plan, stack = plan_tuning(args)  # names checked before the study's modules, which import Optuna and the reports
+    from lab import tune
+
     print(
         f"tune {plan.name}: {args.algo} on {args.env}, {plan.describe()}; {len(plan.space)} parameters, {args.backend} "
         f"backend, {counted(args.workers, 'trial')} at a time → {tune.TUNE_ROOT / plan.name}"
@@ -528,6 +580,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    receive_factories()  # a bench cell's env factories, sent by value by its driver (lab.factories)
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -36,6 +36,14 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}. Every option: {self.prog} --help\n")
 
 
+class RaisingParser(Parser):
+    """The same options, for the Python API (``lab.api``): an error raises BadInput with argparse's message, where
+    the command line prints it and exits."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(message)
+
+
 def count(text: str) -> int:
     """An integer option (steps, seeds, trials, episodes), also written ``1e5`` where that is a whole number."""
     try:
@@ -124,8 +132,9 @@ def grid_options(seeds_default: int | None, seeds_help: str) -> argparse.Argumen
     return options
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="testbed", description="Compare PPO and GRPO-style agents on control tasks.")
+def build_parser(parser_class: type[Parser] = Parser) -> argparse.ArgumentParser:
+    """Every command's options; ``parser_class``: how errors are reported (:class:`RaisingParser` raises them)."""
+    parser = parser_class(prog="testbed", description="Compare PPO and GRPO-style agents on control tasks.")
     sub = parser.add_subparsers(dest="command", required=True)
     algos = ", ".join(registry.NAMES)
     cores = "runs at a time (default: the number of cores)"

@@ -100,6 +100,11 @@ class Tightrope(gym.Env):
         return np.zeros(1, np.float32), self.alive_bonus + a, a > 0.5, False, {}
 
 
+def make_two_arms(**kwargs: Any) -> gym.Env:
+    """A factory of :class:`TwoArms` episodes of one step (``envs.custom``): ``tests.toy_envs:make_two_arms``."""
+    return gym.wrappers.TimeLimit(TwoArms(**kwargs), max_episode_steps=1)
+
+
 def register() -> None:
     if "testbed-toy/ConstantReward-v0" not in gym.registry:
         gym.register("testbed-toy/ConstantReward-v0", entry_point=ConstantReward, max_episode_steps=20)
