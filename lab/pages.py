@@ -35,6 +35,13 @@ FIGURES = Path("docs/figures")
 BUSY = "a busy machine is slower"
 HEADLINE = "classic"  # the README's table and figure
 CLONE = "clone-size"  # the README's clone line
+# The README's speed sentence: one run against SB3's (the speed entry), then stacks against SB3's processes
+# (entry, case), then what periodic evaluation costs a stack.
+SPEED, STACKS, EVAL_COST = (
+    "speed",
+    (("stacking-lunarlander-halfcheetah", "halfcheetah"), ("stacking-cartpole", "cartpole")),
+    "stacking-eval-cartpole",
+)
 FIGURE = "plots/LunarLander-v3-steps.png"
 SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summary, and the pair it compares
 # The same pair on more seeds, then with its one differing setting made equal: each adds a sentence to the summary
@@ -100,6 +107,59 @@ def clone_line(root: Path, manifest: Manifest) -> str:
         f"alone, {mb['shallow']:,.0f} MB (commit {sizes['commit']}, {entry.produced.get('date', 'not dated')}; [what a "
         f"clone weighs](docs/results/{CLONE}.md))."
     )
+
+
+def _rows(root: Path, manifest: Manifest, name: str, file: str) -> list[dict[str, str]]:
+    """The rows of a speed result's CSV that completed (exit status 0); none when it was not measured."""
+    path = root / manifest.entry(name).folder / file
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [row for row in csv.DictReader(f) if row["returncode"] == "0"]
+
+
+def _walls(rows: list[dict[str, str]], case: str, impl: str) -> list[float]:
+    return [float(row["wall_s"]) for row in rows if row["case"] == case and row["impl"] == impl]
+
+
+def _dated(manifest: Manifest, name: str) -> str:
+    """The link to a result's page, with its date, and the older-code caveat where it applies."""
+    entry = manifest.entry(name)
+    caveat = ", older code" if manifest.older(entry) else ""
+    return f"[{entry.produced.get('date', 'not run')}{caveat}](docs/results/{name}.md)"
+
+
+def speed_line(root: Path, manifest: Manifest) -> str:
+    """The README's speed sentence, from the speed and stacking results' CSVs: SB3's median process time over
+    ours for one run (``benchmarks/speed.py``), SB3's processes' total time over our stack's
+    (``benchmarks/stacking.py``), and a stack's median time with periodic evaluation over without it."""
+    speed = _rows(root, manifest, SPEED, "speed.csv")
+    ratios = {
+        case: float(np.median(_walls(speed, case, "sb3")) / np.median(_walls(speed, case, "ours")))
+        for case in ("cartpole", "halfcheetah")
+        if _walls(speed, case, "sb3") and _walls(speed, case, "ours")
+    }
+    if len(ratios) < 2:
+        return f"Not measured yet: `testbed results run {SPEED}` times one run of ours against SB3's."
+    text = (
+        f"One PPO run is {ratios['cartpole']:.2f}× (CartPole) and {ratios['halfcheetah']:.2f}× (HalfCheetah) as fast "
+        f"as SB3's with the same settings and gradient steps ({_dated(manifest, SPEED)})"
+    )
+    stacked = []
+    for name, case in STACKS:
+        rows = _rows(root, manifest, name, "stacking.csv")
+        if _walls(rows, case, "stacked") and _walls(rows, case, "sb3"):
+            ratio = sum(_walls(rows, case, "sb3")) / sum(_walls(rows, case, "stacked"))
+            stacked.append(
+                f"{ratio:.2f}× on {'HalfCheetah' if case == 'halfcheetah' else 'CartPole'} ({_dated(manifest, name)})"
+            )
+    if stacked:
+        text += f"; 8 seeds in one process are {' and '.join(stacked)} as fast as 8 SB3 processes"
+    rows = _rows(root, manifest, EVAL_COST, "stacking.csv")
+    if _walls(rows, "cartpole", "stacked_eval"):
+        cost = np.median(_walls(rows, "cartpole", "stacked_eval")) / np.median(_walls(rows, "cartpole", "stacked"))
+        text += f"; periodic evaluation costs such a stack {cost:.2f}× its time ({_dated(manifest, EVAL_COST)})"
+    return text + f". Each is a whole process on one core; {BUSY}."
 
 
 def headline_table(root: Path, manifest: Manifest) -> str:
@@ -271,6 +331,7 @@ def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
             else f"Not timed yet: `testbed results run tests` times it ({BUSY})."
         ),
         "clone": clone_line(root, manifest),
+        "speed": speed_line(root, manifest),
         "results-table": headline_table(root, manifest),
         "mujoco-summary": suite_summary(root, manifest),
         "results-figure": f"![LunarLander-v3: evaluation return against env steps]({headline.folder}/{FIGURE})\n\n"
