@@ -139,7 +139,7 @@ def variance_split(gradients: Tensor) -> dict[str, float]:
             f"variance_split: gradients must be (S, M, R, P) with S, M, R >= 2, got {tuple(gradients.shape)}"
         )
     g = gradients.to(torch.float64)
-    S, M, R, _ = g.shape
+    _, M, R, _ = g.shape  # (S, M, R, P)
     per_action = g.mean(2)  # (S, M, P) ḡ_{s,a}
     trajectory = float(g.var(2).sum(-1).mean())  # W
     spread_actions = float(per_action.var(1).sum(-1).mean())  # mean_s s²_a(ḡ_{s,a})

@@ -232,15 +232,28 @@ class Trunks:
         )
 
 
+TRUNK_DRAWS = 2**32
+"""Noise keys (seed, TRUNK_DRAWS + draw) seed the trunks of a later draw, apart from every sample's key (seed, n)."""
+
+
 def collect_trunks(
-    env: VectorEnv, actor: Actor, settings: AuditSettings, buffers: SegmentBuffers, mode: starts.RestoreMode
+    env: VectorEnv,
+    actor: Actor,
+    settings: AuditSettings,
+    buffers: SegmentBuffers,
+    mode: starts.RestoreMode,
+    draw: int = 0,
 ) -> Trunks:
-    """B groups of G episodes from same-seed resets (seeds from the audit's seed), every state recorded."""
+    """B groups of G episodes from same-seed resets, every state recorded: the ``draw``-th set of start states
+    and action noise of the audit's seed (0 for the audit's own trunks; the gradient audit draws more batches)."""
     B, G = settings.groups, settings.group_size
-    seeds = start_seeds(settings.seed, 0, B)
+    seeds = start_seeds(settings.seed, draw, B)
     first_obs = starts.reset_groups(env, seeds, G)
     recorder = PointRecorder(env, 1, mode=mode)
-    torch.manual_seed(settings.seed)  # actor.act draws from torch's global generator
+    # actor.act draws from torch's global generator; draw 0 keeps the numbers of audits made before draws existed.
+    torch.manual_seed(
+        settings.seed if draw == 0 else noise_generator((settings.seed, TRUNK_DRAWS + draw)).initial_seed()
+    )
     episodes = drive(episode_steps(env, np.asarray(first_obs, dtype=np.float32), buffers, recorder.record), actor.act)
     passed = np.stack([np.asarray(sub_env_actions(env, a)) for a in episodes.actions.numpy()])  # (T, M, ...)
     return Trunks(episodes, {(t, i): point for t, i, point in recorder.points}, seeds, passed)
