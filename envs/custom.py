@@ -67,16 +67,6 @@ def reset_keywords(env: gym.Env) -> set[str]:
     return {p.name for p in parameters if p.name in ("seed", "options")}
 
 
-def has_seedless_reset(env: gym.Env) -> bool:
-    """Whether the env's chain holds a :class:`SeedlessReset`: its own ``reset`` takes no seed."""
-    layer: Any = env
-    while isinstance(layer, gym.Wrapper):
-        if isinstance(layer, SeedlessReset):
-            return True
-        layer = layer.env
-    return False
-
-
 def describe(make: EnvFactory) -> str:
     """The factory as a message names it: its qualified name, else its repr, cut."""
     return brief(getattr(make, "__qualname__", None) or make, 80).strip("'")

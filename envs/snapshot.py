@@ -29,6 +29,7 @@ import numpy as np
 
 from envs import bsuite
 from envs.delay import DelayedReward
+from envs.factory import wrapper_chain
 
 
 class NotRestorable(RuntimeError):
@@ -37,23 +38,13 @@ class NotRestorable(RuntimeError):
 
 def _wrapper(env: gym.Env, kind: type) -> Any | None:
     """The outermost wrapper of type ``kind`` in the env's chain, or None."""
-    layer: Any = env
-    while isinstance(layer, gym.Wrapper):
-        if isinstance(layer, kind):
-            return layer
-        layer = layer.env
-    return None
+    return next((layer for layer in wrapper_chain(env) if isinstance(layer, kind)), None)
 
 
 def _time_limits(env: gym.Env) -> list[gym.wrappers.TimeLimit]:
     """The env's time limits, outermost first: one where gym.make set it; a factory's env (``envs.custom``) may
     hold one of its own inside the one ``max_episode_steps`` adds."""
-    limits, layer = [], env
-    while isinstance(layer, gym.Wrapper):
-        if isinstance(layer, gym.wrappers.TimeLimit):
-            limits.append(layer)
-        layer = layer.env
-    return limits
+    return [layer for layer in wrapper_chain(env) if isinstance(layer, gym.wrappers.TimeLimit)]
 
 
 def _is_mujoco(base: gym.Env) -> bool:

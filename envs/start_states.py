@@ -32,9 +32,9 @@ from gymnasium.vector.utils import iterate
 from gymnasium.wrappers import vector as vector_wrappers
 
 from envs import snapshot
-from envs.custom import has_seedless_reset
+from envs.custom import SeedlessReset
 from envs.errors import BadInput
-from envs.factory import check_env_installed, find_wrapper
+from envs.factory import check_env_installed, find_wrapper, wrapper_chain
 from envs.members import as_passed, observe, sub_env_actions
 from envs.snapshot import NotRestorable
 
@@ -147,7 +147,7 @@ def check_seeded_reset(env_id: str, **env_kwargs: Any) -> None:
     check_env_installed(env_id)
     env = gym.make(env_id, **env_kwargs)
     try:
-        if has_seedless_reset(env):
+        if any(isinstance(layer, SeedlessReset) for layer in wrapper_chain(env)):  # its own reset takes no seed
             raise BadInput(
                 f"{env_id}'s reset takes no seed, and GRPO starts a group's members from one state by resetting them "
                 "with one seed: give it reset(self, *, seed=None, options=None) that calls super().reset(seed=seed)"
