@@ -109,9 +109,10 @@ def short_run(name: str, seed: int) -> tuple[ModuleType, Any]:
 
 @pytest.mark.parametrize("name", RUNS)
 def test_run_seeds_0_and_1_share_no_env_stream(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # The other seeded resets are evaluation's fixed common seeds and, for branching, the probe of a fresh env
-    # that decides how branch points are restored (``start_states.settable``), which no training episode continues.
-    shared = EVALUATION | ({0} if name == "grpo-branch" else set())
+    # The other seeded resets are evaluation's fixed common seeds and, for GRPO, the probes of a fresh env with
+    # seed 0: that its reset takes a seed (``start_states.check_seeded_reset``) and, for branching, how branch
+    # points are restored (``start_states.settable``). No training episode continues them.
+    shared = EVALUATION | ({0} if name.startswith("grpo") else set())
     training: dict[int, set[int]] = {}
     for seed in (0, 1):
         seeds = recorded_resets(monkeypatch, *short_run(name, seed), tmp_path / f"seed{seed}")
