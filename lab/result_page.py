@@ -185,6 +185,12 @@ def _notes(root: Path, manifest: Manifest, entry: Entry) -> list[str]:
                 "before a change to what the algorithms compute: the numbers may differ from today's code "
                 "by more than seed noise. It is left out of the headline tables until it is rerun with "
                 f"`testbed results run {entry.name}`."
+                + (
+                    f" That rerun is under way: the runs today's code has finished are kept in its folder (saved "
+                    f"{entry.progress.get('date')}), in place of the older ones, and the command continues from them."
+                    if manifest.rerunning(entry)
+                    else ""
+                )
             ),
             "",
         ]

@@ -18,7 +18,7 @@ import yaml
 
 from agents import rundir
 from envs.errors import BadInput
-from lab import ledger, manifest, pages
+from lab import ledger, manifest, pages, result_page
 from lab.document import DASH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -398,6 +398,8 @@ def test_a_rerun_of_a_result_from_older_code_is_recorded_without_touching_its_fi
     )
     assert "the finished result" in (tmp_path / "benchmarks/results/toy/report.md").read_text()
     assert not saved.in_progress(saved.entry("toy"))  # it was produced: its page is the finished result's
+    page = result_page.result_page(tmp_path, saved, saved.entry("toy"))
+    assert "From older code" in page and "That rerun is under way" in page
     updated = manifest.rerun(tmp_path, saved, saved.entry("toy"))  # the rerun ends: current, no progress left
     assert updated.current(updated.entry("toy")) and not updated.rerunning(updated.entry("toy"))
 
