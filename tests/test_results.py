@@ -642,27 +642,6 @@ def test_the_recorded_commit_says_changes_only_when_code_differs(tmp_path: Path)
     assert manifest.git_commit(tmp_path) == f"{head}+changes"
 
 
-# The results whose old run folders (``FOLDER/carried/``, checkpoints and logs included, from before results
-# kept compact runs) are still to be removed: one submission may change at most so much, so they go over
-# several. Their runs are kept compactly beside them already, and nothing reads the old folders. Remove a
-# name here when its folder goes; the list only shrinks.
-CARRIED_PENDING = {
-    "equal-time-walker2d",
-    "ppo-walker2d-gamma099-seeds10-14",
-    "ppo-walker2d-sb3-scale-seeds0-7",
-    "ppo-walker2d-seeds5-9",
-    "ppo-walker2d-trial9",
-    "ppo-walker2d-trial9-anneal",
-    "ppo-walker2d-zoo-anneal",
-    "sb3-mujoco-v5-seeds3-4",
-    "sb3-ppo-humanoid-matched",
-    "sb3-ppo-walker2d-matched",
-    "sb3-walker2d-gamma099-seeds0-7",
-    "sb3-walker2d-seeds3-7",
-    "tune-grpo-halfcheetah-1m",
-    "tune-grpo-humanoid-1m",
-    "tune-grpo-idp-1m",
-}
 CACHES = re.compile(r"(\.pt|\.pth|\.ckpt|\.log|\.lock)$|events\.out\.tfevents")
 
 
@@ -677,9 +656,7 @@ def _tracked(*folders: str) -> dict[str, int]:
 def test_the_repository_keeps_its_size_budget() -> None:
     """git holds code and compact results, never run caches: no file over 2 MB under benchmarks/ or docs/,
     at most 40 MB under benchmarks/, no checkpoint, log or event file (see DESIGN.md, Committed results)."""
-    pending = tuple(f"benchmarks/results/{name}/carried/" for name in CARRIED_PENDING)
-    assert all((ROOT / folder).is_dir() for folder in pending), "a pending folder is gone: drop it from CARRIED_PENDING"
-    files = {name: size for name, size in _tracked("benchmarks", "docs").items() if not name.startswith(pending)}
+    files = _tracked("benchmarks", "docs")
     large = sorted(f"{name} ({size / 2**20:.1f} MB)" for name, size in files.items() if size > 2 * 2**20)
     assert not large, f"files over 2 MB: {large}"
     caches = sorted(name for name in files if CACHES.search(name))
