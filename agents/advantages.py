@@ -216,6 +216,54 @@ def group_step_baseline(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return (to_go - others).masked_fill(tied, 0.0) * mask
 
 
+def group_step_horizon(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """Horizon-aware per-step group baseline: the critic-free analogue of Tucker et al.'s horizon-aware value
+    (2018, "The Mirage of Action-Dependent Baselines", arXiv 1802.10031, §5), V(s, t) = f(s) + h(T − t) · r̄(s):
+    a reward rate times the discounted time left, plus what the rate does not explain. Here r̄ is the group's
+    reward per step, the time left is each member's own, and f is compared as :func:`group_step_baseline` does.
+
+        r̄_b       = Σ_{j,t} m_{b,j,t} r_{b,j,t} / Σ_{j,t} m_{b,j,t}            the group's reward per step
+        h(n)      = Σ_{k=0}^{n−1} γ^k = (1 − γ^n) / (1 − γ)                    (n when γ = 1; 0 for n ≤ 0)
+        Q̂_{b,i,t} = Σ_{t'=t}^{L_{b,i} − 1} γ^{t'−t} r_{b,i,t'}                 0 once t ≥ L_{b,i}
+        f_{b,i,t} = Q̂_{b,i,t} − h(L_{b,i} − t) · r̄_b                          what the rate does not explain
+        A_{b,i,t} = f_{b,i,t} − 1/(G − 1) · Σ_{j≠i} f_{b,j,t}
+                  = Q̂_{b,i,t} − [ h(L_{b,i} − t) · r̄_b + 1/(G − 1) · Σ_{j≠i} f_{b,j,t} ]     (the baseline)
+
+    Symbols:
+        r_{b,i,t}   reward of step t of member i of group b                ``rewards``  (T, B, G)
+        L_{b,i}     its episode's length (the valid steps)                 ``mask``     (T, B, G) bool
+        m_{b,i,t}   1 on a valid step (t < L_{b,i}), else 0
+        γ           discount                                               ``gamma``
+        G           members per group, all from one start state
+
+    Equivalently: ``group_step_baseline`` of the rewards less the group's rate, r − r̄_b on every valid step.
+    A constant reward per step is absorbed: a group paid c a step, whatever its members' lengths, gets exactly
+    0; a survival bonus c added to every step of every member leaves A as it was (r̄_b grows by c too), as does
+    ``reward_offset``. The time left h(L_{b,i} − t) is the member's own: h(T − t) for a member that runs to
+    the time limit T, less for one whose episode terminates.
+
+    What it estimates: the advantage of the rewards in excess of the group's rate. Surviving longer earns
+    nothing by itself, only what a member earns above the group's rate in its extra steps; ending early costs
+    only the above-rate rewards it forgoes (a member that earns below the rate gains by ending sooner: ARS's
+    offset, with the offset estimated per group instead of set by hand). The baseline reads the member's own
+    length L_{b,i}, and its rewards enter r̄_b, so unlike ``group_step_baseline`` it is not an unbiased
+    estimate of the advantage of the env's own reward.
+
+    Returns (T, B, G), zero on invalid steps, in a group whose valid rewards all tie, and at every step where
+    the group's f all tie.
+    """
+    if rewards.shape != mask.shape or rewards.dim() != 3 or rewards.shape[2] < 2:
+        raise ValueError("group_step_horizon: rewards and mask must share one (T, B, G) shape with G >= 2")
+    weights = mask.to(rewards.dtype)  # (T, B, G)
+    count = weights.sum(dim=(0, 2), keepdim=True)  # (1, B, 1)
+    rate = (rewards * weights).sum(dim=(0, 2), keepdim=True) / count.clamp(min=1.0)  # r̄_b (1, B, 1)
+    # A group whose valid rewards all tie gets exactly r − r̄ = 0, not the rounding of Σ r / n away from r.
+    highest = torch.where(mask, rewards, -torch.inf).amax(dim=(0, 2), keepdim=True)  # (1, B, 1)
+    lowest = torch.where(mask, rewards, torch.inf).amin(dim=(0, 2), keepdim=True)
+    excess = torch.where(highest == lowest, 0.0, rewards - rate)  # r − r̄_b (T, B, G)
+    return group_step_baseline(excess, mask, gamma)
+
+
 def group_step_alive(rewards: Tensor, mask: Tensor, gamma: float, eps: float = 1e-6) -> Tensor:
     """Per-step group advantage over the members still alive, normalized per time index (the group-relative
     treatment of dense-reward control: compare a member only with the members that reached the same step).

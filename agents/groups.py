@@ -225,8 +225,9 @@ def group_advantages(
         return adv.group_process(batch.rewards.view(by_group), batch.mask.view(by_group)).view(T, M)
     if cfg.advantage == "step_alive":  # already on one scale: per time index
         return adv.group_step_alive(batch.rewards.view(by_group), batch.mask.view(by_group), cfg.gamma).view(T, M)
-    if cfg.advantage == "step_baseline":
-        A = adv.group_step_baseline(batch.rewards.view(by_group), batch.mask.view(by_group), cfg.gamma).view(T, M)
+    if cfg.advantage in ("step_baseline", "step_horizon"):
+        per_step = adv.group_step_baseline if cfg.advantage == "step_baseline" else adv.group_step_horizon
+        A = per_step(batch.rewards.view(by_group), batch.mask.view(by_group), cfg.gamma).view(T, M)
         # One positive scale for the whole batch, which keeps tied groups at 0 and every sign as it is.
         return A / (A[batch.mask].std() + 1e-8) if batch.mask.sum() > 1 else A
     scores = {

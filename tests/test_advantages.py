@@ -527,3 +527,53 @@ def test_group_step_alive_does_not_credit_outliving_the_others_once_the_survival
     assert adv.group_step_alive(alive_bonus - 1.0, mask, 1.0).abs().sum() == 0
     with pytest.raises(ValueError, match="G >= 2"):
         adv.group_step_alive(torch.zeros(2, 1, 1), torch.ones(2, 1, 1, dtype=torch.bool), 1.0)
+
+
+# ── group_step_horizon: the per-step baseline of the rewards in excess of the group's rate ──────────
+
+
+def test_group_step_horizon_hand_values_with_unequal_lengths_and_discount() -> None:
+    # γ = 0.5, one group of G = 2. Member 0: rewards (2, 2, 2), length 3; member 1: (1, 3), length 2 (its third
+    # reward, 9, is past its end and ignored). r̄ = (2 + 2 + 2 + 1 + 3) / 5 = 2, so r − r̄: m0 (0, 0, 0),
+    # m1 (−1, 1). Their reward-to-go f: m0 (0, 0, 0); m1 (−1 + 0.5·1, 1) = (−0.5, 1), then 0 (ended).
+    # A = f − the other's f: m0 (0 + 0.5, 0 − 1, 0 − 0) = (0.5, −1, 0); m1 (−0.5 − 0, 1 − 0, ended) = (−0.5, 1, 0).
+    # The same by the baseline's other form, member 1 at t = 0: Q̂ = 1 + 0.5·3 = 2.5, h(2) = 1.5, so
+    # f = 2.5 − 1.5·2 = −0.5. (group_step_baseline gives (1, 0, 2) and (−1, 0, 0): member 0 is credited for
+    # outliving member 1.)
+    rewards = torch.tensor([[2.0, 1.0], [2.0, 3.0], [2.0, 9.0]]).view(3, 1, 2)
+    mask = torch.tensor([[True, True], [True, True], [True, False]]).view(3, 1, 2)
+    expected = torch.tensor([[0.5, -0.5], [-1.0, 1.0], [0.0, 0.0]]).view(3, 1, 2)
+    torch.testing.assert_close(adv.group_step_horizon(rewards, mask, 0.5), expected)
+    torch.testing.assert_close(
+        adv.group_step_baseline(rewards, mask, 0.5), torch.tensor([[1.0, -1.0], [0.0, 0.0], [2.0, 0.0]]).view(3, 1, 2)
+    )
+
+
+def test_group_step_horizon_hand_values_leave_one_out_over_three_members() -> None:
+    # γ = 1, G = 3. m0: (1, 1, 1), length 3; m1: (3, 1), length 2; m2: (2), length 1. r̄ = 9 / 6 = 1.5.
+    # r − r̄: m0 (−0.5, −0.5, −0.5); m1 (1.5, −0.5); m2 (0.5). f (reward-to-go): m0 (−1.5, −1, −0.5); m1 (1, −0.5, 0);
+    # m2 (0.5, 0, 0). A = f − mean of the other two's f:
+    # t = 0: −1.5 − (1 + 0.5)/2 = −2.25; 1 − (−1.5 + 0.5)/2 = 1.5; 0.5 − (−1.5 + 1)/2 = 0.75;
+    # t = 1: −1 − (−0.5 + 0)/2 = −0.75; −0.5 − (−1 + 0)/2 = 0; m2 ended: 0;
+    # t = 2: −0.5 − (0 + 0)/2 = −0.5; m1, m2 ended: 0.
+    rewards = torch.tensor([[1.0, 3.0, 2.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]).view(3, 1, 3)
+    mask = torch.tensor([[True, True, True], [True, True, False], [True, False, False]]).view(3, 1, 3)
+    expected = torch.tensor([[-2.25, 1.5, 0.75], [-0.75, 0.0, 0.0], [-0.5, 0.0, 0.0]]).view(3, 1, 3)
+    torch.testing.assert_close(adv.group_step_horizon(rewards, mask, 1.0), expected)
+
+
+def test_group_step_horizon_absorbs_a_constant_reward_and_a_survival_bonus() -> None:
+    # A group paid the same reward every step (CartPole's +1, 0.1 here, whose mean rounds in float32) gives exactly
+    # 0, however long each member lived; group_step_baseline credits the longest-lived.
+    mask = torch.tensor([[True] * 4, [True, True, True, False], [True, False, True, False]]).view(3, 1, 4)
+    constant = torch.where(mask, 0.1, 5.0)
+    assert torch.equal(adv.group_step_horizon(constant, mask, 0.99), torch.zeros(3, 1, 4))
+    assert adv.group_step_baseline(constant, mask, 0.99).abs().sum() > 0
+    # A survival bonus added to every valid step of every member leaves the advantages as they were.
+    rewards = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 0.3, -0.2, 0.0], [-0.4, 0.0, 0.7, 0.0]]).view(3, 1, 4)
+    with_bonus = rewards + 5.0 * mask
+    torch.testing.assert_close(
+        adv.group_step_horizon(with_bonus, mask, 0.99), adv.group_step_horizon(rewards, mask, 0.99), atol=1e-5, rtol=0
+    )
+    with pytest.raises(ValueError, match="G >= 2"):
+        adv.group_step_horizon(torch.zeros(2, 1, 1), torch.ones(2, 1, 1, dtype=torch.bool), 1.0)
