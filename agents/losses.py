@@ -37,6 +37,28 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_h
     return -torch.min(unclipped, clipped)
 
 
+def decoupled_advantages(advantages: Tensor, proximal_log_probs: Tensor, behaviour_log_probs: Tensor) -> Tensor:
+    """The advantages that make :func:`clipped_surrogate` the decoupled objective of Hilton et al. 2021
+    ("Batch size-invariance for policy optimization", arXiv 2110.00641, §3), whose clip is centred on a
+    proximal policy π_prox instead of the policy that collected the samples, π_behav:
+
+        L_t = −w_t · min( ρ_t · Â_t ,  clip(ρ_t, 1 − ε_low, 1 + ε_high) · Â_t ),
+        ρ_t = π_θ(a_t|s_t) / π_prox(a_t|s_t),     w_t = π_prox(a_t|s_t) / π_behav(a_t|s_t)
+
+    w_t > 0, so w_t · min(ρ_t Â_t, clip(ρ_t) Â_t) = min(ρ_t · w_t Â_t, clip(ρ_t) · w_t Â_t): the clipped
+    surrogate of the advantages Ã_t = w_t · Â_t, which this returns. w_t, the importance weight, keeps the
+    objective an estimate for samples that an older policy collected; π_prox = π_behav gives w_t = 1.
+
+    Symbols:
+        Â_t                    advantage estimate                          ``advantages``           (B,)
+        log π_prox(a_t|s_t)    the proximal policy's, where the clip sits  ``proximal_log_probs``   (B,)
+        log π_behav(a_t|s_t)   the collecting policy's                     ``behaviour_log_probs``  (B,)
+    """
+    if not (advantages.shape == proximal_log_probs.shape == behaviour_log_probs.shape):
+        raise ValueError("decoupled_advantages: advantages and both log-probabilities must share one shape")
+    return torch.exp(proximal_log_probs - behaviour_log_probs) * advantages
+
+
 def value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, clip_range_vf: float | None, take_max: bool = False
 ) -> Tensor:

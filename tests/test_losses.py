@@ -13,6 +13,7 @@ from agents.losses import (
     aggregation_weights,
     clip_fraction,
     clipped_surrogate,
+    decoupled_advantages,
     explained_variance,
     k1_kl,
     k2_kl,
@@ -72,6 +73,22 @@ def test_clipped_surrogate_gradient_is_zero_only_where_clipping_is_pessimistic()
 def test_clipped_surrogate_shape_mismatch_raises() -> None:
     with pytest.raises(ValueError, match="differ"):
         clipped_surrogate(torch.ones(3), torch.ones(4), 0.2, 0.2)
+
+
+def test_decoupled_advantages_hand_values() -> None:
+    # w = π_prox / π_behav: 0.5 / 0.25 = 2, 0.2 / 0.4 = 0.5, 0.3 / 0.3 = 1; Ã = w · A.
+    advantages = t([2.0, -1.0, 0.5])
+    proximal, behaviour = t([0.5, 0.2, 0.3]).log(), t([0.25, 0.4, 0.3]).log()
+    torch.testing.assert_close(decoupled_advantages(advantages, proximal, behaviour), t([4.0, -0.5, 0.5]))
+    # The decoupled loss −w · min(ρA, clip(ρ)A), ρ = π_θ / π_prox, ε = 0.2, with ρ = (1.5, 0.5, 1.0):
+    #   2 · −min(3.0, 2.4) = −4.8;   0.5 · −min(−0.5, −0.8) = 0.4;   1 · −min(0.5, 0.5) = −0.5.
+    ratio = t([1.5, 0.5, 1.0])
+    decoupled = clipped_surrogate(ratio, decoupled_advantages(advantages, proximal, behaviour), 0.2, 0.2)
+    torch.testing.assert_close(decoupled, t([-4.8, 0.4, -0.5]))
+    # π_prox = π_behav: w = 1, the advantages as they were.
+    assert torch.equal(decoupled_advantages(advantages, behaviour, behaviour), advantages)
+    with pytest.raises(ValueError, match="share one shape"):
+        decoupled_advantages(advantages, proximal, torch.zeros(2))
 
 
 # --------------------------------------------------------------------------------------------------
