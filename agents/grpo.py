@@ -7,10 +7,11 @@ episode ends (``groups.group_steps``) → score each trajectory against its own 
 lower and upper clips, a k3 KL penalty to a reference policy and an optional entropy bonus, averaged by
 the chosen aggregation (``losses``). ``training.run_stack`` logs, evaluates and checkpoints around it.
 
-Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process, step_baseline
-and step_alive: per-step group baselines, vine), the aggregation (trajectory = GRPO, step = DAPO, constant =
-Dr. GRPO), ε_low/ε_high (DAPO's clip-higher), β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of truncated
-trajectories, the reference refresh, and a per-iteration KL target that adapts the step size (``kl_target``).
+Variants, each a setting: the advantage (outcome, no_std = Dr. GRPO, batch_std, rloo, process, step_baseline,
+step_alive and step_horizon: per-step group baselines, vine), the aggregation (trajectory = GRPO, step = DAPO,
+constant = Dr. GRPO), ε_low/ε_high (DAPO's clip-higher), β (0 = DAPO's no KL), dynamic sampling (DAPO), masking of
+truncated trajectories, the reference refresh, a per-iteration KL target that adapts the step size (``kl_target``),
+more policy updates per collection (``update_rounds``) and a floor on log σ (``log_std_min``).
 
 Written once, for S seeds side by side (the seed axis beside the group axis); a single run is a stack of
 one. Each seed keeps its own envs, start states, generators, minibatches, KL-target stop, step size,
@@ -31,6 +32,7 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
+from gymnasium.spaces import Box
 from gymnasium.vector import VectorEnv
 from torch import Tensor
 
@@ -56,7 +58,7 @@ from agents.rollout import SegmentBuffers, drive_seeds
 from agents.run_envs import Envs, network_spec, obs_statistics
 from agents.stacked import ROWS, Minibatches, log_probs_at, masked_mean, pick_steps, trajectories_at
 from agents.training import Experience, entry_points
-from envs import load_normalizer_state, normalizer_state
+from envs import action_space_of, load_normalizer_state, normalizer_state
 
 TAGS = [
     "charts/episodic_return",
@@ -115,11 +117,13 @@ class GRPOConfig(RunConfig):
     """reset: groups start from a seeded reset; branch: from a state part-way along a trunk episode."""
     branch_max_depth: int = 100
     """branch: the trunk runs a uniformly drawn 0 … branch_max_depth steps before the branch point."""
-    advantage: Literal["outcome", "no_std", "batch_std", "rloo", "process", "step_baseline", "step_alive", "vine"] = (
-        "outcome"
-    )
-    """How a trajectory is scored against its group (see agents/advantages.py); vine: from Monte-Carlo
-    values of branches at states along it instead (agents/vine.py, the ``grpo-vine`` algo)."""
+    advantage: Literal[
+        "outcome", "no_std", "batch_std", "rloo", "process", "step_baseline", "step_alive", "step_horizon", "vine"
+    ] = "outcome"
+    """How a trajectory is scored against its group (see agents/advantages.py); step_horizon: the per-step
+    baseline of the rewards in excess of the group's reward per step, which absorbs a constant survival bonus
+    (``advantages.group_step_horizon``); vine: from Monte-Carlo values of branches at states along it instead
+    (agents/vine.py, the ``grpo-vine`` algo)."""
     vine_points: int = 4
     """vine: a value every ⌈H / vine_points⌉ steps of each trajectory, from its first step on."""
     vine_branches: int = 4
@@ -134,6 +138,13 @@ class GRPOConfig(RunConfig):
     """β: weight of the k3 KL penalty to the reference policy (0 drops it, as DAPO)."""
     num_minibatches: int = 4
     """Minibatches of trajectories per epoch; more gradient steps make clipping active."""
+    update_rounds: int = 1
+    """U: policy updates per collection. Each round runs n_epochs × num_minibatches gradient steps with the clip
+    centred on the policy the round starts from, π_prox, and each step's advantage weighted by
+    π_prox / π_old (Hilton et al. 2021's decoupled objective, ``losses.decoupled_advantages``). Within one round
+    the clip stops a sample's pull once its ratio has left [1 − ε_low, 1 + ε_high], so more epochs add little;
+    a new round re-centres it. U rounds make U policy updates per B·G·L̄ env steps (L̄ the mean episode length);
+    1: GRPO's one update per collection."""
     kl_target: float | None = None
     """Per-iteration KL(π_old ‖ π_θ) to aim for: the step size ×1.5 after an update below half of it, ÷1.5
     above twice it; the epochs stop once a minibatch passes twice it (``networks.adapt_step_size``)."""
@@ -149,6 +160,15 @@ class GRPOConfig(RunConfig):
     """dynamic_sampling: at most this many extra collections per iteration."""
     mask_truncated: bool = False
     """Leave trajectories that ended by the time limit out of the loss."""
+    log_std_min: float | None = None
+    """A floor on the Gaussian policy's log σ (continuous actions), against σ's collapse in long runs; none: no
+    floor. Applied as a projection: after every gradient step, log σ ← max(log σ, log_std_min), each action
+    dimension on its own (``floor_log_std``). The parameter itself never lies below the floor, so sampling,
+    log-probabilities, entropy, evaluation, checkpoints and ``testbed eval`` all see the same floored policy
+    with no transform to repeat. Gradients are untouched above the floor; at the floor, a step that would
+    lower log σ is undone and one that raises it acts at once. A clamp in the forward pass instead would leave
+    the parameter below the floor with no gradient to bring it back, and a soft floor (floor + softplus) would
+    bend log σ everywhere and change what log_std_init means. Must not exceed log_std_init."""
     vectorization: Literal["sync", "async"] = "sync"
     """How the B·G members run; branching needs sync."""
 
@@ -171,6 +191,12 @@ class GRPOConfig(RunConfig):
         check(self.ref_update_interval >= 1, "ref_update_interval must be at least 1")
         check(0.0 <= self.ref_ema < 1.0, f"ref_ema must be in [0, 1), got {self.ref_ema}")
         check(self.max_resample_rounds >= 0, "max_resample_rounds must be >= 0")
+        check(self.update_rounds >= 1, f"update_rounds must be at least 1, got {self.update_rounds}")
+        check(
+            self.log_std_min is None or self.log_std_min <= self.log_std_init,
+            f"log_std_min ({self.log_std_min}) must not exceed log_std_init ({self.log_std_init}), where log σ "
+            "starts: lower it, or raise log_std_init",
+        )
         check(self.vine_points >= 1, f"vine_points must be at least 1, got {self.vine_points}")
         check(
             self.vine_branches >= 1 and self.batch_trajectories % self.vine_branches == 0,
@@ -200,7 +226,9 @@ def minibatch_loss(net: StackedNetworks, cfg: GRPOConfig, picked: dict[str, Tens
 
         L_k = Σ_{i,t} w_{i,t} [ −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A) + β · k3(π_ref / π_θ) − c_H · H(π_θ) ]
 
-    w: the aggregation's weights (``losses.aggregation_weights``), 0 off seed k's loss steps. Returns L (S,)
+    ρ = π_θ / π_old, π_old the collecting policy (in a round after the first, the proximal one, with A weighted:
+    see :func:`update`). w: the aggregation's weights (``losses.aggregation_weights``), 0 off seed k's loss
+    steps. Returns L (S,)
     and the detached sums over each seed's steps of (w · surrogate, entropy, approx_kl, kl_ref, ratio,
     clipped low, clipped high), (S, 7). A chunk past a seed's steps adds exact zeros to its sums and gradient.
     """
@@ -229,23 +257,39 @@ def minibatch_loss(net: StackedNetworks, cfg: GRPOConfig, picked: dict[str, Tens
     return loss, sums  # type: ignore[return-value]
 
 
+def floor_log_std(net: StackedNetworks, log_std_min: float | None) -> None:
+    """The projection onto the floor on log σ (``GRPOConfig.log_std_min``), after a gradient step:
+
+        log σ_{k,d} ← max(log σ_{k,d}, log σ_min)      each seed k, each action dimension d
+
+    In place, on the stack's (S, D) log σ, whose row k seed k's actor holds as views. Nothing to do without a
+    floor or without log σ (discrete actions)."""
+    if log_std_min is not None and net.log_std is not None:
+        with torch.no_grad():
+            net.log_std.clamp_(min=log_std_min)
+
+
 def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, float]]:
-    """Epochs × minibatches of trajectories for every seed with an informative group; returns each seed's
-    means over its minibatches and its whole update's KL.
+    """Rounds × epochs × minibatches of trajectories for every seed with an informative group; returns each
+    seed's means over its minibatches and its whole update's KL.
 
     Seed k's batch is padded to (H, B·G) (``groups.pad_groups``); each epoch, its own generator shuffles its
     trajectories into near-equal minibatches, padded to ⌈B·G / minibatches⌉ (``stacked.Minibatches``), whose
     loss steps run in chunks (:func:`minibatch_loss`). A seed whose approx_kl passes twice ``kl_target``
-    stops stepping, as its epochs end.
+    stops stepping, as its epochs end, for the rest of the update. Each round after the first (``update_rounds``)
+    centres the clip on the policy as the previous round left it, π_prox, and weights each step's advantage by
+    π_prox / π_old (``losses.decoupled_advantages``); approx_kl and the clip fractions are then measured from
+    π_prox. After every gradient step, log σ is projected onto its floor (:func:`floor_log_std`).
     """
     cfg, net, S, H, M = learner.cfg, learner.stack.net, len(learner.seeds), learner.H, learner.cfg.batch_trajectories
     padded = pad_groups(groups, partial(targets, cfg, H=H), H, M, cfg.device)
     ref_log_probs = log_probs_at(learner.references, padded.obs, padded.actions, padded.valid)  # fixed this iteration
+    advantages = padded.advantages.flatten(1, 2)  # (S, H·M)
     batch = {
         "obs": padded.obs,
         "actions": padded.actions,
         "old_log_probs": padded.old_log_probs,
-        "advantages": padded.advantages.flatten(1, 2),
+        "advantages": advantages,
         "ref_log_probs": ref_log_probs,
     }
     members = torch.arange(M).unsqueeze(0) < padded.trajectories.unsqueeze(1)  # (S, M)  each seed's trajectories
@@ -253,7 +297,12 @@ def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, floa
     stepping = (padded.trajectories > 0).to(cfg.device)  # (S,)
     epochs = torch.zeros(S, device=cfg.device)  # (S,)
     totals, counts = torch.zeros((S, len(STATS)), device=cfg.device), torch.zeros(S, device=cfg.device)  # (S, 7), (S,)
-    for _ in range(cfg.n_epochs):
+    for epoch in range(cfg.update_rounds * cfg.n_epochs):
+        if epoch > 0 and epoch % cfg.n_epochs == 0:  # a new round: the clip centred on the policy the last one left
+            with torch.no_grad():
+                proximal = log_probs_at(net, padded.obs, padded.actions, padded.valid)  # (S, H·M)
+            batch["old_log_probs"] = proximal
+            batch["advantages"] = losses.decoupled_advantages(advantages, proximal, padded.old_log_probs)
         epochs += stepping
         epoch_members = minibatches.shuffle(stepping)  # (S, minibatches·W)
         for m in range(cfg.num_minibatches):
@@ -272,6 +321,7 @@ def update(learner: Learner, groups: list[Groups | None]) -> list[dict[str, floa
                 break
 
             learner.stack.step(loss, step_now, cfg.max_grad_norm)
+            floor_log_std(net, cfg.log_std_min)
 
             step_stats = torch.cat([sums[:, :1], sums[:, 1:] / count.clamp(min=1).unsqueeze(1)], dim=1)  # (S, 7)
             totals += torch.where(step_now.unsqueeze(1), step_stats, 0.0)
@@ -402,7 +452,17 @@ class Learner:
             close_member_envs(seed.envs, seed.groups)
 
 
-train, train_stack = entry_points(Learner, "grpo", validate)
+def checks(cfg: GRPOConfig) -> None:
+    """GRPO's checks that need the env, run before any work starts: the groups' (``groups.validate``), and a
+    floor on log σ only for a policy that has one."""
+    validate(cfg)
+    check(
+        cfg.log_std_min is None or isinstance(action_space_of(cfg.env_id), Box),
+        f"log_std_min floors the Gaussian policy's log σ, and {cfg.env_id}'s actions are discrete: drop it",
+    )
+
+
+train, train_stack = entry_points(Learner, "grpo", checks)
 
 
 # ── Declaration: what the registry, the planner and `testbed tune` know of GRPO ─────────────────────────
@@ -441,7 +501,7 @@ ALGORITHMS = (
         train=train,
         train_stack=train_stack,
         load_policy=load_policy,
-        checks=validate,
+        checks=checks,
         space=SPACE,
         # The credit-assignment study's methods: the per-step reward-to-go, per-step group baselines, and
         # Monte-Carlo values from branches (agents/vine.py).

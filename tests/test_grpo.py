@@ -18,6 +18,7 @@ from agents import groups, losses, rundir, runlog, stacked
 from agents.grpo import GRPOConfig
 from agents.networks import Actor, NetworkSpec, StackedNetworks
 from agents.rollout import Episodes
+from envs import EnvOptions, make_vector
 from envs.errors import BadInput
 from lab.cli import main
 from tests import toy_envs
@@ -255,6 +256,9 @@ def test_cli_train_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         (["advantage=grpo++"], "advantage must be one of outcome, no_std, batch_std, rloo, process"),
         (["aggregation=mean"], "aggregation must be one of trajectory, step, constant"),
         (["start_mode=branch", "vectorization=async"], "start_mode=branch needs vectorization=sync"),
+        (["update_rounds=0"], "update_rounds must be at least 1, got 0"),
+        (["log_std_min=0.5"], "log_std_min (0.5) must not exceed log_std_init (0.0), where log σ starts"),
+        (["log_std_min=-1"], "log_std_min floors the Gaussian policy's log σ, and CartPole-v1's actions are discrete"),
     ],
 )
 def test_bad_input(sets: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -414,6 +418,70 @@ def test_a_reward_offset_trains_on_shifted_rewards_but_logs_the_env_s_own_return
     assert returns and min(returns) >= 8.0
 
 
+def test_a_floor_on_log_std_holds_through_training_and_in_the_saved_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MountainCarContinuous from log σ = −0.5 at a large step size: unfloored, log σ falls to about −1.1 in five
+    # updates; with log_std_min = −0.6 it stops at the floor instead, after every update and in the checkpoint.
+    lowest: list[float] = []
+    update = grpo.update
+
+    def recorded(learner: grpo.Learner, batches: list) -> list:
+        stats = update(learner, batches)
+        lowest.append(float(learner.stack.net.log_std.detach().min()))
+        return stats
+
+    monkeypatch.setattr(grpo, "update", recorded)
+    settings = {
+        "max_episode_steps": 50,
+        "group_size": 4,
+        "num_groups": 2,
+        "n_epochs": 4,
+        "num_minibatches": 2,
+        "learning_rate": 0.02,
+        "log_std_init": -0.5,
+        "total_steps": 2000,
+        "eval_interval": 0,
+        "eval_episodes": 2,
+    }
+    run_training(grpo, grpo_config("MountainCarContinuous-v0", True, **settings), tmp_path / "free")
+    assert min(lowest) < -0.9
+    lowest.clear()
+    cfg = grpo_config("MountainCarContinuous-v0", True, log_std_min=-0.6, **settings)
+    run_training(grpo, cfg, tmp_path / "floored")
+    floor = float(torch.tensor(-0.6))  # the floor as a float32 parameter holds it
+    assert len(lowest) == 5 and min(lowest) == floor
+    checkpoint = runlog.load_checkpoint(tmp_path / "floored", {"algo": "grpo"})
+    saved = grpo.load_policy(cfg, make_vector("MountainCarContinuous-v0", 1, EnvOptions()), checkpoint["model"])
+    assert float(saved.log_std.detach().min()) >= floor and float(checkpoint["reference"]["log_std"].min()) >= floor
+
+
+def test_the_horizon_baseline_gives_a_constant_reward_group_no_gradient(tmp_path: Path) -> None:
+    # CartPole pays 1 a step: step_horizon absorbs it, so every advantage is 0 whatever the members' lengths, and
+    # with β = 0 and no entropy bonus the policy does not move (step_baseline credits the longer-lived members).
+    kl = {}
+    for advantage in ("step_baseline", "step_horizon"):
+        cfg = grpo_config(advantage=advantage, beta=0.0, total_steps=3000, eval_interval=0, eval_episodes=2)
+        run_training(grpo, cfg, tmp_path / advantage)
+        rows = read_progress(tmp_path / advantage)
+        kl[advantage] = max(float(r["grpo/update_kl"]) for r in rows)
+        if advantage == "step_horizon":
+            assert all(float(r["losses/policy_loss"]) == 0.0 for r in rows) and len(rows) >= 2
+    assert kl["step_horizon"] < 1e-9 < 1e-4 < kl["step_baseline"]
+
+
+def test_update_rounds_run_their_epochs_and_move_the_policy_further(tmp_path: Path) -> None:
+    # Two rounds on the same first collection: the first round is the single update's, then the clip is re-centred.
+    first_rows = {}
+    for rounds in (1, 2):
+        cfg = grpo_config(update_rounds=rounds, n_epochs=2, total_steps=1500, eval_interval=0, eval_episodes=2)
+        run_training(grpo, cfg, tmp_path / f"rounds{rounds}")
+        first_rows[rounds] = read_progress(tmp_path / f"rounds{rounds}")[0]
+    assert [float(first_rows[r]["grpo/epochs_run"]) for r in (1, 2)] == [2.0, 4.0]
+    assert first_rows[1]["charts/episodic_return"] == first_rows[2]["charts/episodic_return"]  # the same collection
+    assert float(first_rows[2]["grpo/update_kl"]) > float(first_rows[1]["grpo/update_kl"])
+
+
 # ── seeds side by side: a seed's numbers whatever its stack ────────────────────────────────────────
 
 LOSSES = [
@@ -452,6 +520,8 @@ PENDULUM = {
     "beta": 0.1,
     "advantage": "outcome",
 }
+# Pendulum with the options that act in the update: two rounds, a floor on log σ, the horizon-aware baseline.
+PENDULUM_OPTIONS = {**PENDULUM, "update_rounds": 2, "log_std_min": -0.5, "advantage": "step_horizon"}
 
 
 def small(seed: int, **overrides: Any) -> GRPOConfig:
@@ -485,7 +555,9 @@ def assert_close_losses(a: Path, b: Path, rows: int) -> None:
     assert_close_progress(a, b, LOSSES, rows, rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("overrides", [{}, PENDULUM], ids=["cartpole", "pendulum"])
+@pytest.mark.parametrize(
+    "overrides", [{}, PENDULUM, PENDULUM_OPTIONS], ids=["cartpole", "pendulum", "pendulum-rounds-floor-horizon"]
+)
 def test_a_seeds_numbers_do_not_depend_on_the_other_seeds_in_its_stack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict
 ) -> None:
