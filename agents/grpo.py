@@ -228,9 +228,9 @@ def minibatch_loss(net: StackedNetworks, cfg: GRPOConfig, picked: dict[str, Tens
 
     ρ = π_θ / π_old, π_old the collecting policy (in a round after the first, the proximal one, with A weighted:
     see :func:`update`). w: the aggregation's weights (``losses.aggregation_weights``), 0 off seed k's loss
-    steps. Returns L (S,)
-    and the detached sums over each seed's steps of (w · surrogate, entropy, approx_kl, kl_ref, ratio,
-    clipped low, clipped high), (S, 7). A chunk past a seed's steps adds exact zeros to its sums and gradient.
+    steps. Returns L (S,) and the detached sums over each seed's steps of (w · surrogate, entropy, approx_kl,
+    kl_ref, ratio, clipped low, clipped high), (S, 7). A chunk past a seed's steps adds exact zeros to its sums
+    and gradient.
     """
     loss, sums = 0.0, 0.0
     for start in range(0, picked["mask"].shape[1], ROWS):

@@ -1,6 +1,7 @@
-"""GRPO: the tied-group gradient, learning, branching, resume, bad input, and seeds side by side (a seed's numbers
-are bit-identical whatever seeds share its process, and however many, for every variant). (Its group advantages
-and aggregation are tested against hand-computed numbers in test_advantages.py and test_losses.py.)"""
+"""GRPO: the tied-group gradient, learning, branching, resume, bad input, the update's options (rounds, a floor on
+log σ, the horizon-aware baseline), and seeds side by side (a seed's numbers are bit-identical whatever seeds share
+its process, and however many, for every variant). (Its group advantages and aggregation are tested against
+hand-computed numbers in test_advantages.py and test_losses.py.)"""
 
 from __future__ import annotations
 
