@@ -92,6 +92,13 @@ def _ties(returns: Tensor) -> Tensor:
     return returns.amax(dim=1, keepdim=True) == returns.amin(dim=1, keepdim=True)
 
 
+def _step_ties(rewards: Tensor, mask: Tensor) -> Tensor:
+    """(1, B, 1) bool: every valid step reward of the group is the same (compared exactly).  (T, B, G) → (1, B, 1)."""
+    highest = torch.where(mask, rewards, -torch.inf).amax(dim=(0, 2), keepdim=True)
+    lowest = torch.where(mask, rewards, torch.inf).amin(dim=(0, 2), keepdim=True)
+    return highest == lowest
+
+
 def group_outcome(returns: Tensor, eps: float = 1e-6) -> Tensor:
     """DeepSeekMath's outcome-supervised GRPO advantage (Shao et al. 2024, arXiv 2402.03300, §4.1.2).
 
@@ -166,9 +173,7 @@ def group_process(rewards: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
     var = ((rewards - mean) ** 2 * weights).sum(dim=(0, 2), keepdim=True) / (count - 1).clamp(min=1.0)
     normalized = (rewards - mean) / (var.sqrt() + eps) * weights  # (T, B, G)
     # Ties over a group's steps give exactly zero rather than (r − mean) rounding noise divided by ε.
-    masked_max = torch.where(mask, rewards, -torch.inf).amax(dim=(0, 2), keepdim=True)
-    masked_min = torch.where(mask, rewards, torch.inf).amin(dim=(0, 2), keepdim=True)
-    normalized = normalized.masked_fill(masked_max == masked_min, 0.0)
+    normalized = normalized.masked_fill(_step_ties(rewards, mask), 0.0)
     return normalized.flip(0).cumsum(0).flip(0) * weights
 
 
@@ -258,9 +263,7 @@ def group_step_horizon(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     count = weights.sum(dim=(0, 2), keepdim=True)  # (1, B, 1)
     rate = (rewards * weights).sum(dim=(0, 2), keepdim=True) / count.clamp(min=1.0)  # r̄_b (1, B, 1)
     # A group whose valid rewards all tie gets exactly r − r̄ = 0, not the rounding of Σ r / n away from r.
-    highest = torch.where(mask, rewards, -torch.inf).amax(dim=(0, 2), keepdim=True)  # (1, B, 1)
-    lowest = torch.where(mask, rewards, torch.inf).amin(dim=(0, 2), keepdim=True)
-    excess = torch.where(highest == lowest, 0.0, rewards - rate)  # r − r̄_b (T, B, G)
+    excess = torch.where(_step_ties(rewards, mask), 0.0, rewards - rate)  # r − r̄_b (T, B, G)
     return group_step_baseline(excess, mask, gamma)
 
 
