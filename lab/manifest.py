@@ -2,20 +2,12 @@
 
 ``benchmarks/manifest.yaml`` lists every result the project commits: the command that makes it, its
 seeds and budget, the files it keeps, and, written by ``testbed results run`` and never by hand, where
-and from which code it was last produced. ``testbed results pages`` (``lab.pages``) turns the manifest and
-those files into the site's result pages and the README's generated blocks.
+and from which code it was last produced. ``lab.pages`` turns it and those files into the site's result
+pages and the README's generated blocks.
 
-A rerun is the entry's own command, so it resumes as that command does: a bench or a study reuses its
-finished runs, and a stopped ``results run`` started again goes on from the first entry not yet done.
-
-Runs live under ``runs/``, which git ignores. An entry with ``keep_runs`` keeps what a reader needs of each
-run that ended (``lab.kept``: config, meta, summary, thinned curves; no checkpoint), at its path under the
-command's output, when its command ends or is stopped (``testbed results save`` does it for runs still
-going). A rerun first restores those runs into the output, so that finished runs are reused in any later
-checkout; a run that was cut short starts again, to the same numbers.
-
-An entry that is not to be run on, a study stopped for good short of its trials, says why under
-``stopped``; ``results run`` refuses it by name and passes over it with ``--all`` or ``--cheap``.
+A rerun is the entry's own command, so it resumes as that command does. An entry with ``keep_runs`` keeps
+what a reader needs of each run that ended (``lab.kept``) when its command ends or is stopped, and a rerun
+first restores those runs into the output, so that finished runs are reused in any later checkout.
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -52,46 +44,27 @@ HEADER = """\
 # compute; results produced at a lower version are shown as from older code, with their commit, and stay out
 # of the headline tables.
 """
-ENTRY_KEYS = (
-    "name",
-    "title",
-    "about",
-    "command",
-    "output",
-    "folder",
-    "keep",
-    "page",
-    "seeds",
-    "budget",
-    "cost",
-    "fresh",
-    "last_line",
-    "keep_runs",
-    "tries",
-    "stopped",
-    "produced",
-    "progress",
-)
-"""An entry's keys, in the order the manifest is written."""
+REQUIRED = {"title", "about", "command", "folder", "keep", "seeds", "budget", "cost"}
 TRY_KEYS = {"what", "runs", "steps", "algo", "env", "result"}
 COSTS = ("cheap", "long")
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One committed result: what makes it, what is kept, and where it was last produced."""
+    """One committed result: what makes it, what is kept, and where it was last produced. The fields stand in
+    the order the manifest writes them (``output`` and ``page`` are keyword-only for that)."""
 
     name: str
     title: str
     about: str
     command: str  # as a user types it, from the repository root
+    output: str | None = field(default=None, kw_only=True)  # where the command writes, when not ``folder``
     folder: str  # where the kept files live, relative to the repository root
     keep: tuple[str, ...]  # files or folders, relative to ``folder``
+    page: str | None = field(default=None, kw_only=True)  # the Markdown file (under ``folder``) the page shows
     seeds: str
     budget: str
     cost: str  # "cheap": rerun by ``testbed results run --cheap``
-    page: str | None = None  # the Markdown file (relative to ``folder``) the result page shows
-    output: str | None = None  # where the command writes, when not ``folder``: kept files are copied from it
     fresh: bool = False  # start from an empty ``output``, so the recorded wall time is a first run's
     last_line: str | None = None  # keep the last line the command printed (a test run's count) in this file
     keep_runs: bool = False  # keep each ended run of ``output`` at its path under ``folder`` (``lab.kept``)
@@ -105,6 +78,9 @@ class Entry:
     produced: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, wall_s, code_version
     # Of a long result not produced yet: where its files so far were saved (``testbed results save``).
     progress: dict[str, Any] = field(default_factory=dict)  # commit, date, machine, code_version
+
+
+ENTRY_KEYS = tuple(f.name for f in fields(Entry))
 
 
 @dataclass(frozen=True)
@@ -130,8 +106,7 @@ class Manifest:
         return bool(entry.produced) and not self.current(entry)
 
     def rerunning(self, entry: Entry) -> bool:
-        """Whether the entry, produced by older code, is being rerun by today's: ``testbed results save`` kept
-        the rerun's runs so far, and ``testbed results run NAME`` continues from them."""
+        """Whether the entry, produced by older code, is being rerun by today's (its runs so far saved)."""
         return self.older(entry) and entry.progress.get("code_version") == self.code_version
 
     def in_progress(self, entry: Entry) -> bool:
@@ -142,39 +117,32 @@ class Manifest:
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict) or "name" not in raw:
         raise BadInput(f"{where}: each entry of `results` is a mapping with at least a `name`")
-    unknown = set(raw) - set(ENTRY_KEYS)
-    if unknown:
-        raise BadInput(
-            f"{where}: entry {raw['name']!r} has unknown keys {sorted(unknown)}; the keys: {sorted(ENTRY_KEYS)}"
-        )
-    missing = {"title", "about", "command", "folder", "keep", "seeds", "budget", "cost"} - set(raw)
-    if missing:
-        raise BadInput(f"{where}: entry {raw['name']!r} lacks {sorted(missing)}")
+
+    def refused(problem: str) -> BadInput:
+        return BadInput(f"{where}: entry {raw['name']!r} {problem}")
+
+    if unknown := set(raw) - set(ENTRY_KEYS):
+        raise refused(f"has unknown keys {sorted(unknown)}; the keys: {sorted(ENTRY_KEYS)}")
+    if missing := REQUIRED - set(raw):
+        raise refused(f"lacks {sorted(missing)}")
     if raw["cost"] not in COSTS:
-        raise BadInput(f"{where}: entry {raw['name']!r} has cost {raw['cost']!r}; use one of {COSTS}")
-    values = {k: raw[k] for k in ENTRY_KEYS if k in raw}
-    values["keep"] = tuple(raw["keep"])
+        raise refused(f"has cost {raw['cost']!r}; use one of {COSTS}")
     if raw.get("keep_runs", False) not in (True, False):
-        raise BadInput(f"{where}: entry {raw['name']!r} has keep_runs {raw['keep_runs']!r}; give true or false")
+        raise refused(f"has keep_runs {raw['keep_runs']!r}; give true or false")
     if raw.get("keep_runs") and not (isinstance(raw.get("output"), str) and raw["output"].startswith("runs/")):
-        raise BadInput(
-            f"{where}: entry {raw['name']!r} keeps runs but names no `output` under runs/ to keep them from; give the "
-            "folder its command writes, e.g. runs/bench/NAME"
+        raise refused(
+            "keeps runs but names no `output` under runs/ to keep them from; give the folder its command writes, "
+            "e.g. runs/bench/NAME"
         )
     if raw.get("keep_runs") and raw.get("fresh"):
-        raise BadInput(
-            f"{where}: entry {raw['name']!r} is fresh (its output starts empty) and keeps runs (that a rerun reuses); "
-            "drop one of the two"
-        )
+        raise refused("is fresh (its output starts empty) and keeps runs (that a rerun reuses); drop one of the two")
     if "stopped" in raw and not (isinstance(raw["stopped"], str) and raw["stopped"].strip()):
-        raise BadInput(
-            f"{where}: entry {raw['name']!r} has stopped {raw['stopped']!r}; give the reason it is not to be run on, "
-            "as a text, or drop the key"
+        raise refused(
+            f"has stopped {raw['stopped']!r}; give the reason it is not to be run on, as a text, or drop the key"
         )
-    values["tries"] = tuple(_try(t, f"{where}: entry {raw['name']!r}", raw["command"]) for t in raw.get("tries") or [])
-    values["produced"] = dict(raw.get("produced") or {})
-    values["progress"] = dict(raw.get("progress") or {})
-    return Entry(**values)
+    tries = tuple(_try(t, f"{where}: entry {raw['name']!r}", raw["command"]) for t in raw.get("tries") or [])
+    records = {k: dict(raw.get(k) or {}) for k in ("produced", "progress")}
+    return Entry(**{**raw, "keep": tuple(raw["keep"]), "tries": tries, **records})
 
 
 def _try(raw: Any, where: str, command: str) -> dict[str, Any]:
@@ -215,10 +183,8 @@ def load(root: Path) -> Manifest:
             f"{path} is not valid YAML{where} ({getattr(error, 'problem', None) or 'unreadable'}); quote a text that "
             "holds ': ' or ' #'"
         ) from None
-    if (
-        not isinstance(raw, dict)
-        or not isinstance(raw.get("code_version"), int)
-        or not isinstance(raw.get("results"), list)
+    if not (
+        isinstance(raw, dict) and isinstance(raw.get("code_version"), int) and isinstance(raw.get("results"), list)
     ):
         raise BadInput(f"{path}: needs an integer `code_version` and a list `results`")
     entries = tuple(_entry(r, str(path)) for r in raw["results"])
@@ -229,30 +195,16 @@ def load(root: Path) -> Manifest:
 
 
 def save(root: Path, manifest: Manifest) -> None:
-    """Write the manifest back, keys in a fixed order; written whole to a temporary file, then renamed."""
-    results = []
-    for e in manifest.entries:
-        values = {
-            "name": e.name,
-            "title": e.title,
-            "about": e.about,
-            "command": e.command,
-            "output": e.output,
-            "folder": e.folder,
-            "keep": list(e.keep),
-            "page": e.page,
-            "seeds": e.seeds,
-            "budget": e.budget,
-            "cost": e.cost,
-            "fresh": e.fresh or None,
-            "last_line": e.last_line,
-            "keep_runs": e.keep_runs or None,
-            "tries": [dict(t) for t in e.tries] or None,
-            "stopped": e.stopped,
-            "produced": e.produced or None,
-            "progress": e.progress or None,
+    """Write the manifest back, keys in a fixed order and unset ones left out; written whole to a temporary
+    file, then renamed."""
+    results = [
+        {
+            k: list(v) if isinstance(v, tuple) else v
+            for k in ENTRY_KEYS
+            if (v := getattr(e, k)) not in (None, False, (), {}) or k in REQUIRED
         }
-        results.append({k: values[k] for k in ENTRY_KEYS if values[k] is not None})
+        for e in manifest.entries
+    ]
     text = HEADER + yaml.safe_dump(
         {"code_version": manifest.code_version, "results": results},
         sort_keys=False,
@@ -283,17 +235,15 @@ def git_commit(root: Path) -> str:
     that other reruns are writing meanwhile (benchmarks/results/, docs/) do not count.
     """
     code = ["*.py", "*.yaml", "setup.cfg", ":(exclude)benchmarks/results", ":(exclude)benchmarks/manifest.yaml"]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *code],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head, dirty = (
+            git("rev-parse", "--short", "HEAD"),
+            git("status", "--porcelain", "--untracked-files=no", "--", *code),
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return f"{head}+changes" if dirty else head
@@ -332,40 +282,28 @@ def _copy_kept(source: Path, target: Path, kept: list[str]) -> None:
             shutil.copy2(src, dst)
 
 
-def _keep(root: Path, entry: Entry) -> None:
-    """Copy the kept files from where the command wrote them, replacing the committed ones."""
-    if entry.output is None:
-        return
-    source = root / entry.output
-    copied = [k for k in entry.keep if k != entry.last_line]  # that one is written by the rerun itself
-    missing = [k for k in copied if not (source / k).exists()]
-    if missing:
-        raise BadInput(f"{entry.name}: the command ended but {source} lacks {missing}; nothing was replaced")
-    _copy_kept(source, root / entry.folder, copied)
+def _stamp(commit: str, manifest: Manifest, **more: Any) -> dict[str, Any]:
+    """Where, when and from which code a result's files were made."""
+    today = datetime.date.today().isoformat()
+    return {"commit": commit, "date": today, "machine": machine_line(), **more, "code_version": manifest.code_version}
 
 
 def keep_progress(root: Path, manifest: Manifest, entry: Entry) -> Manifest | None:
     """Keep what a long result's command has written so far (a bench's report as its last invocation left
     it, say) and record where in ``progress``; the manifest as saved, or None when there is nothing to keep.
 
-    A result not produced yet keeps its files so far, and its page shows that part, marked as such
-    (``lab.pages``). A produced one's kept files stay the finished result's until a rerun ends: for a rerun of
-    a result from older code, only the record is written (``Manifest.rerunning``; its runs so far are kept by
-    ``keep``)."""
+    A result not produced yet keeps its files so far, and its page shows that part, marked as such. A produced
+    one's kept files stay the finished result's until a rerun ends: for a rerun of a result from older code,
+    only the record is written (``Manifest.rerunning``; its runs so far are kept by ``keep``)."""
     if entry.output is None or entry.page is None or not (root / entry.output / entry.page).is_file():
         return None
     if entry.produced and not manifest.older(entry):
         return None
     if not entry.produced:
-        kept = [k for k in entry.keep if (root / entry.output / k).exists()]
-        _copy_kept(root / entry.output, root / entry.folder, kept)
-    progress = {
-        "commit": git_commit(root),
-        "date": datetime.date.today().isoformat(),
-        "machine": machine_line(),
-        "code_version": manifest.code_version,
-    }
-    return _record(root, entry.name, progress=progress)
+        _copy_kept(
+            root / entry.output, root / entry.folder, [k for k in entry.keep if (root / entry.output / k).exists()]
+        )
+    return _record(root, entry.name, progress=_stamp(git_commit(root), manifest))
 
 
 def _record(root: Path, name: str, **fields: dict[str, Any]) -> Manifest:
@@ -429,15 +367,11 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
 
     Its kept runs are restored first, and the runs that ended are kept when the command ends, stopped or not."""
     for other in manifest.entries:  # an audit reads its bench's runs, which no checkout keeps: make them first
-        if (
-            other.output
-            and other.output != entry.output
-            and other.output in shlex.split(entry.command)
-            and not (root / other.output).is_dir()
-        ):
+        needed = other.output not in (None, entry.output) and other.output in shlex.split(entry.command)
+        if needed and not (root / other.output).is_dir():
             raise BadInput(
-                f"{entry.name} reads {other.output}, which this checkout lacks; make it first: `testbed results run "
-                f"{other.name} {entry.name}`"
+                f"{entry.name} reads {other.output}, which this checkout lacks; make it first: `testbed results "
+                f"run {other.name} {entry.name}`"
             )
     if entry.fresh and entry.output is not None:
         shutil.rmtree(root / entry.output, ignore_errors=True)
@@ -469,18 +403,17 @@ def rerun(root: Path, manifest: Manifest, entry: Entry) -> Manifest:
             f"{entry.name}: `{entry.command}` exited with status {code} after {wall:.0f} s; its report and the "
             f"manifest are unchanged{kept}. Fix the cause and rerun: finished runs are reused"
         )
-    _keep(root, entry)
+    if entry.output is not None:  # the kept files, from where the command wrote them (the last line it writes here)
+        copied = [k for k in entry.keep if k != entry.last_line]
+        if missing := [k for k in copied if not (root / entry.output / k).exists()]:
+            raise BadInput(
+                f"{entry.name}: the command ended but {root / entry.output} lacks {missing}; nothing was replaced"
+            )
+        _copy_kept(root / entry.output, root / entry.folder, copied)
     if entry.last_line is not None:
         (root / entry.folder).mkdir(parents=True, exist_ok=True)
         (root / entry.folder / entry.last_line).write_text(last + "\n")
-    produced = {
-        "commit": commit,
-        "date": datetime.date.today().isoformat(),
-        "machine": machine_line(),
-        "wall_s": round(wall, 1),
-        "reused_runs": reused,
-        "code_version": manifest.code_version,
-    }
+    produced = _stamp(commit, manifest, wall_s=round(wall, 1), reused_runs=reused)
     return _record(root, entry.name, produced=produced, progress={})
 
 
