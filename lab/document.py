@@ -87,6 +87,11 @@ def render_markdown(blocks: Sequence[Block]) -> str:
     return "\n\n".join(out) + "\n"
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """One table as :func:`render_markdown` writes it, with no closing newline, for text written around it."""
+    return render_markdown([Table(header, rows)]).rstrip("\n")
+
+
 def _html_text(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
 

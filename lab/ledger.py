@@ -21,6 +21,7 @@ from pathlib import Path
 
 from agents.config import read_yaml
 from envs.errors import BadInput
+from lab.document import markdown_table
 from lab.manifest import MANIFEST, Entry, Manifest
 from lab.parser import build_parser
 
@@ -164,6 +165,7 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
                 for s in mine
             )
             rows.append([env, algo, parts, _millions(done), _millions(planned)])
+    header = ["env", "algo", "studies and tries (runs so far / planned)", "env steps so far", "planned"]
     lines = [
         "# Tuning budgets",
         "",
@@ -173,9 +175,7 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
         "the steps they reached, the running trial's so far); a study without one counts its ended trials "
         "whole. Runs on the seeds that final results use (0 …) are not tuning and are not counted.",
         "",
-        "| env | algo | studies and tries (runs so far / planned) | env steps so far | planned |",
-        "|---|---|---|---|---|",
-        *("| " + " | ".join(r) + " |" for r in rows),
+        markdown_table(header, rows),
         "",
         "## Equal budgets?",
         "",
@@ -189,13 +189,9 @@ def ledger_page(root: Path, manifest: Manifest) -> str:
             )
         elif {"ppo", "grpo"} <= set(by_algo):
             (ppo_done, ppo_planned), (grpo_done, grpo_planned) = by_algo["ppo"], by_algo["grpo"]
-            gap = grpo_planned - ppo_planned
+            more = "GRPO" if grpo_planned > ppo_planned else "PPO"
             verdict = (
-                "equal"
-                if gap == 0
-                else f"GRPO {_millions(abs(gap))} more"
-                if gap > 0
-                else f"PPO {_millions(abs(gap))} more"
+                f"{more} {_millions(abs(grpo_planned - ppo_planned))} more" if grpo_planned != ppo_planned else "equal"
             )
             lines.append(
                 f"- {env}: planned {verdict} (PPO {_millions(ppo_planned)}, GRPO {_millions(grpo_planned)}); so far "

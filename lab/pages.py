@@ -16,15 +16,16 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from envs.errors import BadInput
-from lab.document import DASH, fmt_return
+from lab.document import DASH, fmt_return, markdown_table
 from lab.ledger import LEDGER, ledger_page
-from lab.manifest import Manifest, load, pytest_line
-from lab.result_page import completed_runs, final_returns, result_page, score_table, table_text
+from lab.manifest import Entry, Manifest, load, pytest_line
+from lab.result_page import completed_runs, final_returns, result_page, score_table, summary_rows
 from lab.results import natural_key
 
 PAGES = Path("docs/results")
@@ -37,11 +38,8 @@ HEADLINE = "classic"  # the README's table and figure
 CLONE = "clone-size"  # the README's clone line
 # The README's speed sentence: one run against SB3's (the speed entry), then stacks against SB3's processes
 # (entry, case), then what periodic evaluation costs a stack.
-SPEED, STACKS, EVAL_COST = (
-    "speed",
-    (("stacking-lunarlander-halfcheetah", "halfcheetah"), ("stacking-cartpole", "cartpole")),
-    "stacking-eval-cartpole",
-)
+SPEED, EVAL_COST = "speed", "stacking-eval-cartpole"
+STACKS = (("stacking-lunarlander-halfcheetah", "halfcheetah"), ("stacking-cartpole", "cartpole"))
 FIGURE = "plots/LunarLander-v3-steps.png"
 SUITE, REFERENCE = "mujoco-v5", ("ppo", "sb3-ppo")  # the README's MuJoCo summary, and the pair it compares
 # The same pair on more seeds, then with its one differing setting made equal: each adds a sentence to the summary
@@ -74,22 +72,14 @@ def index_page(manifest: Manifest) -> str:
         ("In progress", manifest.in_progress),
         ("Not produced yet", lambda e: not e.produced and not e.progress),
     )
+    header = ["result", "command", "seeds", "machine", "commit, date"]
     for heading, belongs in groups:
-        chosen = [e for e in manifest.entries if belongs(e)]
-        if not chosen:
-            continue
-        made = [e.produced or e.progress for e in chosen]
-        rows = [
-            [
-                f"[{e.title}]({e.name}.md)",
-                f"`{e.command}`",
-                e.seeds,
-                str(p.get("machine", DASH)).split(";")[0],
-                f"{p.get('commit', DASH)}, {p.get('date', DASH)}",
-            ]
-            for e, p in zip(chosen, made)
-        ]
-        lines += [f"## {heading}", "", table_text(["result", "command", "seeds", "machine", "commit, date"], rows), ""]
+        rows = []
+        for e in filter(belongs, manifest.entries):
+            p = e.produced or e.progress
+            machine, made = str(p.get("machine", DASH)).split(";")[0], f"{p.get('commit', DASH)}, {p.get('date', DASH)}"
+            rows.append([f"[{e.title}]({e.name}.md)", f"`{e.command}`", e.seeds, machine, made])
+        lines += [f"## {heading}", "", markdown_table(header, rows), ""] if rows else []
     return "\n".join(lines)
 
 
@@ -109,17 +99,17 @@ def clone_line(root: Path, manifest: Manifest) -> str:
     )
 
 
-def _rows(root: Path, manifest: Manifest, name: str, file: str) -> list[dict[str, str]]:
-    """The rows of a speed result's CSV that completed (exit status 0); none when it was not measured."""
+def _walls(root: Path, manifest: Manifest, name: str, file: str) -> dict[tuple[str, str], list[float]]:
+    """Each completed process's wall time (exit status 0) in a speed result's CSV, by (case, impl); none when it
+    was not measured."""
     path = root / manifest.entry(name).folder / file
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return [row for row in csv.DictReader(f) if row["returncode"] == "0"]
-
-
-def _walls(rows: list[dict[str, str]], case: str, impl: str) -> list[float]:
-    return [float(row["wall_s"]) for row in rows if row["case"] == case and row["impl"] == impl]
+    walls: dict[tuple[str, str], list[float]] = {}
+    if path.exists():
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row["returncode"] == "0":
+                    walls.setdefault((row["case"], row["impl"]), []).append(float(row["wall_s"]))
+    return walls
 
 
 def _dated(manifest: Manifest, name: str) -> str:
@@ -133,11 +123,11 @@ def speed_line(root: Path, manifest: Manifest) -> str:
     """The README's speed sentence, from the speed and stacking results' CSVs: SB3's median process time over
     ours for one run (``benchmarks/speed.py``), SB3's processes' total time over our stack's
     (``benchmarks/stacking.py``), and a stack's median time with periodic evaluation over without it."""
-    speed = _rows(root, manifest, SPEED, "speed.csv")
+    speed = _walls(root, manifest, SPEED, "speed.csv")
     ratios = {
-        case: float(np.median(_walls(speed, case, "sb3")) / np.median(_walls(speed, case, "ours")))
+        case: float(np.median(speed[case, "sb3"]) / np.median(speed[case, "ours"]))
         for case in ("cartpole", "halfcheetah")
-        if _walls(speed, case, "sb3") and _walls(speed, case, "ours")
+        if (case, "sb3") in speed and (case, "ours") in speed
     }
     if len(ratios) < 2:
         return f"Not measured yet: `testbed results run {SPEED}` times one run of ours against SB3's."
@@ -147,17 +137,16 @@ def speed_line(root: Path, manifest: Manifest) -> str:
     )
     stacked = []
     for name, case in STACKS:
-        rows = _rows(root, manifest, name, "stacking.csv")
-        if _walls(rows, case, "stacked") and _walls(rows, case, "sb3"):
-            ratio = sum(_walls(rows, case, "sb3")) / sum(_walls(rows, case, "stacked"))
-            stacked.append(
-                f"{ratio:.2f}× on {'HalfCheetah' if case == 'halfcheetah' else 'CartPole'} ({_dated(manifest, name)})"
-            )
+        walls = _walls(root, manifest, name, "stacking.csv")
+        if (case, "stacked") in walls and (case, "sb3") in walls:
+            ratio = sum(walls[case, "sb3"]) / sum(walls[case, "stacked"])
+            shown = "HalfCheetah" if case == "halfcheetah" else "CartPole"
+            stacked.append(f"{ratio:.2f}× on {shown} ({_dated(manifest, name)})")
     if stacked:
         text += f"; 8 seeds in one process are {' and '.join(stacked)} as fast as 8 SB3 processes"
-    rows = _rows(root, manifest, EVAL_COST, "stacking.csv")
-    if _walls(rows, "cartpole", "stacked_eval"):
-        cost = np.median(_walls(rows, "cartpole", "stacked_eval")) / np.median(_walls(rows, "cartpole", "stacked"))
+    walls = _walls(root, manifest, EVAL_COST, "stacking.csv")
+    if ("cartpole", "stacked_eval") in walls:
+        cost = np.median(walls["cartpole", "stacked_eval"]) / np.median(walls.get(("cartpole", "stacked"), []))
         text += f"; periodic evaluation costs such a stack {cost:.2f}× its time ({_dated(manifest, EVAL_COST)})"
     return text + f". Each is a whole process on one core; {BUSY}."
 
@@ -194,19 +183,17 @@ def trailing(rows: list[dict[str, str]], x: str, y: str) -> str:
     return f"{x} below {y} on {len(below)} of {len(envs)}{which}"
 
 
-def iqms(report: str) -> dict[str, str]:
-    """Each algo's IQM normalized score across the envs with its 95% CI, "1.1 [1.0, 1.2]", from a bench
-    report's table (lab.normalized writes it); empty if the report has none."""
+def read_comparison(report: str) -> tuple[dict[str, str], str | None, dict[str, str]]:
+    """From a bench report's normalized scores (lab.normalized writes them), each as "1.1 [1.0, 1.2]": each
+    algo's IQM normalized score across the envs with its 95% CI; P(x > y) across the envs for the REFERENCE
+    pair; and P(x > y) on each env alone, by env label. Empty, or None, where the report has none."""
     across = report[report.find("Normalized scores across envs") :]
-    return dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
-
-
-def improvement_by_env(report: str) -> dict[str, str]:
-    """P(x > y) on each env alone for the REFERENCE pair, "0.5 [0.2, 0.8]" by env label, from a bench
-    report's "By env" table (lab.normalized writes it); empty if the report has none."""
+    iqm = dict(re.findall(r"^\| (\S+) \| ([-\d.]+ \[[-\d.]+, [-\d.]+\]) \| [-\d.]+ \[", across, re.M))
     x, y = map(re.escape, REFERENCE)
-    found = re.findall(rf"^\| (\S+) \| {x} \| {y} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", report, re.M)
-    return {env: f"{p} {ci}" for env, p, ci in found}
+    # The table across envs is the first whose rows begin with the pair; the one by env has the env first.
+    better = re.search(rf"^\| {x} \| {y} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", across, re.M)
+    by_env = re.findall(rf"^\| (\S+) \| {x} \| {y} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", report, re.M)
+    return iqm, better and f"{better.group(1)} {better.group(2)}", {env: f"{p} {ci}" for env, p, ci in by_env}
 
 
 def scale_table(root: Path, manifest: Manifest) -> str:
@@ -216,8 +203,7 @@ def scale_table(root: Path, manifest: Manifest) -> str:
     x, y = REFERENCE
     entries = [manifest.entry(name) for name, _ in CHECKS]
     returns = [final_returns(completed_runs(root, entry)) for entry in entries]
-    reports = [(root / entry.folder / "report.md").read_text() for entry in entries]
-    better, iqm = [improvement_by_env(report) for report in reports], [iqms(report) for report in reports]
+    iqm, _, better = zip(*(read_comparison((root / entry.folder / "report.md").read_text()) for entry in entries))
     envs = sorted(set(better[0]) & set(better[1]))
     if not envs or not all(x in scores and y in scores for scores in iqm):
         names = " ".join(entry.name for entry in entries)
@@ -242,7 +228,7 @@ def scale_table(root: Path, manifest: Manifest) -> str:
     if done:  # until then the two IQMs span different tasks
         table.append(["IQM normalized score", iqm[0][x], iqm[1][x], iqm[1][y]])
     return (
-        table_text(["task", "ours", "ours at SB3's scale", "SB3's"], table) + "\n\n"
+        markdown_table(["task", "ours", "ours at SB3's scale", "SB3's"], table) + "\n\n"
         f"Mean final return over seeds {entries[1].seeds} and P({x} > {y}) on each task [95% CI]"
         + ("; IQM across the tasks [95% CI]." if done else f". In progress: {len(envs)} tasks so far.")
         + f" [Ours and SB3's](results/{entries[0].name}.md), [ours at SB3's scale](results/{entries[1].name}.md), "
@@ -250,19 +236,16 @@ def scale_table(root: Path, manifest: Manifest) -> str:
     )
 
 
-def iqm_and_improvement(report: str) -> tuple[str, str] | None:
-    """From a bench report, as the README words them: each algo's IQM normalized score across the envs with its
-    95% CI ("ppo 1.1 [1.0, 1.2], …"), and "P(x > y) = p [lo, hi]" for the REFERENCE pair; None if the report
-    has no such comparison."""
-    iqm = iqms(report)
-    x, y = REFERENCE
-    across = report[report.find("Normalized scores across envs") :]
-    # lab.normalized writes this table, and under it one whose rows begin with the env.
-    better = re.search(rf"^\| {re.escape(x)} \| {re.escape(y)} \| ([\d.]+) \| (\[[\d.]+, [\d.]+\]) \|$", across, re.M)
+def _compared(root: Path, entry: Entry) -> tuple[str, str]:
+    """Each algo's IQM across the envs and P(x > y) for the REFERENCE pair, as the README words them ("ppo 1.1
+    [1.0, 1.2], …" and "P(x > y) = p [lo, hi]"), from the entry's kept report."""
+    iqm, better, _ = read_comparison((root / entry.folder / "report.md").read_text())
     if not iqm or better is None:
-        return None
-    scores = ", ".join(f"{algo} {value}" for algo, value in iqm.items())
-    return scores, f"P({x} > {y}) = {better.group(1)} {better.group(2)}"
+        raise BadInput(
+            f"{entry.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it with `testbed "
+            f"results run {entry.name}`"
+        )
+    return ", ".join(f"{algo} {value}" for algo, value in iqm.items()), f"P({' > '.join(REFERENCE)}) = {better}"
 
 
 def suite_summary(root: Path, manifest: Manifest) -> str:
@@ -271,11 +254,10 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
     on which tasks GRPO trails our PPO and our PPO trails SB3's; then the same IQMs and P from each of CHECKS
     that is produced."""
     entry = manifest.entry(SUITE)
-    report = (root / entry.folder / "report.md").read_text()
     # lab.published writes "ALGO at or above K of N figures (below: ENV (MEASURE), …)".
+    report = (root / entry.folder / "report.md").read_text()
     met = re.findall(r"(\S+) at or above (\d+) of (\d+) figures(?: \(below: (.*?\))\))?", report)
-    comparison = iqm_and_improvement(report)
-    if not met or comparison is None:
+    if not met:
         raise BadInput(
             f"{entry.folder}/report.md lacks the figures met, the IQM table or P({' > '.join(REFERENCE)}); rebuild it "
             f"with `testbed results run {SUITE}`"
@@ -285,35 +267,28 @@ def suite_summary(root: Path, manifest: Manifest) -> str:
         f"{algo} {k} of {n}" + (f" (not {below})" if below and int(n) - int(k) <= 3 else "")
         for algo, k, n, below in met
     )
-    scores, better = comparison
+    scores, better = _compared(root, entry)
     text = (
         f"On the MuJoCo v5 suite ([results](docs/results/{SUITE}.md), seeds {entry.seeds}, "
         f"{entry.produced.get('date', 'undated')}), the best published PPO figures met, each by its source's protocol: "
         f"{figures}. IQM normalized score across the envs [95% CI]: {scores}; {better}. Mean final return by task: "
         f"{'; '.join(trailing(completed_runs(root, entry), *pair) for pair in TRAILS)}."
     )
+    produced = {e.name: e for e in manifest.entries if e.produced}
     for name, label in CHECKS:
-        check = next((e for e in manifest.entries if e.name == name and e.produced), None)
-        if check is None:
-            continue
-        more = iqm_and_improvement((root / check.folder / "report.md").read_text())
-        if more is None:
-            raise BadInput(
-                f"{check.folder}/report.md lacks the IQM table or P({' > '.join(REFERENCE)}); rebuild it with `testbed "
-                f"results run {name}`"
+        if check := produced.get(name):
+            scores, better = _compared(root, check)
+            text += (
+                f" {label.format(seeds=check.seeds)} ([results](docs/results/{name}.md), "
+                f"{check.produced.get('date', 'undated')}): IQM {scores}; {better}."
             )
-        text += (
-            f" {label.format(seeds=check.seeds)} ([results](docs/results/{name}.md), "
-            f"{check.produced.get('date', 'undated')}): IQM {more[0]}; {more[1]}."
-        )
     return text
 
 
 def readme_blocks(root: Path, manifest: Manifest) -> dict[str, str]:
     """The text of each generated block of the README, by block name."""
     quick, tests, headline = manifest.entry("quick"), manifest.entry("tests"), manifest.entry(HEADLINE)
-    summary = root / quick.folder / "summary.csv"
-    runs = sum(1 for _ in csv.DictReader(summary.open(newline=""))) if summary.exists() else 0
+    runs = len(summary_rows(root, quick))
     qp, tp = quick.produced, tests.produced
     closing = root / tests.folder / (tests.last_line or "")
     counted = pytest_line(closing.read_text()) if tests.last_line and closing.exists() and "wall_s" in tp else None
@@ -358,44 +333,49 @@ def variant(env_label: str) -> str:
     return f"{match.group(1).replace('_', ' ')} {match.group(2)}" if match else env_label
 
 
+def _mean_table(
+    header: list[str], cells: list[tuple[tuple[str, ...], str, float | None]], shown: Callable[[list[float]], str]
+) -> str:
+    """The mean of each row key's values (rows) in each task variant (columns, in numeric order), as ``shown``
+    writes a cell's values; a dash where there are none. ``cells``: (row key, variant, value or None)."""
+    variants = sorted({v for _, v, _ in cells}, key=natural_key)
+    table = []
+    for key in sorted({k for k, _, _ in cells}):
+        values = {v: [x for k, w, x in cells if (k, w) == (key, v) and x is not None] for v in variants}
+        table.append([*key, *(shown(values[v]) if values[v] else DASH for v in variants)])
+    return markdown_table([*header, *variants], table)
+
+
+def _source(manifest: Manifest, entry: Entry) -> str:
+    """Where a guide's table comes from: the result's page, command, seeds and commit."""
+    caveat = ", **older code**" if manifest.older(entry) else ""
+    return (
+        f"[{entry.name}](results/{entry.name}.md): `{entry.command}`, seeds {entry.seeds}, commit "
+        f"{entry.produced.get('commit', 'not recorded')}{caveat}"
+    )
+
+
 def credit_table(root: Path, manifest: Manifest, names: list[str]) -> str:
     """Final evaluation return by algo (rows) and task variant (columns: horizon, reward delay), the mean over
     the seeds of the studies ``names``, whose commands, seeds and commits the caption gives."""
-    rows: list[dict[str, str]] = []
     entries = [manifest.entry(name) for name in names]
-    for entry in entries:
-        rows += [{**r, "study": entry.name} for r in completed_runs(root, entry)]
-    studies_of = {a: {r["study"] for r in rows if r["algo"] == a} for a in {r["algo"] for r in rows}}
-    for r in rows:  # an algo that two studies ran is two rows: their settings may differ
-        r["label"] = r["algo"] if len(studies_of[r["algo"]]) == 1 else f"{r['algo']} ({r['study']})"
+    rows = [(entry.name, r) for entry in entries for r in completed_runs(root, entry)]
     if not rows:
         raise BadInput(f"{', '.join(names)}: no completed run; produce it with `testbed results run {' '.join(names)}`")
-
-    def order(name: str) -> tuple[float, str]:
-        value = name.rsplit(" ", 1)[-1]
-        return (float(value), name) if value.replace(".", "", 1).isdigit() else (float("inf"), name)
-
-    variants = sorted({variant(r["env_id"]) for r in rows}, key=order)
-    table = []
-    for label in sorted({r["label"] for r in rows}):
-        cells = [label]
-        for v in variants:
-            scores = [
-                float(r["final_eval_return_mean"]) for r in rows if r["label"] == label and variant(r["env_id"]) == v
-            ]
-            cells.append(f"{fmt_return(sum(scores) / len(scores))} ({len(scores)})" if scores else DASH)
-        table.append(cells)
-    sources = []
-    for entry in entries:
-        p = entry.produced
-        caveat = ", **older code**" if manifest.older(entry) else ""
-        sources.append(
-            f"[{entry.name}](results/{entry.name}.md): `{entry.command}`, seeds {entry.seeds}, commit "
-            f"{p.get('commit', 'not recorded')}{caveat}"
+    studies_of = {a: {study for study, r in rows if r["algo"] == a} for a in {r["algo"] for _, r in rows}}
+    # An algo that two studies ran is two rows: their settings may differ.
+    cells = [
+        (
+            (r["algo"] if len(studies_of[r["algo"]]) == 1 else f"{r['algo']} ({study})",),
+            variant(r["env_id"]),
+            float(r["final_eval_return_mean"]),
         )
+        for study, r in rows
+    ]
+    table = _mean_table(["algo"], cells, lambda v: f"{fmt_return(sum(v) / len(v))} ({len(v)})")
     return (
-        f"{table_text(['algo', *variants], table)}\n\nFinal evaluation return, the mean over seeds (their number in "
-        f"brackets). From {'; '.join(sources)}."
+        f"{table}\n\nFinal evaluation return, the mean over seeds (their number in brackets). From "
+        f"{'; '.join(_source(manifest, entry) for entry in entries)}."
     )
 
 
@@ -419,26 +399,12 @@ def audit_table(root: Path, manifest: Manifest, name: str, score: str, checkpoin
         rows = [r for r in csv.DictReader(f) if r["steps_left"] == "all" and r["checkpoint"] == f"{checkpoint}.pt"]
     if not rows:
         raise BadInput(f"{name}: no audited checkpoint {checkpoint}.pt in {source.relative_to(root)}")
-
-    variants = sorted({variant(r["env"]) for r in rows}, key=natural_key)
-    table = []
-    for algo, estimator in sorted({(r["algo"], r["estimator"]) for r in rows}):
-        cells = [algo, estimator]
-        for v in variants:
-            values = [
-                float(r[score])
-                for r in rows
-                if (r["algo"], r["estimator"], variant(r["env"])) == (algo, estimator, v) and r[score]
-            ]
-            cells.append(f"{sum(values) / len(values):.2f}" if values else DASH)
-        table.append(cells)
-    p = entry.produced
-    caveat = ", **older code**" if manifest.older(entry) else ""
+    cells = [((r["algo"], r["estimator"]), variant(r["env"]), float(r[score]) if r[score] else None) for r in rows]
+    table = _mean_table(["algo", "estimator"], cells, lambda v: f"{sum(v) / len(v):.2f}")
     return (
-        f"{table_text(['algo', 'estimator', *variants], table)}\n\n{AUDIT_SCORES[score][0].upper()}"
-        f"{AUDIT_SCORES[score][1:]}, at the checkpoints `{checkpoint}.pt`, the mean over seeds; {DASH}: no sample "
-        f"had a clear sign, or the truth did not vary. From [{name}](results/{name}.md): `{entry.command}`, "
-        f"seeds {entry.seeds}, commit {p.get('commit', 'not recorded')}{caveat}."
+        f"{table}\n\n{AUDIT_SCORES[score][0].upper()}{AUDIT_SCORES[score][1:]}, at the checkpoints `{checkpoint}.pt`, "
+        f"the mean over seeds; {DASH}: no sample had a clear sign, or the truth did not vary. From "
+        f"{_source(manifest, entry)}."
     )
 
 
@@ -483,11 +449,11 @@ def fill_blocks(text: str, blocks: dict[str, str], where: Path = README) -> str:
         pattern = re.compile(
             rf"(<!-- BEGIN generated: {re.escape(name)} -->\n).*?(\n<!-- END generated: {re.escape(name)} -->)", re.S
         )
-        if not pattern.search(text):
+        text, found = pattern.subn(lambda m, content=content: m.group(1) + content + m.group(2), text)
+        if not found:
             raise BadInput(
                 f"{where} lacks the block `<!-- BEGIN generated: {name} -->` … `<!-- END generated: {name} -->`"
             )
-        text = pattern.sub(lambda m: m.group(1) + content + m.group(2), text)  # noqa: B023  (called within this iteration)
     return text
 
 

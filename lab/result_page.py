@@ -1,6 +1,6 @@
 """One result's page of the site, made from its manifest entry and the files it keeps, in the order a reader
-wants it: the scores by task and algo, the kept report's tables and figures, how it was produced (command,
-seeds, machine, code, what the runs spent, the kept files), then the entry's own words about it.
+wants it: the scores by task and algo, the kept report's tables and figures, how it was produced, then the
+entry's own words about it.
 
 The site reaches the kept files through ``docs/results/files``, a link to ``benchmarks/results``, so a page
 shows a report's figures where they are committed instead of a copy of them, and links the kept data files;
@@ -17,7 +17,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 
 from envs.errors import BadInput
-from lab.document import DASH, Table, fmt_ci, fmt_return, render_markdown
+from lab.document import DASH, fmt_ci, fmt_return, markdown_table
 from lab.manifest import Entry, Manifest
 from lab.results import natural_key
 from lab.stats import FEW_SEEDS, bootstrap_ci, few_seeds_note, mark_few
@@ -32,18 +32,16 @@ def _demote(markdown: str) -> str:
     """Headings one level down (the page's own title is the only ``#``), code blocks left alone."""
     lines, fenced = [], False
     for line in markdown.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
+        fenced ^= line.startswith("```")
         lines.append("#" + line if not fenced and re.match(r"#{1,5} ", line) else line)
     return "\n".join(lines)
 
 
 def _relink(markdown: str, root: Path, source: Path) -> str:
-    """Point relative links of a kept file at the files under ``docs/results/files``.
-
-    A link that leaves ``benchmarks/results`` or names a Markdown file (kept files are not pages) keeps
-    only its text, so the site never has a broken link.
-    """
+    """Point relative links of a kept file at the files under ``docs/results/files``. A link that leaves
+    ``benchmarks/results`` or names a Markdown file (kept files are not pages) keeps only its text, so the
+    site never has a broken link."""
+    results = (root / RESULTS).resolve()
 
     def one(match: re.Match[str]) -> str:
         label, target = match.group(1), match.group(2)
@@ -51,7 +49,6 @@ def _relink(markdown: str, root: Path, source: Path) -> str:
             return match.group(0)
         path, _, anchor = target.partition("#")
         resolved = (root / source.parent / unquote(path)).resolve()  # reports percent-encode [ ] = in names
-        results = (root / RESULTS).resolve()
         if not resolved.is_relative_to(results) or resolved.suffix == ".md" or not resolved.exists():
             return label.lstrip("!").strip("[]")
         return f"{label}({FILES}/{quote(resolved.relative_to(results).as_posix())}{'#' + anchor if anchor else ''})"
@@ -59,15 +56,18 @@ def _relink(markdown: str, root: Path, source: Path) -> str:
     return LINK.sub(one, markdown)
 
 
-def table_text(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table as the reports render theirs, so that a page's own tables read like its report's."""
-    return render_markdown([Table(header, rows)]).rstrip("\n")
+def summary_rows(root: Path, entry: Entry) -> list[dict[str, str]]:
+    """The rows of an entry's kept summary.csv, one per run; none where it has none."""
+    path = root / entry.folder / "summary.csv"
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def completed_runs(root: Path, entry: Entry) -> list[dict[str, str]]:
-    """The rows of an entry's kept summary.csv (one per run) whose run completed."""
-    with open(root / entry.folder / "summary.csv", newline="") as f:
-        return [r for r in csv.DictReader(f) if r["status"] == "completed"]
+    """The rows of an entry's kept summary.csv whose run completed."""
+    return [r for r in summary_rows(root, entry) if r["status"] == "completed"]
 
 
 def final_returns(rows: list[dict[str, str]]) -> dict[tuple[str, str], list[float]]:
@@ -89,20 +89,18 @@ def score_table(rows: list[dict[str, str]]) -> str:
         cells = [env]
         for algo in algos:
             scores = np.array(returns.get((env, algo), []))
-            few += [scores.size] if 0 < scores.size < FEW_SEEDS else []
-            ci = mark_few(fmt_ci(*bootstrap_ci(scores)), scores.size) if scores.size else ""
-            cells.append(f"{fmt_return(float(scores.mean()))} {ci}" if scores.size else DASH)
+            if not scores.size:
+                cells.append(DASH)
+                continue
+            few += [scores.size] if scores.size < FEW_SEEDS else []
+            cells.append(f"{fmt_return(float(scores.mean()))} {mark_few(fmt_ci(*bootstrap_ci(scores)), scores.size)}")
         table.append(cells)
-    return table_text(["env", *algos], table) + (f"\n\n{few_seeds_note(min(few))}" if few else "")
+    return markdown_table(["env", *algos], table) + (f"\n\n{few_seeds_note(min(few))}" if few else "")
 
 
-def scores_section(root: Path, entry: Entry) -> list[str]:
+def _scores(root: Path, entry: Entry) -> list[str]:
     """A result page's opening: :func:`score_table` of its kept summary.csv, if it keeps one with final returns."""
-    path = root / entry.folder / "summary.csv"
-    if "summary.csv" not in entry.keep or not path.exists():
-        return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = summary_rows(root, entry) if "summary.csv" in entry.keep else []
     if not any(r.get("status") == "completed" and r.get("final_eval_return_mean") and r.get("env_id") for r in rows):
         return []
     return [
@@ -110,17 +108,15 @@ def scores_section(root: Path, entry: Entry) -> list[str]:
         "",
         score_table(rows),
         "",
-        (
-            "The final evaluation return of each completed run (`summary.csv`): mean over seeds [95% bootstrap CI over "
-            "seeds]. How each run was scored, and the rest of the report, follow."
-        ),
+        "The final evaluation return of each completed run (`summary.csv`): mean over seeds [95% bootstrap CI over "
+        "seeds]. How each run was scored, and the rest of the report, follow.",
         "",
     ]
 
 
 def _section(markdown: str, title: str) -> tuple[str, str]:
-    """(``markdown`` without its ``### title`` section, that section): a section moves elsewhere on the page;
-    (``markdown``, "") where there is none."""
+    """(``markdown`` without its ``### title`` section, that section), so that the section moves elsewhere on the
+    page; (``markdown``, "") where there is none."""
     lines = markdown.splitlines()
     start = next((i for i, line in enumerate(lines) if line == f"### {title}"), None)
     if start is None:
@@ -129,40 +125,34 @@ def _section(markdown: str, title: str) -> tuple[str, str]:
     return "\n".join(lines[:start] + lines[end:]), "\n".join(lines[start:end]).strip()
 
 
-def _compute(root: Path, entry: Entry, report: str) -> list[tuple[str, str]]:
+def _compute(root: Path, entry: Entry, report: str) -> list[list[str]]:
     """What the runs spent, as the report states it (its Compute and Wall-clock lines, lab.cost writes them),
     else the sum of the kept summary.csv's run times; the last invocation's time is only that."""
     rows = []
     if found := re.search(r"^- Compute: ([\d,]+) env steps in ([\d.e+]+) core-hours", report, re.MULTILINE):
-        rows.append(("compute", f"{found.group(2)} core-hours for {found.group(1)} env steps, all its runs"))
-    wall_clock = r"^- Wall-clock: ([\d.e+]+) h in (\d+ invocations?) of `testbed bench`"
-    if found := re.search(wall_clock, report, re.MULTILINE):
-        rows.append(("wall-clock", f"{found.group(1)} h in {found.group(2)} of `testbed bench`, start to end"))
-    summary = root / entry.folder / "summary.csv"
-    if not rows and "summary.csv" in entry.keep and summary.exists():
-        with open(summary, newline="") as f:
-            times = [float(r["wall_time_s"]) for r in csv.DictReader(f) if r.get("wall_time_s")]
-        if times:
-            rows.append(
-                (
-                    "runs' wall time",
-                    (
-                        f"{sum(times) / 3600:.3g} h, the sum over its {len(times)} runs (seeds trained side by side in "
-                        "one process each count the whole process)"
-                    ),
-                )
-            )
+        rows.append(["compute", f"{found.group(2)} core-hours for {found.group(1)} env steps, all its runs"])
+    if found := re.search(r"^- Wall-clock: ([\d.e+]+) h in (\d+ invocations?) of `testbed bench`", report, re.M):
+        rows.append(["wall-clock", f"{found.group(1)} h in {found.group(2)} of `testbed bench`, start to end"])
+    summary = summary_rows(root, entry) if "summary.csv" in entry.keep and not rows else []
+    if times := [float(r["wall_time_s"]) for r in summary if r.get("wall_time_s")]:
+        rows.append(
+            [
+                "runs' wall time",
+                f"{sum(times) / 3600:.3g} h, the sum over its {len(times)} runs (seeds trained side by side in one "
+                "process each count the whole process)",
+            ]
+        )
     p = entry.produced or entry.progress
     if "wall_s" in p:
         reused = "; it reused runs an earlier invocation had finished" if p.get("reused_runs") else ""
-        rows.append(("last run's wall time", f"{p['wall_s']:,.0f} s (the whole command, as last run{reused})"))
+        rows.append(["last run's wall time", f"{p['wall_s']:,.0f} s (the whole command, as last run{reused})"])
     return rows
 
 
 def _kept(root: Path, entry: Entry, source: Path) -> str:
-    """The kept files, each a link where the site carries it (docs/hooks/kept_files.py includes what a page
-    links): a Markdown file is shown as text (the page is made of it; the site builds no page of its own from
-    it), a folder too (its figures are on the page)."""
+    """The kept files, each a link where the site carries it (a page's links): a Markdown file is shown as text
+    (the page is made of it; the site builds no page of its own from it), a folder too (its figures are on
+    the page)."""
     names, results = [], (root / RESULTS).resolve()
     for kept in entry.keep:
         path = root / entry.folder / kept
@@ -179,19 +169,15 @@ def _notes(root: Path, manifest: Manifest, entry: Entry) -> list[str]:
     """The warnings that qualify every number of the page: from older code, or saved part way."""
     p, lines = entry.produced or entry.progress, []
     if manifest.older(entry):
+        rerun = (
+            f" That rerun is under way: the runs today's code has finished are kept in its folder (saved "
+            f"{entry.progress.get('date')}), in place of the older ones, and the command continues from them."
+        )
         lines += [
-            (
-                f'!!! warning "From older code"\n    Produced at commit {p.get("commit", "not recorded")}, '
-                "before a change to what the algorithms compute: the numbers may differ from today's code "
-                "by more than seed noise. It is left out of the headline tables until it is rerun with "
-                f"`testbed results run {entry.name}`."
-                + (
-                    f" That rerun is under way: the runs today's code has finished are kept in its folder (saved "
-                    f"{entry.progress.get('date')}), in place of the older ones, and the command continues from them."
-                    if manifest.rerunning(entry)
-                    else ""
-                )
-            ),
+            f'!!! warning "From older code"\n    Produced at commit {p.get("commit", "not recorded")}, before a '
+            "change to what the algorithms compute: the numbers may differ from today's code by more than seed "
+            "noise. It is left out of the headline tables until it is rerun with "
+            f"`testbed results run {entry.name}`." + (rerun if manifest.rerunning(entry) else ""),
             "",
         ]
     if manifest.in_progress(entry):
@@ -201,11 +187,9 @@ def _notes(root: Path, manifest: Manifest, entry: Entry) -> list[str]:
             else "what its command had finished"
         )
         lines += [
-            (
-                f'!!! note "In progress"\n    Saved part way on {p.get("date")} at commit {p.get("commit")}: '
-                f"{runs}, as the command's last invocation reported them. `testbed results run {entry.name}` "
-                "goes on with the rest; the numbers here are final for the runs they show."
-            ),
+            f'!!! note "In progress"\n    Saved part way on {p.get("date")} at commit {p.get("commit")}: {runs}, as '
+            f"the command's last invocation reported them. `testbed results run {entry.name}` goes on with the "
+            "rest; the numbers here are final for the runs they show.",
             "",
         ]
     return lines
@@ -226,31 +210,30 @@ def result_page(root: Path, manifest: Manifest, entry: Entry) -> str:
     elif entry.page or entry.last_line:
         body = (root / source).read_text()
     if body.startswith("# "):  # the page has its own title
-        body = body.split("\n", 1)[1] if "\n" in body else ""
+        body = body.partition("\n")[2]
     p = entry.produced or entry.progress
     rows = [
-        ("command", f"`{entry.command}`"),
-        ("seeds", entry.seeds),
-        ("budget", entry.budget),
-        ("machine", p.get("machine", "not recorded")),
-        ("code", f"commit {p.get('commit', 'not recorded')}"),
-        ("date", str(p.get("date", "not recorded"))),
+        ["command", f"`{entry.command}`"],
+        ["seeds", entry.seeds],
+        ["budget", entry.budget],
+        ["machine", p.get("machine", "not recorded")],
+        ["code", f"commit {p.get('commit', 'not recorded')}"],
+        ["date", str(p.get("date", "not recorded"))],
         *_compute(root, entry, body),
     ]
     results, what_was_run = _section(_demote(_relink(body.strip(), root, source)), "What was run")
-    scores = scores_section(root, entry)
-    report = ["## The report", ""] if scores and results.strip() else []
+    scores = _scores(root, entry)
     lines = [
         f"# {entry.title}",
         "",
         *_notes(root, manifest, entry),
         *scores,
-        *report,
+        *(["## The report", ""] if scores and results.strip() else []),
         results.strip(),
         "",
         "## How it was made",
         "",
-        table_text(["", ""], [list(r) for r in rows]),
+        markdown_table(["", ""], rows),
         "",
         _kept(root, entry, source),
         "",
