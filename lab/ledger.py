@@ -125,20 +125,9 @@ def spends(root: Path, manifest: Manifest) -> list[Spend]:
             report = report_lines(root, entry)
             done = min(trials_done(root, report, name, args.storage), args.trials)
             steps = kept_steps(root, entry) or args.total_steps or 0
-            planned = done if entry.stopped else args.trials
+            runs = (done * args.seeds, (done if entry.stopped else args.trials) * args.seeds)  # so far, planned
             what = f"study, {args.trials} trials × {args.seeds} seeds{f', stopped at {done}' if entry.stopped else ''}"
-            out.append(
-                Spend(
-                    args.algo,
-                    args.env,
-                    entry.name,
-                    what,
-                    done * args.seeds,
-                    planned * args.seeds,
-                    steps,
-                    steps_spent(report),
-                )
-            )
+            out.append(Spend(args.algo, args.env, entry.name, what, *runs, steps, steps_spent(report)))
         for tried in entry.tries:
             algo, env = tried.get("algo", args.algo if args else ""), tried.get("env", args.env if args else "")
             out.append(Spend(algo, env, entry.name, tried["what"], tried["runs"], tried["runs"], tried["steps"]))

@@ -3,9 +3,8 @@ and its files.
 
 Nothing here is typed by hand: ``render_all`` reads ``benchmarks/manifest.yaml``, the files each entry
 keeps and the figures ``testbed docs`` wrote, and returns the text of every generated page, of the README
-and of the guides. ``testbed results pages`` writes
-them; a test checks that the committed ones are what ``render_all`` gives, so a page never disagrees
-with the files it shows.
+and of the guides. ``testbed results pages`` writes them; a test checks that the committed ones are what
+``render_all`` gives, so a page never disagrees with the files it shows.
 
 One result's page is made by ``lab.result_page``; this module gathers them with the index, the README's
 blocks and the guides' tables.

@@ -199,19 +199,17 @@ def result_page(root: Path, manifest: Manifest, entry: Entry) -> str:
     """One result's page, in the order a reader wants it: the kept report's numbers and figures, then how they
     were produced (command, seeds, machine, code, what the runs spent, the kept files, the report's own account
     of what was run), then what the result is, in the entry's words."""
-    source = Path(entry.folder) / (entry.page or entry.last_line or "")
-    body = ""
-    if (entry.page or entry.last_line) and not (root / source).exists():
-        if entry.produced or entry.progress:
+    shown, p = entry.page or entry.last_line, entry.produced or entry.progress
+    source = Path(entry.folder) / (shown or "")
+    body = (root / source).read_text() if shown and (root / source).exists() else ""
+    if shown and not (root / source).exists():
+        if p:
             raise BadInput(
                 f"{entry.name}: {source} does not exist; make it again with `testbed results run {entry.name}`"
             )
         body = f"Not produced yet: `testbed results run {entry.name}` makes it."
-    elif entry.page or entry.last_line:
-        body = (root / source).read_text()
     if body.startswith("# "):  # the page has its own title
         body = body.partition("\n")[2]
-    p = entry.produced or entry.progress
     rows = [
         ["command", f"`{entry.command}`"],
         ["seeds", entry.seeds],
