@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -210,6 +211,12 @@ def run_jobs(
     return torch.cat(parts), steps
 
 
+def segment_buffers(audit_env: AuditEnv, actor: Actor, M: int) -> SegmentBuffers:
+    """(H, M) buffers for M sub-envs of the audit's env acting with ``actor``."""
+    shape = (actor.spec.action_dim,) if actor.log_std is not None else ()
+    return SegmentBuffers(audit_env.H, M, actor.spec.obs_dim, shape, actor.log_std is None)
+
+
 @dataclass
 class Trunks:
     episodes: Episodes  # B·G whole episodes, member (b, g) at b·G + g
@@ -269,6 +276,30 @@ def pick_samples(trunks: Trunks, settings: AuditSettings) -> list[tuple[int, int
     rng = np.random.default_rng(settings.seed)
     chosen = rng.choice(len(steps), size=min(settings.samples, len(steps)), replace=False)
     return sorted(steps[c] for c in chosen)
+
+
+def state_values(
+    audit_env: AuditEnv,
+    actor: Actor,
+    trunks: Trunks,
+    points: list[tuple[int, int]],
+    keys: list[tuple[int, ...]],
+    gamma: float,
+    settings: AuditSettings,
+) -> tuple[Tensor, int]:
+    """The vine's V̂(s) = (1/K_v) Σ_k Σ_u γ^u r_u^{(k)} before step t of member i, for each point (t, i): K_v =
+    ``vine_branches`` π-rollouts from the restored state, their noise from the point's key; 0 where t is at or
+    past the member's episode end (no reward is left). Returns the values, (len(points),) float64, and the env
+    steps taken: about len(points) · K_v · the steps left."""
+    recorded = [k for k, point in enumerate(points) if point in trunks.recorded]
+    values = torch.zeros(len(points), dtype=torch.float64)  # (len(points),)
+    if not recorded:
+        return values, 0
+    jobs = [Job(trunks.point(*points[k]), None, keys[k]) for k in recorded]
+    buffers_for = partial(segment_buffers, audit_env, actor)
+    returns, steps = run_jobs(audit_env, actor, jobs, settings.vine_branches, gamma, settings, buffers_for)
+    values[recorded] = returns.mean(1).to(torch.float64)
+    return values, steps
 
 
 def group_estimates(episodes: Episodes, B: int, G: int, gamma: float) -> dict[str, Tensor]:
@@ -344,11 +375,7 @@ def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, setting
     (:func:`env_maker`)."""
     actor = model.actor if isinstance(model, ActorCritic) else model
     B, G, K = settings.groups, settings.group_size, settings.branches
-
-    def buffers_for(M: int) -> SegmentBuffers:
-        obs_dim, shape = actor.spec.obs_dim, (actor.spec.action_dim,) if actor.log_std is not None else ()
-        return SegmentBuffers(audit_env.H, M, obs_dim, shape, actor.log_std is None)
-
+    buffers_for = partial(segment_buffers, audit_env, actor)
     env = audit_env.make(B * G)
     try:
         trunks = collect_trunks(env, actor, settings, buffers_for(B * G), audit_env.mode)
@@ -377,27 +404,17 @@ def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, setting
         while D_nk.shape[1] + K <= settings.max_branches and too_noisy(D_nk):
             more, steps = branch_round(D_nk.shape[1] // K)
             D_nk, truth_steps = torch.cat([D_nk, more], dim=1), truth_steps + steps
-        # The vine's values: V̂(s_t) and V̂(s_{t+1}) from noise of their own; 0 past the episode's end.
-        vine_jobs = [
-            Job(trunks.point(t + u, i), None, (settings.seed, n, 1, u))
-            for n, (t, i) in enumerate(chosen)
-            for u in (0, 1)
-            if (t + u, i) in trunks.recorded
-        ]
-        vine_returns, vine_steps = run_jobs(
-            audit_env, actor, vine_jobs, settings.vine_branches, gamma, settings, buffers_for
-        )
-    values = iter(vine_returns.mean(1).tolist())
-    vine = []
-    for t, i in chosen:
-        here = next(values)
-        after = next(values) if (t + 1, i) in trunks.recorded else 0.0
-        vine.append(float(episodes.rewards[t, i]) + gamma * after - here)
+        # The vine's values: V̂(s_t) and V̂(s_{t+1}) from noise of their own.
+        points = [(t + u, i) for t, i in chosen for u in (0, 1)]
+        keys = [(settings.seed, n, 1, u) for n in range(len(chosen)) for u in (0, 1)]
+        values, vine_steps = state_values(audit_env, actor, trunks, points, keys, gamma, settings)
+    rewards = episodes.rewards[t_index, members].to(torch.float64)  # (N,)
+    vine = (rewards + gamma * values[1::2] - values[0::2]).to(torch.float32)  # (N,) r_t + γ V̂(s_{t+1}) − V̂(s_t)
     estimates = group_estimates(episodes, B, G, gamma)
     if isinstance(model, ActorCritic):
         estimates = {**gae_estimates(episodes, model, audit_env.reward_scale, gamma, settings.lambdas), **estimates}
     sampled = {name: A[t_index, members] for name, A in estimates.items()}
-    sampled["vine"] = torch.tensor(vine)
+    sampled["vine"] = vine
     lengths = episodes.lengths
     return Audit(
         t=t_index.tolist(),

@@ -6,7 +6,8 @@ there by rollouts from the restored state, and computes every estimator on the s
 checkpoint's samples go to ``OUT/<run>/<checkpoint>/samples.csv`` with ``audit.json`` (settings, cost);
 an audit already done with the same settings is not redone. The scores (``agents.audit_scores``) are
 computed per checkpoint, overall and by the distance to the episode's end, then averaged over seeds:
-``scores.csv``, ``audit.md`` / ``audit.html`` and the plots.
+``scores.csv``, ``audit.md`` / ``audit.html`` and the plots. With ``--gradients``, each checkpoint's gradient
+audit too (``agents.true_gradient``; its files and report section: ``lab.audit_gradients``).
 
 Checkpoints are audited by a pool of ``--workers`` processes. Each checkpoint's numbers depend only on the
 checkpoint and the settings, never on the number of workers.
@@ -30,12 +31,25 @@ from typing import Any
 
 from agents import registry, rundir
 from agents.audit_scores import NOISE_TARGET, noise_share
-from agents.true_advantage import AuditSettings
+from agents.true_advantage import AuditEnv, AuditSettings
+from agents.true_gradient import GradientSettings
 from envs import start_states as starts
 from envs.errors import BadInput
 from envs.factory import check_saved_env_id
+from lab import audit_gradients
 from lab.board import HEARTBEAT_S, Heartbeat
-from lab.document import Block, Heading, Image, Para, Table, fmt_duration, fmt_sig, render_html, render_markdown
+from lab.document import (
+    Block,
+    Heading,
+    Image,
+    Para,
+    Table,
+    fmt_duration,
+    fmt_sig,
+    render_html,
+    render_markdown,
+    write_rows,
+)
 from lab.results import env_label, find_runs, natural_key
 
 DISTANCE_BINS = ((1, 10), (10, 100), (100, 1000), (1000, 10**9))
@@ -97,40 +111,66 @@ def done_record(target: Target, settings: AuditSettings) -> dict[str, Any] | Non
     if done.exists():
         record = json.loads(done.read_text())
         # An audit written before a setting existed ran with its default.
-        saved = {**json.loads(json.dumps(asdict(AuditSettings()))), **record["settings"]}
+        saved = audit_gradients.full_settings(record["settings"])
         if saved == json.loads(json.dumps(asdict(settings))) and (target.out / "samples.csv").exists():
             return record
     return None
 
 
+@dataclass
+class Loaded:
+    """A run's checkpoint, read back for the audit."""
+
+    algo: registry.Algo
+    values: dict[str, Any]  # config.yaml's values, less the algo
+    cfg: Any  # the resolved config
+    checkpoint: dict[str, Any]
+    audit_env: AuditEnv
+    model: Any  # the policy: an ActorCritic (PPO) or an Actor (GRPO)
+
+
+def load_policy(run_dir: Path, name: str) -> Loaded:
+    """The policy of checkpoint ``name`` of a run, with its config and the audit's env (``true_advantage``)."""
+    from agents import runlog, true_advantage
+    from agents.config import build_config
+
+    values = rundir.read_config(run_dir)
+    algo = registry.get(values.pop("algo"))
+    cfg = build_config(algo.config, values)
+    checkpoint = runlog.load_checkpoint(run_dir, {"algo": algo.name, "env_id": cfg.env_id}, name)
+    audit_env = true_advantage.env_maker(cfg, checkpoint["normalizers"])
+    shape_env = audit_env.make(1)
+    try:
+        model = algo.load_policy(cfg, shape_env, checkpoint["model"])
+    finally:
+        shape_env.close()
+    return Loaded(algo, values, cfg, checkpoint, audit_env, model)
+
+
 def measure(
-    config_text: str, checkpoint: bytes, name: str, settings: AuditSettings
-) -> tuple[dict[str, Any], list[dict]]:
+    config_text: str,
+    checkpoint: bytes,
+    name: str,
+    settings: AuditSettings,
+    gradients: GradientSettings | None = None,
+) -> tuple[dict[str, Any], list[dict], tuple[dict[str, Any], list[dict], list[dict]] | None]:
     """One checkpoint's audit, in a worker process on any machine: the run's config.yaml and checkpoint travel
-    as data, and (the record of audit.json, the rows of samples.csv) come back."""
+    as data, and (the record of audit.json, the rows of samples.csv, and with ``gradients`` the gradient audit's
+    record, scores and true gradient: ``lab.audit_gradients``) come back."""
     import tempfile
 
     import torch
 
-    from agents import runlog, true_advantage
-    from agents.config import build_config
+    from agents import true_advantage, true_gradient
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch)
         (run_dir / "config.yaml").write_text(config_text)
         (run_dir / name).write_bytes(checkpoint)
-        values = rundir.read_config(run_dir)
-        algo = values.pop("algo")
-        spec = registry.get(algo)
-        cfg = build_config(spec.config, values)
-        ckpt = runlog.load_checkpoint(run_dir, {"algo": algo, "env_id": cfg.env_id}, name)
-    audit_env = true_advantage.env_maker(cfg, ckpt["normalizers"])
-    shape_env = audit_env.make(1)
-    try:
-        model = spec.load_policy(cfg, shape_env, ckpt["model"])
-    finally:
-        shape_env.close()
+        loaded = load_policy(run_dir, name)
+    cfg, audit_env, model, ckpt = loaded.cfg, loaded.audit_env, loaded.model, loaded.checkpoint
+    algo, values = loaded.algo.name, loaded.values
     started = time.perf_counter()
     result = true_advantage.audit(audit_env, model, cfg.gamma, settings)
     record = {
@@ -147,15 +187,12 @@ def measure(
         "env_steps": result.env_steps,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    return record, result.rows()
-
-
-def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """A CSV file of ``rows``, its columns those of the first row."""
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    if gradients is None:
+        return record, result.rows(), None
+    batch = true_gradient.run_batch(cfg, loaded.algo.base, settings)
+    found = true_gradient.gradient_audit(audit_env, model, cfg.gamma, settings, gradients, batch, result)
+    gradient_record = audit_gradients.gradient_record(record, found, batch, gradients)
+    return record, result.rows(), (gradient_record, found.rows(), found.truth_rows())
 
 
 def read_audit(folder: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
@@ -189,13 +226,22 @@ def run_audits(
     backend: str = "local",
     ray_address: str | None = None,
     heartbeat_s: float = HEARTBEAT_S,
+    gradients: GradientSettings | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every target's audit not yet on disk, ``workers`` at a time on this machine (``local``) or as Ray tasks
-    of one CPU each (``ray``). Each is written as soon as it finishes, with a line printed, and a heartbeat
-    line comes every ``heartbeat_s`` seconds; one that fails is reported and the others go on. Returns the
-    records of the audits done (in the targets' order) and a line for each failure."""
+    """Every target's audit not yet on disk (with ``gradients``, its gradient audit too: ``lab.audit_gradients``),
+    ``workers`` at a time on this machine (``local``) or as Ray tasks of one CPU each (``ray``). Each is written
+    as soon as it finishes, with a line printed, and a heartbeat line comes every ``heartbeat_s`` seconds; one
+    that fails is reported and the others go on. A checkpoint whose advantage audit is done but not its gradient
+    audit measures both again (the gradient audit needs the samples' states) and writes the gradients only.
+    Returns the records of the audits done (in the targets' order) and a line for each failure."""
     records = {i: done_record(target, settings) for i, target in enumerate(targets)}
-    todo = [i for i, record in records.items() if record is None]
+    done = {
+        i
+        for i, record in records.items()
+        if record is not None
+        and (gradients is None or audit_gradients.done_gradients(targets[i].out, settings, gradients) is not None)
+    }
+    todo = [i for i in range(len(targets)) if i not in done]
     jobs = {
         i: (
             (targets[i].run_dir / "config.yaml").read_text(),
@@ -208,21 +254,30 @@ def run_audits(
     seconds_each: list[float] = []  # the audits finished by this invocation: the ETA's basis
 
     def beat(elapsed_s: float) -> None:
-        done = sum(r is not None for r in records.values())
-        print(heartbeat_line(elapsed_s, done, len(targets), workers, seconds_each), flush=True)
+        print(heartbeat_line(elapsed_s, len(done), len(targets), workers, seconds_each), flush=True)
 
-    def finished(i: int, result: Callable[[], tuple[dict[str, Any], list[dict]]]) -> None:
+    def finished(i: int, result: Callable[[], tuple[dict[str, Any], list[dict], Any]]) -> None:
+        target = targets[i]
         try:
-            record = records[i] = write_audit(targets[i], *result())
+            record, rows, found = result()
+            if records[i] is None:
+                records[i] = write_audit(target, record, rows)
+            if found is not None:
+                audit_gradients.write_gradients(target.out, target.run_dir, *found)
         except Exception as error:  # noqa: BLE001  one checkpoint's failure is reported; the others go on
-            failures.append(f"{targets[i].run_dir / targets[i].checkpoint}: {type(error).__name__}: {error}")
+            failures.append(f"{target.run_dir / target.checkpoint}: {type(error).__name__}: {error}")
             print(f"failed: {failures[-1]}", file=sys.stderr, flush=True)
             return
-        seconds_each.append(record["seconds"])
+        done.add(i)
+        seconds, extra = record["seconds"], ""
+        if found is not None:
+            costs = [found[0][part] for part in ("batches", "split")]
+            seconds += sum(cost["seconds"] for cost in costs)
+            extra = f"; gradients {sum(cost['env_steps'] for cost in costs):,} env steps more, {seconds:.0f} s in all"
+        seconds_each.append(seconds)
         print(
-            f"[{sum(r is not None for r in records.values())}/{len(targets)}] {record['env']} {record['algo']} seed "
-            f"{record['seed']} at step {record['global_step']:,}: {record['env_steps']:,} env steps, "
-            f"{record['seconds']:.0f} s",
+            f"[{len(done)}/{len(targets)}] {record['env']} {record['algo']} seed {record['seed']} at step "
+            f"{record['global_step']:,}: {record['env_steps']:,} env steps, {record['seconds']:.0f} s{extra}",
             flush=True,
         )
 
@@ -233,13 +288,13 @@ def run_audits(
             ray = import_ray()
             connect_ray(ray_address, workers)
             remote = ray.remote(num_cpus=1)(measure)
-            pending = {remote.remote(*jobs[i], settings): i for i in todo}
+            pending = {remote.remote(*jobs[i], settings, gradients): i for i in todo}
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 finished(pending.pop(ready[0]), partial(ray.get, ready[0]))
         else:
             with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
-                futures = {pool.submit(measure, *jobs[i], settings): i for i in todo}
+                futures = {pool.submit(measure, *jobs[i], settings, gradients): i for i in todo}
                 for future in as_completed(futures):
                     finished(futures[future], future.result)
     return [r for r in (records[i] for i in range(len(targets))) if r is not None], failures
@@ -487,6 +542,7 @@ def build_report(out: Path, command: str) -> dict[str, Path]:
                 f"Every sample of {shown}, all algos and checkpoints",
             )
         )
+    blocks += audit_gradients.report_blocks(out)
     paths = {"md": out / "audit.md", "html": out / "audit.html", "csv": out / "scores.csv"}
     rundir.atomic_write_text(paths["md"], render_markdown(blocks))
     rundir.atomic_write_text(paths["html"], render_html(blocks, "Advantage audit", out))

@@ -33,7 +33,7 @@ from lab import bench, manifest
 from lab.document import counted
 from lab.factories import receive as receive_factories
 from lab.launch import train_planned
-from lab.parser import build_parser, check_sizes
+from lab.parser import GRADIENT_DEFAULTS, build_parser, check_sizes
 from lab.plan import TrainPlan, check_folder, check_run_folder, checkpoint_policy, plan_train, preset_note
 from lab.study import TUNE_FILE
 
@@ -348,6 +348,34 @@ def cmd_credit(args: argparse.Namespace) -> int:
     )
 
 
+def gradient_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``testbed audit --gradients``'s settings (``agents.true_gradient.GradientSettings``' fields), checked; None
+    without --gradients, where a gradient option is refused."""
+    given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in GRADIENT_DEFAULTS}
+    if not args.gradients:
+        named = [flag for flag, value in given.items() if value is not None] + ["--gradient-vine"] * args.gradient_vine
+        if named:
+            raise BadInput(f"{', '.join(named)} apply to the gradient audit: add --gradients")
+        return None
+    values = {flag: GRADIENT_DEFAULTS[flag] if value is None else value for flag, value in given.items()}
+    for flag, value in values.items():
+        if value < 2:
+            why = "the scores' standard errors" if flag == "--gradient-batches" else "the split to identify its parts"
+            raise BadInput(f"{flag} must be at least 2 for {why}, got {value}")
+    if args.groups < 2:
+        raise BadInput(
+            "--gradients needs --groups of at least 2: the true gradient's standard error is clustered by start "
+            f"state; got {args.groups}"
+        )
+    return {
+        "batches": values["--gradient-batches"],
+        "vine": args.gradient_vine,
+        "split_states": values["--split-states"],
+        "split_actions": values["--split-actions"],
+        "split_rollouts": values["--split-rollouts"],
+    }
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     for name in ("samples", "branches", "groups", "vine_branches"):
         if getattr(args, name) < 1:
@@ -361,6 +389,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             f"--max-branches must be 0 (off) or at least twice --branches, {2 * args.branches}, so that rollouts can "
             f"be added; got {args.max_branches}"
         )
+    gradient_fields = gradient_settings(args)
     workers = _workers(args)
     from lab import audit
 
@@ -378,7 +407,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         max_branches=args.max_branches,
     )
     print(f"audit: {len(targets)} checkpoints, {workers} at a time → {out}")
-    _, failures = audit.run_audits(targets, settings, workers, args.backend, args.ray_address)
+    gradients = audit.GradientSettings(**gradient_fields) if gradient_fields else None
+    _, failures = audit.run_audits(targets, settings, workers, args.backend, args.ray_address, gradients=gradients)
     paths = audit.build_report(out, " ".join(["testbed", *sys.argv[1:]]))
     print(f"audit report: {paths['md']}")
     if failures:

@@ -5,12 +5,14 @@ say the same thing."""
 from __future__ import annotations
 
 import base64
+import csv
 import html
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 DASH = "—"
@@ -180,6 +182,14 @@ def fmt_sig(value: float | None, digits: int = 4) -> str:
     if value is None or not math.isfinite(value):
         return DASH
     return re.sub(r"e([+-])0*(\d)", r"e\1\2", f"{value:.{digits}g}")
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """A CSV file of ``rows``, its columns those of the first row."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def safe_name(env_id: str) -> str:

@@ -23,6 +23,10 @@ trains side by side, and past which a slip of the keyboard would plan for minute
 MAX_NAME = 100
 """The most characters of a bench's or a study's ``--name``: one folder name, which every file system takes."""
 
+GRADIENT_DEFAULTS = {"--gradient-batches": 4, "--split-states": 8, "--split-actions": 4, "--split-rollouts": 4}
+"""``testbed audit --gradients``'s batches K and its variance split's S, M and R, as
+``agents.true_gradient.GradientSettings`` has them (which this module, free of torch, does not import)."""
+
 DEFAULT_STACK = 16
 """Seeds per process in bench, credit and tune: the fastest stack size measured for PPO on CartPole
 (benchmarks/stacking.py; the README's table)."""
@@ -299,6 +303,41 @@ def build_parser(parser_class: type[Parser] = Parser) -> argparse.ArgumentParser
         help="sample only at these time steps (e.g. 0: the chain's only decision); default every step",
     )
     auditor.add_argument("--seed", type=count, default=0, help="the audit's seed: trajectories, samples, rollout noise")
+    auditor.add_argument(
+        "--gradients",
+        action="store_true",
+        help="also score the policy gradient each estimator gives on a batch of the run's size (PPO: n_envs × "
+        "n_steps env steps; GRPO: num_groups × group_size episodes) against the true gradient from the samples' "
+        "truth, and split the per-sample gradient's variance into state, action and trajectory parts; needs "
+        "--groups 2 or more (the truth's standard error is clustered by start state)",
+    )
+    auditor.add_argument(
+        "--gradient-batches",
+        type=count,
+        default=None,
+        metavar="K",
+        help="with --gradients: independent batches per estimator, at least 2, for the scores' standard errors; each "
+        f"costs its trunk episodes in env steps (default {GRADIENT_DEFAULTS['--gradient-batches']})",
+    )
+    auditor.add_argument(
+        "--gradient-vine",
+        action="store_true",
+        help="with --gradients: the vine estimator in every batch too, from --vine-branches rollouts at every state "
+        "of the batch: about batch steps × vine branches × the mean steps left, in env steps per batch",
+    )
+    for flag, letter, what in (
+        ("--split-states", "S", "states sampled from the trunks"),
+        ("--split-actions", "M", "actions drawn from π at each state"),
+        ("--split-rollouts", "R", "rollouts after each state and action"),
+    ):
+        auditor.add_argument(
+            flag,
+            type=count,
+            default=None,
+            metavar=letter,
+            help=f"with --gradients: {letter}, the variance split's {what}, at least 2; the split costs S × M × R "
+            f"rollouts to the episode's end (default {GRADIENT_DEFAULTS[flag]})",
+        )
     auditor.add_argument(
         "--workers", type=count, default=None, help="checkpoints audited at a time (default: the number of cores)"
     )

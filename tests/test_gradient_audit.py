@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,9 +13,11 @@ from torch import Tensor
 from agents import gradient_audit as GA
 from agents import true_advantage as TA
 from agents import true_gradient as TG
+from agents.grpo import GRPOConfig
 from agents.losses import clipped_surrogate
 from agents.networks import ActorCritic, NetworkSpec
 from agents.ppo import PPOConfig
+from agents.rollout import Episodes
 
 
 def test_cosine_and_relative_error_by_hand() -> None:
@@ -137,11 +140,13 @@ def first_observations(audit_env: TA.AuditEnv) -> Tensor:
     return torch.tensor(np.stack([seen[0], seen[1]]))
 
 
-def closed_form_gradient(audit_env: TA.AuditEnv, model: ActorCritic) -> Tensor:
+def closed_form_gradient(
+    audit_env: TA.AuditEnv, model: ActorCritic, gamma: float = CHAIN_GAMMA, horizon: int = CHAIN_H
+) -> Tensor:
     """∇θ J for the chain (``gradient_audit.chain_return``), flat over the actor's parameters."""
     obs = first_observations(audit_env)
     probabilities = torch.softmax(model.actor(obs), dim=-1)[torch.arange(2), torch.arange(2)]  # π(x|s_0(x))
-    J = GA.chain_return(probabilities, CHAIN_GAMMA, CHAIN_H)
+    J = GA.chain_return(probabilities, gamma, horizon)
     return GA.flat_gradient(J, list(model.actor.parameters())).to(torch.float64)
 
 
@@ -168,14 +173,16 @@ def test_the_true_gradient_on_the_chain_matches_the_closed_form_within_its_stand
 def test_every_estimators_batch_gradient_is_scored_against_the_truth_and_the_draws_differ() -> None:
     audit_env, model = chain_model()
     settings = TA.AuditSettings(groups=4, group_size=4, lambdas=(0.0, 1.0))
-    batches = [TG.batch_gradients(audit_env, model, CHAIN_GAMMA, settings, draw) for draw in (1, 2, 3)]
-    names = ["gae(0)", "gae(1)", "process", "step_baseline", "step_alive", "outcome", "rloo"]
+    found = [TG.batch_gradients(audit_env, model, CHAIN_GAMMA, settings, draw) for draw in (1, 2, 3)]
+    assert [(b.steps, b.episodes, b.env_steps) for b in found] == [(16 * CHAIN_H, 16, 16 * CHAIN_H)] * 3
+    batches = [b.gradients for b in found]
+    names = ["gae(0)", "gae(1)", "process", "step_baseline", "step_alive", "outcome", "rloo", "return"]
     assert list(batches[0]) == names
     P = sum(p.numel() for p in model.actor.parameters())
     assert all(g.shape == (P,) for batch in batches for g in batch.values())
     assert not torch.equal(batches[0]["rloo"], batches[1]["rloo"])  # each draw is a batch of its own
     # The same draw twice gives the same numbers.
-    again = TG.batch_gradients(audit_env, model, CHAIN_GAMMA, settings, 2)
+    again = TG.batch_gradients(audit_env, model, CHAIN_GAMMA, settings, 2).gradients
     assert all(torch.equal(again[name], batches[1][name]) for name in names)
     truth = closed_form_gradient(audit_env, model) / CHAIN_H
     rows = TG.score_estimators(truth, batches)
@@ -187,3 +194,114 @@ def test_every_estimators_batch_gradient_is_scored_against_the_truth_and_the_dra
     (perfect,) = TG.score_estimators(batches[0]["rloo"], [{"rloo": batches[0]["rloo"]}])
     assert perfect["cosine"] == pytest.approx(1.0) and perfect["relative_error"] == 0.0
     assert perfect["cosine_se"] is None
+
+
+# ── the gradient audit's parts: the return-to-go, the run's batch, the vine, the nested samples ─────────
+
+
+def test_the_return_to_go_by_hand() -> None:
+    # γ = 0.5: r = (1, 1, 1) gives (1.75, 1.5, 1); a member that ended after r = (1, 2) gives (2, 2, 0).
+    rewards = torch.tensor([[1.0, 1.0], [1.0, 2.0], [1.0, 9.0]])  # (T, M) = (3, 2); the 9 is past the end
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    episodes = Episodes(
+        obs=torch.zeros(3, 2, 1),
+        actions=torch.zeros(3, 2, dtype=torch.int64),
+        log_probs=torch.zeros(3, 2),
+        rewards=rewards,
+        mask=mask,
+        terminated=torch.tensor([True, True]),
+        truncated=torch.tensor([False, False]),
+        idle_steps=0,
+        step_time_s=0.0,
+    )
+    assert TG.returns_to_go(episodes, 0.5).tolist() == [[1.75, 2.0], [1.5, 2.0], [1.0, 0.0]]
+
+
+def test_the_first_steps_of_a_batch_by_hand() -> None:
+    # Episodes of 3, 2 and 3 steps; the first 4 steps are member 0's 3 and member 1's first.
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 0, 1]], dtype=torch.bool)  # (T, M) = (3, 3)
+    assert TG.first_steps(mask, 4).int().tolist() == [[1, 1, 0], [1, 0, 0], [1, 0, 0]]
+    assert torch.equal(TG.first_steps(mask, 8), mask)
+
+
+def test_the_batch_is_one_update_of_the_run() -> None:
+    settings = TA.AuditSettings(groups=4, group_size=8)
+    ppo = PPOConfig(env_id="CartPole-v1", n_envs=8, n_steps=128)
+    assert TG.run_batch(ppo, "ppo", settings) == TG.Batch(steps=1024, groups=None, group_size=8)
+    grpo = GRPOConfig(env_id="CartPole-v1", num_groups=3, group_size=4)
+    assert TG.run_batch(grpo, "grpo", settings) == TG.Batch(steps=None, groups=3, group_size=4)
+    with pytest.raises(ValueError, match="not a2c's"):
+        TG.run_batch(ppo, "a2c", settings)
+
+
+def test_a_ppo_batch_holds_the_first_n_steps_of_whole_episodes() -> None:
+    audit_env, model = chain_model()
+    settings = TA.AuditSettings(groups=4, group_size=4, lambdas=(0.95,))
+    # 30 steps of 4-step episodes: ⌈30 / (4 · 4)⌉ = 2 groups, 8 episodes, the last one cut after 2 steps.
+    found = TG.batch_gradients(audit_env, model, CHAIN_GAMMA, settings, 1, TG.Batch(30, None, 4))
+    assert (found.steps, found.episodes, found.env_steps) == (30, 8, 32)
+    # Where the audit samples the first steps only, so does the batch: 8 of its 30 steps.
+    first = TG.batch_gradients(audit_env, model, CHAIN_GAMMA, replace(settings, steps=(0,)), 1, TG.Batch(30, None, 4))
+    assert first.steps == 8 and first.env_steps == 32
+
+
+def test_a_ppo_batch_of_short_episodes_takes_more_rounds() -> None:
+    # A near-uniform policy drops CartPole's pole within about 20 of the 500 steps the limit allows: the first
+    # round (one group of 2, sized for 500-step episodes) falls short, and the next ones are sized by the lengths.
+    audit_env = TA.env_maker(PPOConfig(env_id="CartPole-v1"), {})
+    torch.manual_seed(0)
+    model = ActorCritic(NetworkSpec(obs_dim=4, action_dim=2, continuous=False, hidden_sizes=(8,)))
+    settings = TA.AuditSettings(groups=2, group_size=2, lambdas=(1.0,))
+    found = TG.batch_gradients(audit_env, model, 0.99, settings, 1, TG.Batch(200, None, 2))
+    assert found.steps == 200 and found.episodes > 2 and 200 <= found.env_steps < 200 + found.episodes * 500
+    again = TG.batch_gradients(audit_env, model, 0.99, settings, 1, TG.Batch(200, None, 2))
+    assert all(torch.equal(again.gradients[name], g) for name, g in found.gradients.items())
+
+
+def test_the_vine_in_a_batch_is_zero_after_the_chains_first_step() -> None:
+    # A restored state carries the env's generator, and on the chain only a_0 pays: from s_t, t >= 1, every
+    # rollout earns the trunk's own rewards, so r_t + γ V̂(s_{t+1}) − V̂(s_t) = 0. At t = 0 it is
+    # γ^{H−1} (±1 − mean of the rollouts' ±1): never negative where a_0 matched the cue, never positive where not.
+    audit_env, model = chain_model()
+    settings = TA.AuditSettings(groups=2, group_size=4, vine_branches=4)
+    env = audit_env.make(8)
+    try:
+        buffers = TA.segment_buffers(audit_env, model.actor, 8)
+        trunks = TA.collect_trunks(env, model.actor, settings, buffers, audit_env.mode, 1)
+    finally:
+        env.close()
+    A, steps = TG.vine_estimates(audit_env, model.actor, trunks, trunks.episodes.mask, CHAIN_GAMMA, settings, 1)
+    assert A.shape == (CHAIN_H, 8) and A[1:].abs().max() < 1e-5
+    matched = trunks.episodes.actions[0] == (trunks.episodes.obs[0, :, 1] > 0).long()  # a_0 = x
+    assert (torch.where(matched, A[0], -A[0]) > -1e-5).all() and A[0].abs().max() > 0.1
+    # One value per state, 4 rollouts each of the steps left: 8 episodes × 4 × (4 + 3 + 2 + 1).
+    assert steps == 8 * 4 * 10
+    found = TG.batch_gradients(audit_env, model, CHAIN_GAMMA, settings, 1, vine=True)
+    assert list(found.gradients)[-1] == "vine" and found.env_steps == 8 * CHAIN_H + steps
+
+
+def test_the_nested_samples_on_the_chain_have_no_trajectory_part_and_average_to_the_closed_form() -> None:
+    audit_env, model = chain_model()
+    settings = TA.AuditSettings(groups=10, group_size=4, steps=(0,))
+    split = TG.GradientSettings(split_states=40, split_actions=4, split_rollouts=2)
+    nested = TG.nested_gradients(audit_env, model, CHAIN_GAMMA, settings, split)
+    P = sum(p.numel() for p in model.actor.parameters())
+    assert list(nested.gradients) == ["return", "return_state_mean", "return_critic"]
+    assert all(g.shape == (40, 4, 2, P) for g in nested.gradients.values())
+    # The trunks' 40 episodes, and 40 × 4 × 2 rollouts of the whole episode.
+    assert nested.states == 40 and nested.env_steps == 40 * CHAIN_H + 40 * 4 * 2 * CHAIN_H
+    # After (s, a) the chain's rewards do not depend on π's later actions, and the rollouts share the env's
+    # later noise: all R returns are equal, and the trajectory part is exactly 0.
+    for g in nested.gradients.values():
+        parts = GA.variance_split(g)
+        assert parts["trajectory"] == 0.0 and parts["total"] > 0
+    # E[G ∇log π(a|s)] over the first states is ∇J, whatever the baseline: the samples' means agree with the
+    # closed form within their standard errors (clustered by state).
+    expected = closed_form_gradient(audit_env, model)
+    for name in ("return", "return_state_mean"):
+        mean, se = GA.mean_and_standard_error(
+            nested.gradients[name].reshape(-1, P), torch.arange(40).repeat_interleave(8)
+        )
+        moving = se > 0
+        assert ((mean - expected)[moving] / se[moving]).abs().max() < 4
+        assert GA.cosine_similarity(mean, expected) > 0.7
