@@ -48,12 +48,16 @@ def gae(
         )
     deltas = rewards + gamma * next_values * (~terminated) - values  # (T, N)
     carry = gamma * lam * (~done).to(rewards.dtype)  # (T, N)
-    advantages = torch.empty_like(deltas)  # (T, N)
-    running = torch.zeros_like(deltas[0])  # (N,)
+    # The recursion steps through the T rows one at a time, on NumPy views of the same CPU memory: the same
+    # single-rounded float operations as torch's, bit for bit, without torch's microseconds of dispatch per call,
+    # which a long segment whose advantages are recomputed every epoch pays thousands of times.
+    advantages = torch.zeros(deltas.shape, dtype=deltas.dtype)  # (T, N)
+    rows, delta_rows, carry_rows = (x.detach().cpu().numpy() for x in (advantages, deltas, carry))
+    running = torch.zeros(deltas.shape[1:], dtype=deltas.dtype).numpy()  # (N,)  A_T = 0
     for t in range(deltas.shape[0] - 1, -1, -1):
-        running = deltas[t] + carry[t] * running
-        advantages[t] = running
-    return advantages
+        running = delta_rows[t] + carry_rows[t] * running
+        rows[t] = running
+    return advantages.to(deltas.device)
 
 
 def normalize(advantages: Tensor, eps: float = 1e-8) -> Tensor:
