@@ -77,15 +77,24 @@ class Minibatches:
     def __init__(self, valid: Tensor, minibatches: int, random: SeedGenerators) -> None:
         S, samples = valid.shape
         self.M, self.W, self.random = minibatches, padded_width(samples, minibatches), random
-        self.indices = [row.nonzero().squeeze(1).cpu() for row in valid]  # each (≤T·N,)
-        self.slots = [fixed_minibatch_slots(len(indices), self.M, self.W) for indices in self.indices]
+        indices = [row.nonzero().squeeze(1).cpu() for row in valid]  # each (n_k,), n_k ≤ T·N
+        self.sizes = [len(row) for row in indices]  # n_k
+        slots = [fixed_minibatch_slots(n, self.M, self.W) for n in self.sizes]  # each (n_k,)
         self.index = torch.zeros((S, self.M * self.W), dtype=torch.int64)  # (S, M·W)  padding points at sample 0
         mask = torch.zeros((S, self.M * self.W), dtype=torch.bool)  # (S, M·W)
-        for k, slots in enumerate(self.slots):
-            mask[k, slots] = True
+        for k, seed_slots in enumerate(slots):
+            mask[k, seed_slots] = True
         self.mask = mask.to(valid.device)
         self.counts = mask.view(S, self.M, self.W).sum(-1).clamp(min=1).to(valid.device)  # (S, M)
         self.row_offsets = (torch.arange(S) * samples).unsqueeze(1)  # (S, 1)  row k starts at k·T·N when flattened
+        # Each seed's samples and slots as positions in the flattened (S·…) tensors, all seeds' end to end, so
+        # that an epoch's shuffle puts every seed's samples in place with one gather and one scatter.
+        starts = [sum(self.sizes[:k]) for k in range(S)]  # where seed k's samples begin, end to end
+        self.starts = [torch.full((n,), start) for start, n in zip(starts, self.sizes, strict=True)]  # each (n_k,)
+        self.every_start = torch.cat(self.starts)  # (Σ n_k,)
+        self.indices = torch.cat(indices)  # (Σ n_k,)
+        self.slots = [k * self.M * self.W + seed_slots for k, seed_slots in enumerate(slots)]  # each (n_k,)
+        self.every_slot = torch.cat(self.slots)  # (Σ n_k,)
 
     def columns(self, m: int) -> slice:
         """Minibatch m's columns in an epoch's (S, M·W, …) tensors."""
@@ -94,16 +103,21 @@ class Minibatches:
     def shuffle(self, stepping: Tensor) -> Tensor:
         """A new epoch for the seeds in ``stepping``: each one's samples shuffled by its own generator, in
         its minibatches' slots. Returns the samples of every slot, (S, M·W), on the mask's device."""
-        for k in range(len(self.indices)):
-            if bool(stepping[k]):
-                generator = self.random.torch[k]
-                order = torch.randperm(len(self.indices[k]), generator=generator, device=generator.device).cpu()
-                self.index[k, self.slots[k]] = self.indices[k][order]
+        seeds = [k for k, on in enumerate(stepping.tolist()) if on]
+        if seeds:
+            generators = {k: self.random.torch[k] for k in seeds}  # each seed's own draws its permutation
+            orders = [torch.randperm(self.sizes[k], generator=g, device=g.device) for k, g in generators.items()]
+            order = torch.cat(orders).cpu()  # (Σ n_k,)  each stepping seed's permutation of its n_k samples
+            if len(seeds) == len(self.sizes):
+                starts, slots = self.every_start, self.every_slot
+            else:
+                starts, slots = (torch.cat([x[k] for k in seeds]) for x in (self.starts, self.slots))
+            self.index.view(-1)[slots] = self.indices[order + starts]
         return self.index.to(self.mask.device)
 
     def gather(self, *tensors: Tensor) -> list[Tensor]:
         """Each of ``tensors`` (S, T·N, …) gathered into this epoch's minibatches at once, (S, M·W, …)."""
-        S = len(self.indices)
+        S = len(self.sizes)
         flat_index = (self.index + self.row_offsets).view(-1).to(tensors[0].device)
         return [x.flatten(0, 1).index_select(0, flat_index).view(S, self.M * self.W, *x.shape[2:]) for x in tensors]
 
