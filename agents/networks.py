@@ -108,6 +108,13 @@ class Layers:
         critic_hidden = hidden if self.critic_trunk is None else self.trunk(obs, self.critic_trunk)
         return linear(hidden, *self.actor_head), linear(critic_hidden, *self.critic_head).squeeze(-1)
 
+    def values(self, obs: Tensor) -> Tensor:
+        """V(s) (S, B) alone, as :meth:`heads` computes it: a separate critic skips the actor's layers."""
+        if self.critic_trunk is None:
+            return self.heads(obs)[1]
+        assert self.critic_head is not None, "values: this network has no critic"
+        return linear(self.trunk(obs, self.critic_trunk), *self.critic_head).squeeze(-1)
+
 
 def layers_of(model: Actor | ActorCritic, stacked: Callable[[nn.Parameter], Tensor]) -> Layers:
     """``model``'s layers, each parameter given its seed axis by ``stacked``: a single model's own parameters
@@ -303,6 +310,9 @@ class StackedNetworks:
 
     def heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         return self.layers.heads(obs)
+
+    def values(self, obs: Tensor) -> Tensor:
+        return self.layers.values(obs)
 
     def sample_seed(self, k: int, out: Tensor, generator: torch.Generator) -> Sample:
         """a ~ π_k(·|s) and log π_k(a|s) for seed k's head output ``out`` (B, action_dim), drawn from its own

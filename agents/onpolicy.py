@@ -312,7 +312,7 @@ class OnPolicy:
                 ]
             for shared, shared_obs in zip(self.shared, current):  # the next observations: the last bootstrap values
                 obs[shared.stack] = torch.from_numpy(shared_obs).view(shared.seeds, N, -1)
-            last_values = net.heads(obs.to(cfg.device))[1].cpu()  # (S, N)
+            last_values = net.values(obs.to(cfg.device)).cpu()  # (S, N)
         collected: list[Experience | None] = []  # in the stack's order, as the shared envs are
         for step, shared in zip(steps, self.shared):
             segment = finish(step, last_values[shared.stack].flatten())  # (T, S_b·N)
@@ -353,7 +353,7 @@ def critic_targets(onpolicy: OnPolicy, segment: Segment, gamma: float, lam: floa
     S, T, cfg = len(onpolicy.cfgs), segment.obs.shape[0], onpolicy.cfgs[0]
     states = torch.cat([segment.obs, segment.last_obs])  # (T+1, S·N, obs_dim)
     with torch.no_grad():
-        values = onpolicy.stack.net.heads(by_seed(states, S).to(cfg.device))[1].cpu()  # (S, (T+1)·N)
+        values = onpolicy.stack.net.values(by_seed(states, S).to(cfg.device)).cpu()  # (S, (T+1)·N)
     values = values.reshape(S, T + 1, -1).transpose(0, 1).reshape(T + 1, -1)  # (T+1, S·N)
     return gae_targets(segment, values[:-1], values[1:], gamma, lam)
 

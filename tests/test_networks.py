@@ -88,6 +88,16 @@ def test_shared_trunk_feeds_both_heads() -> None:
     torch.testing.assert_close(values, model.critic_head(hidden).squeeze(-1))
 
 
+@pytest.mark.parametrize("shared_trunk", [False, True])
+def test_values_alone_are_the_values_of_both_heads_bit_for_bit(shared_trunk: bool) -> None:
+    torch.manual_seed(0)
+    models = [
+        ActorCritic(NetworkSpec(obs_dim=5, action_dim=3, continuous=True, shared_trunk=shared_trunk)) for _ in range(3)
+    ]
+    net, obs = StackedNetworks(models), torch.randn(3, 40, 5)  # (S, B, obs_dim)
+    assert torch.equal(net.values(obs), net.heads(obs)[1])
+
+
 def test_hidden_sizes_are_used() -> None:
     model = make(continuous=False, hidden_sizes=(32, 16, 8))
     widths = [layer.out_features for layer in model.actor.trunk if isinstance(layer, nn.Linear)]
