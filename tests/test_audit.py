@@ -130,6 +130,10 @@ def test_an_audit_done_is_not_redone(tmp_path: Path) -> None:
         (["--group-size", "1"], "--group-size must be at least 2"),
         (["--checkpoints", "kept"], "keep_checkpoints"),
         (["--branches", "4", "--max-branches", "6"], "--max-branches must be 0 (off) or at least twice --branches"),
+        (["--gradients", "--split-actions", "1"], "--split-actions must be at least 2 for the split to identify"),
+        (["--gradients", "--gradient-batches", "1"], "--gradient-batches must be at least 2"),
+        (["--gradients", "--groups", "1"], "--gradients needs --groups of at least 2"),
+        (["--split-states", "4", "--gradient-vine"], "--split-states, --gradient-vine apply to the gradient audit"),
     ],
 )
 def test_bad_audits_are_refused_before_any_work(
@@ -139,7 +143,8 @@ def test_bad_audits_are_refused_before_any_work(
     run.mkdir()
     (run / "config.yaml").write_text("algo: ppo\nenv_id: testbed/Chain-v0\n")
     assert main(["audit", str(run), "--out", str(tmp_path / "out"), *args]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
 

@@ -69,27 +69,6 @@ def test_a_gradient_audit_of_a_chain_run(tmp_path: Path) -> None:
     assert len(records) == 1 and not failures and (folder / "gradients.json").stat().st_mtime_ns == done
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--gradients", "--split-actions", "1"], "--split-actions must be at least 2 for the split to identify"),
-        (["--gradients", "--gradient-batches", "1"], "--gradient-batches must be at least 2"),
-        (["--gradients", "--groups", "1"], "--gradients needs --groups of at least 2"),
-        (["--split-states", "4", "--gradient-vine"], "--split-states, --gradient-vine apply to the gradient audit"),
-    ],
-)
-def test_bad_gradient_settings_are_refused_in_one_line_before_any_work(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
-) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.yaml").write_text("algo: ppo\nenv_id: testbed/Chain-v0\n")
-    assert main(["audit", str(run), "--out", str(tmp_path / "out"), *args]) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
-    assert not (tmp_path / "out").exists()
-
-
 def test_an_algo_the_audit_does_not_know_is_refused_with_gradients(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
