@@ -119,7 +119,7 @@ class Layers:
 def layers_of(model: Actor | ActorCritic, stacked: Callable[[nn.Parameter], Tensor]) -> Layers:
     """``model``'s layers, each parameter given its seed axis by ``stacked``: a single model's own parameters
     as a stack of one, or the rows of S models' stacked parameters (:class:`StackedNetworks`)."""
-    actor = model.actor if isinstance(model, ActorCritic) else model
+    actor = actor_of(model)
 
     def pairs(layers: nn.Sequential) -> list[tuple[Tensor, Tensor]]:
         return [(stacked(layer.weight), stacked(layer.bias)) for layer in layers if isinstance(layer, nn.Linear)]
@@ -244,6 +244,11 @@ class ActorCritic(nn.Module):
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
         return self.actor.deterministic_action(obs)
+
+
+def actor_of(model: Actor | ActorCritic) -> Actor:
+    """The policy of a model: an ActorCritic's actor, or the Actor itself (GRPO's, which has no critic)."""
+    return model.actor if isinstance(model, ActorCritic) else model
 
 
 # The stacked views' gradients are strided views of the one (S, P) gradient, by design: backward adds into

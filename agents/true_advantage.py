@@ -51,7 +51,7 @@ from torch import Tensor
 from agents import advantages as adv
 from agents import distributions as D
 from agents.audit_scores import NOISE_TARGET, noise_share
-from agents.networks import Actor, ActorCritic, Sample
+from agents.networks import Actor, ActorCritic, Sample, actor_of
 from agents.rollout import Episodes, SegmentBuffers, drive, episode_steps
 from agents.run_envs import observation_statistics
 from agents.seeding import start_seeds
@@ -373,7 +373,7 @@ class Audit:
 def audit(audit_env: AuditEnv, model: Actor | ActorCritic, gamma: float, settings: AuditSettings) -> Audit:
     """The truth and every estimator at N sampled steps of the policy's own trajectories, in the run's env
     (:func:`env_maker`)."""
-    actor = model.actor if isinstance(model, ActorCritic) else model
+    actor = actor_of(model)
     B, G, K = settings.groups, settings.group_size, settings.branches
     buffers_for = partial(segment_buffers, audit_env, actor)
     env = audit_env.make(B * G)

@@ -52,7 +52,7 @@ from agents import advantages as adv
 from agents import distributions as D
 from agents import gradient_audit as GA
 from agents import true_advantage as TA
-from agents.networks import Actor, ActorCritic
+from agents.networks import Actor, ActorCritic, actor_of
 from agents.rollout import Episodes
 
 DRAW_STRIDE = 2**20
@@ -139,10 +139,6 @@ def true_gradient(
     rests on. Give ``settings.groups`` ≥ 2 (the clusters of the standard error)."""
     result = TA.audit(audit_env, model, gamma, settings)
     return gradient_of_audit(actor_of(model), result, settings.group_size), result
-
-
-def actor_of(model: Actor | ActorCritic) -> Actor:
-    return model.actor if isinstance(model, ActorCritic) else model
 
 
 def returns_to_go(episodes: Episodes, gamma: float) -> Tensor:
