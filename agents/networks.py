@@ -9,8 +9,9 @@ One forward pass for every use: the layers take a leading seed axis (:func:`line
 a single :class:`Actor` or :class:`ActorCritic` (evaluation, ``testbed eval``, a checkpoint's weights) is a
 stack of one. A small network's step costs mostly per-operation overhead, so S seeds in one batched
 matmul cost far less than S runs; and seed k's numbers are bit-identical whatever S is (tested), because
-every reduction runs within one seed's row and a layer of width one avoids the one BLAS path that
-computes a batch of one otherwise than a batch of several.
+every reduction runs within one seed's row, a layer of width one avoids the one BLAS path that
+computes a batch of one otherwise than a batch of several, and each seed's parameters start at the same
+alignment as a stack of one's (a matrix-vector product rounds by its matrix's address).
 """
 
 from __future__ import annotations
@@ -258,15 +259,25 @@ def actor_of(model: Actor | ActorCritic) -> Actor:
 LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 
 
+ROW_ALIGNMENT = 16
+"""Elements (64 bytes of float32) between the starts of two seeds' rows of stacked parameters."""
+
+
 def stack_parameters(models: list[nn.Module]) -> nn.Parameter:
-    """One (S, P) parameter whose row k holds ``models[k]``'s parameters, which become views of that row.
+    """One (S, P) parameter whose row k holds ``models[k]``'s parameters, which become views of that row;
+    the rows lie ``ROW_ALIGNMENT``-padded apart in memory.
 
     The optimizer and the gradient clip then handle one tensor. Its gradient is preallocated; backward
     accumulates into it in place.
     """
     rows = [torch.cat([p.detach().reshape(-1) for p in model.parameters()]) for model in models]
-    flat = nn.Parameter(torch.stack(rows))  # (S, P)
-    flat.grad = torch.zeros_like(flat.data)
+    S, P = len(rows), rows[0].numel()
+    # Row k starts at a multiple of ROW_ALIGNMENT elements, as a stack of one's row does: BLAS's
+    # matrix-vector product (a layer applied to one observation) rounds by where its matrix lies in memory.
+    stride = -(-P // ROW_ALIGNMENT) * ROW_ALIGNMENT
+    like = {"dtype": rows[0].dtype, "device": rows[0].device}
+    flat = nn.Parameter(torch.zeros(S, stride, **like)[:, :P].copy_(torch.stack(rows)))  # (S, P), rows `stride` apart
+    flat.grad = torch.zeros(S, stride, **like)[:, :P]
     for k, model in enumerate(models):
         offset = 0
         for p in model.parameters():
