@@ -22,7 +22,7 @@ advantage estimator of the testbed on the same steps (``testbed audit``).
    noise, which is unbiased for Q − V when the noise does not depend on the actions (the tasks'
    distractors; MuJoCo draws only at reset).
 4. **Estimators** on the trunks: GAE(γ, λ) with the run's critic for each λ (PPO), GRPO's outcome, RLOO,
-   process, step_baseline and step_alive (``agents.advantages``), and a vine estimate
+   process, step_baseline, step_alive and step_horizon (``agents.advantages``), and a vine estimate
    Â = r_t + γ V̂(s_{t+1}) − V̂(s_t), with V̂ the mean of ``vine_branches`` further π-rollouts (noise of
    its own). All in the units of the reward the run trained on (the env's reward, less ``reward_offset``,
    delayed as in training); a critic trained on scaled rewards has its values multiplied back by the
@@ -311,6 +311,7 @@ def group_estimates(episodes: Episodes, B: int, G: int, gamma: float) -> dict[st
         "process": adv.group_process(rewards.view(T, B, G), mask.view(T, B, G)),
         "step_baseline": adv.group_step_baseline(rewards.view(T, B, G), mask.view(T, B, G), gamma),
         "step_alive": adv.group_step_alive(rewards.view(T, B, G), mask.view(T, B, G), gamma),
+        "step_horizon": adv.group_step_horizon(rewards.view(T, B, G), mask.view(T, B, G), gamma),
     }
     estimates = {name: A.reshape(T, M) for name, A in per_step.items()}
     for name, score in (("outcome", adv.group_outcome), ("rloo", adv.group_rloo)):

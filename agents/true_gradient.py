@@ -11,17 +11,17 @@ one batch of the run's own size, scored against it, and where the per-sample gra
 
    with its standard error clustered by the trunks' start states (the G members of a group share a reset seed,
    so their samples are not independent; groups are). A_n's own Monte-Carlo noise is inside that spread.
-2. **Estimators.** K further batches of trunks (start states and action noise of their own, ``draw`` 1 … K),
-   each of the size one update of the run trains on (:func:`run_batch`): PPO's n_envs · n_steps env steps, the
-   first that many steps of whole episodes taken one after another (the trunks' rounds sized from the episode
-   lengths seen so far), or GRPO's num_groups × group_size episodes. On each, every estimator the advantage audit
-   knows on trunks (GAE(γ, λ) with the run's critic, GRPO's outcome, RLOO, process, step_baseline, step_alive),
-   the plain return-to-go ``return`` (REINFORCE, no baseline) and, with ``GradientSettings.vine``, the vine
-   estimate r_t + γ V̂(s_{t+1}) − V̂(s_t) at every step of the batch, gives its advantages, and ĝ = ∇θ of the
-   surrogate with them. Estimators that read whole episodes (GAE, the group ones) see the whole episode even
-   where PPO's batch cuts it. Where the audit samples only some time steps (``AuditSettings.steps``), the
-   batch's surrogate averages over those steps too, so that ĝ and g estimate the same thing. Scores per batch:
-   cos(ĝ, g) and ‖ĝ − g‖/‖g‖ (``gradient_audit``), then their means over the K batches with standard errors.
+2. **Estimators.** K further batches of trunks (start states and action noise of their own, ``draw`` 1 … K), each of
+   the size one update of the run trains on (:func:`run_batch`): PPO's n_envs · n_steps env steps, the first that
+   many steps of whole episodes taken one after another (the trunks' rounds sized from the episode lengths seen so
+   far), or GRPO's num_groups × group_size episodes. On each, every estimator the advantage audit knows on trunks
+   (GAE(γ, λ) with the run's critic, GRPO's outcome, RLOO, process, step_baseline, step_alive, step_horizon), the
+   plain return-to-go ``return`` (REINFORCE, no baseline) and, with ``GradientSettings.vine``, the vine estimate
+   r_t + γ V̂(s_{t+1}) − V̂(s_t) at every step of the batch, gives its advantages, and ĝ = ∇θ of the surrogate with
+   them. Estimators that read whole episodes (GAE, the group ones) see the whole episode even where PPO's batch cuts
+   it. Where the audit samples only some time steps (``AuditSettings.steps``), the batch's surrogate averages over
+   those steps too, so that ĝ and g estimate the same thing. Scores per batch: cos(ĝ, g) and ‖ĝ − g‖/‖g‖
+   (``gradient_audit``), then their means over the K batches with standard errors.
 3. **Variance split** (Tucker et al. 2018): S states sampled among the audit's own trunk steps, M actions drawn
    from π(·|s) at each, R rollouts from the restored state after each (s, a), and g = Â ∇θ log π(a|s) with Â the
    Monte-Carlo return-to-go G(s, a, τ) less a baseline; ``gradient_audit.variance_split`` splits Var[g] into

@@ -90,6 +90,7 @@ def test_an_audit_of_kept_and_final_checkpoints_writes_samples_scores_and_a_repo
         "process",
         "step_baseline",
         "step_alive",
+        "step_horizon",
         "vine",
     }
     report = (tmp_path / "one" / "audit.md").read_text()

@@ -176,7 +176,7 @@ def test_every_estimators_batch_gradient_is_scored_against_the_truth_and_the_dra
     found = [TG.batch_gradients(audit_env, model, CHAIN_GAMMA, settings, draw) for draw in (1, 2, 3)]
     assert [(b.steps, b.episodes, b.env_steps) for b in found] == [(16 * CHAIN_H, 16, 16 * CHAIN_H)] * 3
     batches = [b.gradients for b in found]
-    names = ["gae(0)", "gae(1)", "process", "step_baseline", "step_alive", "outcome", "rloo", "return"]
+    names = ["gae(0)", "gae(1)", "process", "step_baseline", "step_alive", "step_horizon", "outcome", "rloo", "return"]
     assert list(batches[0]) == names
     P = sum(p.numel() for p in model.actor.parameters())
     assert all(g.shape == (P,) for batch in batches for g in batch.values())

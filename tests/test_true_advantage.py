@@ -89,6 +89,7 @@ def test_an_audit_gives_every_estimator_and_the_same_numbers_twice() -> None:
         "process",
         "step_baseline",
         "step_alive",
+        "step_horizon",
         "vine",
     }
     assert torch.equal(first.truth, second.truth) and torch.equal(first.truth_se, second.truth_se)
@@ -161,6 +162,11 @@ def test_the_group_estimators_on_a_hand_built_batch() -> None:
     torch.testing.assert_close(estimates["step_baseline"], torch.tensor([[2.0, -2.0], [2.0, -2.0], [1.0, 0.0]]))
     torch.testing.assert_close(
         estimates["step_alive"], torch.tensor([[1.0, -1.0], [1.0, -1.0], [0.0, 0.0]]), atol=1e-5, rtol=0
+    )
+    # Horizon-aware: the group's rate is 4/5 = 0.8 a step, so the excess rewards are 0.2, 0.2, 0.2 and 0.2, −0.8,
+    # with rewards-to-go 0.6, 0.4, 0.2 and −0.6, −0.8: each against the other member's, as step_baseline.
+    torch.testing.assert_close(
+        estimates["step_horizon"], torch.tensor([[1.2, -1.2], [1.2, -1.2], [0.2, 0.0]]), atol=1e-5, rtol=0
     )
     # Process: the 5 valid rewards have mean 0.8 and std √0.2, so 1 → 0.2/√0.2 = √0.2 and 0 → −0.8/√0.2.
     up, down = math.sqrt(0.2), -0.8 / math.sqrt(0.2)
