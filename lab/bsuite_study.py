@@ -37,6 +37,7 @@ import numpy as np
 
 from envs import bsuite
 from envs.errors import BadInput
+from lab.results import KEPT_EPISODES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -109,13 +110,15 @@ def analysis(experiment: str) -> Any:
 
 
 def read_episodes(run_dir: Path) -> pd.DataFrame:
-    """A run's ``episodes.csv``; BadInput naming the run where it is missing."""
+    """A run's ``episodes.csv``, or the ``episodes.csv.gz`` a committed result keeps of it; BadInput naming
+    the run where both are missing."""
     import pandas as pd
 
     path = Path(run_dir) / "episodes.csv"
-    if not path.exists():
-        raise BadInput(f"{path} is missing: bsuite's scores need every training episode; run the study again")
-    return pd.read_csv(path)
+    for found in (path, path.with_name(KEPT_EPISODES)):
+        if found.exists():
+            return pd.read_csv(found)
+    raise BadInput(f"{path} is missing: bsuite's scores need every training episode; run the study again")
 
 
 def bsuite_frame(episodes: pd.DataFrame, experiment: str, index: str) -> pd.DataFrame:

@@ -3,7 +3,8 @@
 A run is bit-identical given its config, seed and code (on the CPU), so its checkpoint is a cache and not
 a record. For each run that ended (``summary.json`` says ``completed`` or ``failed``), a result keeps its
 ``config.yaml``, ``meta*.json``, ``summary.json`` and its curves thinned (:func:`thin_progress`) as
-``progress.csv.gz``, at its path under the command's output, so that a result's folder reads as the bench or
+``progress.csv.gz`` (and a bsuite run's ``episodes.csv``, whole, as ``episodes.csv.gz``), at its path under
+the command's output, so that a result's folder reads as the bench or
 study that made it (``testbed report``, ``--reuse-from`` and ``lab.committed`` take it as it is).
 
 Before a result's command runs again, :func:`restore_runs` copies its kept runs back into the output, where
@@ -25,7 +26,7 @@ from pathlib import Path
 from agents.config import load_yaml
 from agents.rundir import other_code_version, read_summary
 from envs.errors import BadInput
-from lab.results import EVAL_COLUMN, KEPT_PROGRESS
+from lab.results import EVAL_COLUMN, KEPT_EPISODES, KEPT_PROGRESS
 
 SPANS = 100
 """The training rows kept: the first in each of this many equal spans of env steps."""
@@ -122,6 +123,11 @@ def keep_run(run_dir: Path, target: Path) -> None:
     if data := thin_progress(text).encode("utf-8", errors="surrogateescape"):
         # No name or time in the gzip header: the same rows give the same bytes.
         (staging / KEPT_PROGRESS).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    episodes, kept_episodes = run_dir / "episodes.csv", run_dir / KEPT_EPISODES
+    if episodes.exists():
+        (staging / KEPT_EPISODES).write_bytes(gzip.compress(episodes.read_bytes(), compresslevel=9, mtime=0))
+    elif kept_episodes.exists():
+        shutil.copy2(kept_episodes, staging / KEPT_EPISODES)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
 

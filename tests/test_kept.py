@@ -8,6 +8,7 @@ from pathlib import Path
 
 from agents import rundir
 from lab import kept
+from lab.bsuite_study import read_episodes
 from lab.results import find_runs
 
 HEADER = "global_step,wall_time_s,eval/return_mean\n"
@@ -94,3 +95,20 @@ def test_a_kept_run_names_no_machine_s_folders_and_older_code_s_runs_are_not_res
     assert kept.restore_runs(tmp_path / "result", tmp_path / "fresh") == []
     (tmp_path / "result/seed3/meta.json").write_text(json.dumps({"code_version": rundir.CODE_VERSION}))
     assert kept.restore_runs(tmp_path / "result", tmp_path / "fresh") == [Path("seed3")]
+
+
+def test_a_kept_bsuite_run_keeps_every_episode_and_its_scores_read_them_back(tmp_path: Path) -> None:
+    run = _run(tmp_path / "runs/bench/b/bsuite_discounting_chain-v0/setting0/ppo/seed0")
+    rows = "global_step,episode,return,length,last_reward\n" + "".join(
+        f"{101 * (e + 1)},{e + 1},{e % 2 * 1.1},100,{e % 2 * 1.1}\n" for e in range(1000)
+    )
+    (run / "episodes.csv").write_text(rows)
+    out = tmp_path / "result"
+    kept.keep_runs(tmp_path / "runs/bench/b", out)
+    copy = out / "bsuite_discounting_chain-v0/setting0/ppo/seed0"
+    assert gzip.decompress((copy / "episodes.csv.gz").read_bytes()).decode() == rows  # every row, not thinned
+    assert not (copy / "episodes.csv").exists()
+    kept.keep_run(copy, tmp_path / "again")  # keeping a kept run keeps its episodes as they are
+    assert (tmp_path / "again" / "episodes.csv.gz").read_bytes() == (copy / "episodes.csv.gz").read_bytes()
+    original, committed = read_episodes(run), read_episodes(copy)
+    assert committed.equals(original) and len(committed) == 1000
