@@ -88,8 +88,6 @@ def normalize_rows(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tenso
 # Shapes: B start states (groups) × G members. R (B, G) is each member's return. A group whose
 # returns all tie carries no signal: its advantages are exactly 0, never NaN or rounding noise.
 
-GROUP_ADVANTAGES = ("outcome", "no_std", "batch_std", "rloo", "process", "step_baseline")
-
 
 def _ties(returns: Tensor) -> Tensor:
     """(B, 1) bool: every member of the group has the same return (compared exactly, not via the mean)."""
