@@ -3,9 +3,9 @@
 A run is bit-identical given its config, seed and code (on the CPU), so its checkpoint is a cache and not
 a record. For each run that ended (``summary.json`` says ``completed`` or ``failed``), a result keeps its
 ``config.yaml``, ``meta*.json``, ``summary.json`` and its curves thinned (:func:`thin_progress`) as
-``progress.csv.gz`` (and a bsuite run's ``episodes.csv``, whole, as ``episodes.csv.gz``), at its path under
-the command's output, so that a result's folder reads as the bench or
-study that made it (``testbed report``, ``--reuse-from`` and ``lab.committed`` take it as it is).
+``progress.csv.gz`` (and a bsuite run's ``episodes.csv``, whole, as ``episodes.csv.gz``), at its path under the
+command's output, so that a result's folder reads as the bench or study that made it (``testbed report``,
+``--reuse-from`` and ``lab.committed`` take it as it is).
 
 Before a result's command runs again, :func:`restore_runs` copies its kept runs back into the output, where
 the command recognises them as finished and trains only what is missing. A run trained with
