@@ -105,6 +105,11 @@ def without_machine_paths(meta: bytes) -> bytes:
     return json.dumps({**record, "command": ["testbed", *command[1:]]}, indent=2).encode()
 
 
+def _compressed(data: bytes) -> bytes:
+    """``data`` gzipped with no name or time in the header: the same rows give the same bytes."""
+    return gzip.compress(data, compresslevel=9, mtime=0)
+
+
 def keep_run(run_dir: Path, target: Path) -> None:
     """Write what a result keeps of ``run_dir`` (a run, or a run already kept) into ``target`` (made or
     replaced): staged beside it and renamed into place, so that a stop leaves the old copy or the new."""
@@ -121,11 +126,10 @@ def keep_run(run_dir: Path, target: Path) -> None:
     else:
         text = gzip.decompress(kept.read_bytes()).decode() if kept.exists() else ""
     if data := thin_progress(text).encode("utf-8", errors="surrogateescape"):
-        # No name or time in the gzip header: the same rows give the same bytes.
-        (staging / KEPT_PROGRESS).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+        (staging / KEPT_PROGRESS).write_bytes(_compressed(data))
     episodes, kept_episodes = run_dir / "episodes.csv", run_dir / KEPT_EPISODES
     if episodes.exists():
-        (staging / KEPT_EPISODES).write_bytes(gzip.compress(episodes.read_bytes(), compresslevel=9, mtime=0))
+        (staging / KEPT_EPISODES).write_bytes(_compressed(episodes.read_bytes()))
     elif kept_episodes.exists():
         shutil.copy2(kept_episodes, staging / KEPT_EPISODES)
     shutil.rmtree(target, ignore_errors=True)
