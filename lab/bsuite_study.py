@@ -20,6 +20,10 @@ final reward is −1 (``bsuite/environments/umbrella_chain.py``), the memory cha
 +1 and 2 to ``total_regret`` when it is −1 (``memory_chain.py``); the discounting chain has none. Each run's
 episodes come from its ``episodes.csv`` (``agents.runlog.EpisodeLog``).
 
+**What a committed result keeps** of a run's episodes is bsuite's own log of them (:func:`kept_log`): the rows
+that wrapper writes, at logarithmically spaced episodes, and the rows the score reads, about 60 in place of
+10,000, so a kept run scores as the run did.
+
 A seed's experiment score is ``score`` of its runs over every setting of the study at once, as bsuite scores one
 agent; a setting's score is ``score`` of that setting's run alone. Both are averaged over seeds, with 95%
 bootstrap CIs.
@@ -37,7 +41,7 @@ import numpy as np
 
 from envs import bsuite
 from envs.errors import BadInput
-from lab.results import KEPT_EPISODES
+from lab.results import KEPT_BSUITE_LOG
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -94,11 +98,14 @@ def variants(experiment: str, indices: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def setting_of(run: Run, experiment: str) -> str:
-    """The index of the run's setting in bsuite's sweep; '?' for kwargs that are none of its settings."""
-    kwargs = dict(run.config.get("env_kwargs") or {})
-    found = [str(i) for i, s in enumerate(bsuite.settings(experiment)) if s == kwargs]
+def setting_index(experiment: str, env_kwargs: dict[str, Any] | None) -> str:
+    """The index of the setting in bsuite's sweep; '?' for kwargs that are none of its settings."""
+    found = [str(i) for i, s in enumerate(bsuite.settings(experiment)) if s == dict(env_kwargs or {})]
     return found[0] if found else "?"
+
+
+def setting_of(run: Run, experiment: str) -> str:
+    return setting_index(experiment, run.config.get("env_kwargs"))
 
 
 # ── bsuite's scores ──────────────────────────────────────────────────────────────────────────────────────
@@ -109,16 +116,38 @@ def analysis(experiment: str) -> Any:
     return importlib.import_module(f"bsuite.experiments.{bsuite.check_experiment(experiment)}.analysis")
 
 
-def read_episodes(run_dir: Path) -> pd.DataFrame:
-    """A run's ``episodes.csv``, or the ``episodes.csv.gz`` a committed result keeps of it; BadInput naming
-    the run where both are missing."""
+def run_log(run_dir: Path, experiment: str, index: str) -> pd.DataFrame:
+    """A run's episodes as bsuite logs them: :func:`bsuite_frame` of its ``episodes.csv``, or the log a
+    committed result keeps of it (:func:`kept_log`); BadInput naming the run where both are missing."""
     import pandas as pd
 
-    path = Path(run_dir) / "episodes.csv"
-    for found in (path, path.with_name(KEPT_EPISODES)):
-        if found.exists():
-            return pd.read_csv(found)
-    raise BadInput(f"{path} is missing: bsuite's scores need every training episode; run the study again")
+    episodes, kept = Path(run_dir) / "episodes.csv", Path(run_dir) / KEPT_BSUITE_LOG
+    if episodes.exists():
+        return bsuite_frame(pd.read_csv(episodes), experiment, index)
+    if kept.exists():
+        return pd.read_csv(kept)
+    raise BadInput(f"{episodes} is missing: bsuite's scores need every training episode; run the study again")
+
+
+def kept_log(run_dir: Path) -> bytes:
+    """What a committed result keeps of a bsuite run's ``episodes.csv``, as CSV: the rows of its
+    :func:`bsuite_frame` at the episodes bsuite's ``Logging`` wrapper logs (1, 1.2, 1.4, 1.7, 2, 2.5, 3, 4, …, 9
+    times each power of ten: ``wrappers._logarithmic_logging``), at ``NUM_EPISODES`` and at the run's last
+    episode. The scores read only the row at min(last episode, ``NUM_EPISODES``) (module docstring), so the
+    kept log scores as every episode does."""
+    import pandas as pd
+    from bsuite.utils.wrappers import _logarithmic_logging  # bsuite's own schedule; it has no public name
+
+    from agents.config import read_yaml
+
+    config = read_yaml(Path(run_dir) / "config.yaml")
+    experiment = bsuite.experiment_of(str(config["env_id"]))
+    frame = bsuite_frame(
+        pd.read_csv(Path(run_dir) / "episodes.csv"), experiment, setting_index(experiment, config.get("env_kwargs"))
+    )
+    ends = {bsuite.num_episodes(experiment), int(frame.episode.max()) if len(frame) else 0}
+    logged = frame.episode.map(lambda e: e in ends or bool(_logarithmic_logging(e)))
+    return frame[logged].to_csv(index=False).encode()
 
 
 def bsuite_frame(episodes: pd.DataFrame, experiment: str, index: str) -> pd.DataFrame:
@@ -140,7 +169,7 @@ def bsuite_frame(episodes: pd.DataFrame, experiment: str, index: str) -> pd.Data
         frame["total_regret"] = np.cumsum(np.where(last < 0, 2.0, 0.0))  # the env adds 2 for a final −1
     if experiment == "memory_len":
         frame["total_perfect"] = np.cumsum(last > 0)  # … and counts a final +1 as perfect
-    for key, value in setting_kwargs(experiment, index).items():
+    for key, value in (setting_kwargs(experiment, index) if index != "?" else {}).items():
         frame[key] = value
     frame["bsuite_id"] = f"{experiment}/{index}"
     return frame
@@ -178,7 +207,7 @@ def score_runs(runs: Sequence[Run], experiment: str) -> list[Scored]:
         index = setting_of(run, experiment)
         if index == "?":
             continue
-        frame = bsuite_frame(read_episodes(run.run_dir), experiment, index)
+        frame = run_log(run.run_dir, experiment, index)
         if frame.empty:
             continue
         n = int(min(frame.episode.max(), limit))

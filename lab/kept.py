@@ -3,9 +3,9 @@
 A run is bit-identical given its config, seed and code (on the CPU), so its checkpoint is a cache and not
 a record. For each run that ended (``summary.json`` says ``completed`` or ``failed``), a result keeps its
 ``config.yaml``, ``meta*.json``, ``summary.json`` and its curves thinned (:func:`thin_progress`) as
-``progress.csv.gz`` (and a bsuite run's ``episodes.csv``, whole, as ``episodes.csv.gz``), at its path under the
-command's output, so that a result's folder reads as the bench or study that made it (``testbed report``,
-``--reuse-from`` and ``lab.committed`` take it as it is).
+``progress.csv.gz`` (and a bsuite run's ``episodes.csv`` as bsuite's own log of them, ``bsuite_log.csv.gz``), at
+its path under the command's output, so that a result's folder reads as the bench or study that made it
+(``testbed report``, ``--reuse-from`` and ``lab.committed`` take it as it is).
 
 Before a result's command runs again, :func:`restore_runs` copies its kept runs back into the output, where
 the command recognises them as finished and trains only what is missing. A run trained with
@@ -26,7 +26,8 @@ from pathlib import Path
 from agents.config import load_yaml
 from agents.rundir import other_code_version, read_summary
 from envs.errors import BadInput
-from lab.results import EVAL_COLUMN, KEPT_EPISODES, KEPT_PROGRESS
+from lab.bsuite_study import kept_log
+from lab.results import EVAL_COLUMN, KEPT_BSUITE_LOG, KEPT_PROGRESS
 
 SPANS = 100
 """The training rows kept: the first in each of this many equal spans of env steps."""
@@ -127,11 +128,10 @@ def keep_run(run_dir: Path, target: Path) -> None:
         text = gzip.decompress(kept.read_bytes()).decode() if kept.exists() else ""
     if data := thin_progress(text).encode("utf-8", errors="surrogateescape"):
         (staging / KEPT_PROGRESS).write_bytes(_compressed(data))
-    episodes, kept_episodes = run_dir / "episodes.csv", run_dir / KEPT_EPISODES
-    if episodes.exists():
-        (staging / KEPT_EPISODES).write_bytes(_compressed(episodes.read_bytes()))
-    elif kept_episodes.exists():
-        shutil.copy2(kept_episodes, staging / KEPT_EPISODES)
+    if (run_dir / "episodes.csv").exists():
+        (staging / KEPT_BSUITE_LOG).write_bytes(_compressed(kept_log(run_dir)))
+    elif (run_dir / KEPT_BSUITE_LOG).exists():
+        shutil.copy2(run_dir / KEPT_BSUITE_LOG, staging / KEPT_BSUITE_LOG)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
 

@@ -34,8 +34,8 @@ RUN_DIR_CONTENTS = (
 EVAL_COLUMN = "eval/return_mean"
 KEPT_PROGRESS = "progress.csv.gz"
 """What a committed result keeps of a run's progress.csv: its rows thinned and compressed (``lab.kept``)."""
-KEPT_EPISODES = "episodes.csv.gz"
-"""What it keeps of a bsuite run's episodes.csv, which bsuite's scores read: every row, compressed."""
+KEPT_BSUITE_LOG = "bsuite_log.csv.gz"
+"""What it keeps of a bsuite run's episodes.csv: bsuite's own log of them, compressed (``lab.bsuite_study``)."""
 
 
 def open_progress(path: Path) -> IO[str] | None:

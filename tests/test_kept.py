@@ -6,9 +6,11 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from agents import rundir
-from lab import kept
-from lab.bsuite_study import read_episodes
+from lab import bsuite_study, kept
 from lab.results import find_runs
 
 HEADER = "global_step,wall_time_s,eval/return_mean\n"
@@ -97,18 +99,32 @@ def test_a_kept_run_names_no_machine_s_folders_and_older_code_s_runs_are_not_res
     assert kept.restore_runs(tmp_path / "result", tmp_path / "fresh") == [Path("seed3")]
 
 
-def test_a_kept_bsuite_run_keeps_every_episode_and_its_scores_read_them_back(tmp_path: Path) -> None:
-    run = _run(tmp_path / "runs/bench/b/bsuite_discounting_chain-v0/setting0/ppo/seed0")
+def test_a_kept_bsuite_run_keeps_bsuite_s_own_log_and_scores_as_every_episode_did(tmp_path: Path) -> None:
+    run = _run(tmp_path / "runs/bench/b/bsuite_umbrella_length-v0/setting2/ppo/seed0")
+    (run / "config.yaml").write_text(
+        "algo: ppo\nenv_id: bsuite/umbrella_length-v0\nenv_kwargs: {chain_length: 3, n_distractor: 20}\nseed: 0\n"
+    )
+    rng = np.random.default_rng(0)
+    last = np.where(rng.random(12_345) < np.linspace(0.6, 0.1, 12_345), -1.0, 1.0)  # past NUM_EPISODES
+    returns = last + rng.integers(-2, 3, last.size)  # the distractors' rewards
     rows = "global_step,episode,return,length,last_reward\n" + "".join(
-        f"{101 * (e + 1)},{e + 1},{e % 2 * 1.1},100,{e % 2 * 1.1}\n" for e in range(1000)
+        f"{4 * (e + 1)},{e + 1},{r},3,{x}\n" for e, (r, x) in enumerate(zip(returns, last, strict=True))
     )
     (run / "episodes.csv").write_text(rows)
     out = tmp_path / "result"
     kept.keep_runs(tmp_path / "runs/bench/b", out)
-    copy = out / "bsuite_discounting_chain-v0/setting0/ppo/seed0"
-    assert gzip.decompress((copy / "episodes.csv.gz").read_bytes()).decode() == rows  # every row, not thinned
+    copy = out / "bsuite_umbrella_length-v0/setting2/ppo/seed0"
+    log = pd.read_csv(copy / "bsuite_log.csv.gz")
+    # bsuite's schedule (1, 1.2, 1.4, 1.7, 2, 2.5, 3, 4, …, 10 per decade), NUM_EPISODES and the last episode.
+    assert log.episode.tolist()[:16] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 17, 20, 25, 30]
+    assert log.episode.tolist()[-4:] == [9_000, 10_000, 12_000, 12_345] and len(log) == 10 + 3 * 13 + 2
     assert not (copy / "episodes.csv").exists()
-    kept.keep_run(copy, tmp_path / "again")  # keeping a kept run keeps its episodes as they are
-    assert (tmp_path / "again" / "episodes.csv.gz").read_bytes() == (copy / "episodes.csv.gz").read_bytes()
-    original, committed = read_episodes(run), read_episodes(copy)
-    assert committed.equals(original) and len(committed) == 1000
+    kept.keep_run(copy, tmp_path / "again")  # keeping a kept run keeps its log as it is
+    assert (tmp_path / "again/bsuite_log.csv.gz").read_bytes() == (copy / "bsuite_log.csv.gz").read_bytes()
+    # The kept log scores as every episode: the regret and return at episode 10,000, by bsuite's own score.
+    [original], [committed] = (bsuite_study.score_runs(find_runs([d]), "umbrella_length") for d in (run, copy))
+    assert committed.score == original.score and committed.episodes == original.episodes == 10_000
+    assert committed.mean_return == original.mean_return == returns[:10_000].sum() / 10_000
+    regret = 2 * (last[:10_000] < 0).sum()
+    assert log.loc[log.episode == 10_000, "total_regret"].item() == regret
+    assert committed.score == float(regret / 10_000 < 0.5)
