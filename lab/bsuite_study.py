@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agents.config import read_yaml
 from envs import bsuite
 from envs.errors import BadInput
 from lab.results import KEPT_BSUITE_LOG
@@ -126,7 +127,10 @@ def run_log(run_dir: Path, experiment: str, index: str) -> pd.DataFrame:
         return bsuite_frame(pd.read_csv(episodes), experiment, index)
     if kept.exists():
         return pd.read_csv(kept)
-    raise BadInput(f"{episodes} is missing: bsuite's scores need every training episode; run the study again")
+    raise BadInput(
+        f"{episodes} is missing, and no {KEPT_BSUITE_LOG} kept of it: bsuite's scores read the run's episodes; "
+        "run the study again"
+    )
 
 
 def kept_log(run_dir: Path) -> bytes:
@@ -137,8 +141,6 @@ def kept_log(run_dir: Path) -> bytes:
     kept log scores as every episode does."""
     import pandas as pd
     from bsuite.utils.wrappers import _logarithmic_logging  # bsuite's own schedule; it has no public name
-
-    from agents.config import read_yaml
 
     config = read_yaml(Path(run_dir) / "config.yaml")
     experiment = bsuite.experiment_of(str(config["env_id"]))
@@ -356,7 +358,5 @@ def build_report(bench_dir: Path, study: Study, runs: Sequence[Run]) -> dict[str
 
 
 def _commands(bench_dir: Path) -> list[str]:
-    from agents.config import read_yaml
-
     path = bench_dir / "bench.yaml"
     return list(read_yaml(path).get("commands", [])) if path.exists() else []
