@@ -21,7 +21,7 @@ final reward is −1 (``bsuite/environments/umbrella_chain.py``), the memory cha
 episodes come from its ``episodes.csv`` (``agents.runlog.EpisodeLog``).
 
 **What a committed result keeps** of a run's episodes is bsuite's own log of them (:func:`kept_log`): the rows
-that wrapper writes, at logarithmically spaced episodes, and the rows the score reads, about 60 in place of
+that wrapper writes, at logarithmically spaced episodes, and the rows the score reads, about 50 in place of
 10,000, so a kept run scores as the run did.
 
 A seed's experiment score is ``score`` of its runs over every setting of the study at once, as bsuite scores one
