@@ -31,6 +31,10 @@ from lab.results import EVAL_COLUMN, KEPT_BSUITE_LOG, KEPT_PROGRESS
 
 SPANS = 100
 """The training rows kept: the first in each of this many equal spans of env steps."""
+BSUITE_SPANS = 20
+"""The training rows kept of a bsuite run, whose record of learning is bsuite's log of its episodes: its score
+reads that log and its curves the evaluation rows, kept whole, so a fifth of other runs' training rows is kept
+(a study of bsuite's sweeps holds hundreds of runs)."""
 RECORD = ("config.yaml", "summary.json")
 """The files that make a folder a run that ended, and that tell two runs apart."""
 
@@ -41,7 +45,8 @@ def thin_progress(text: str, spans: int = SPANS) -> str:
     ``[0, last global_step]``. Rows whose ``global_step`` does not parse are dropped.
 
     Thinning its own output changes nothing: the first row of a span is still the first of its span, and the
-    last row and the evaluations stay."""
+    last row and the evaluations stay. Nor does thinning it again to a divisor of ``spans``: span ``j`` of
+    ``spans / k`` begins where span ``j·k`` of ``spans`` does, whose first row was kept."""
     lines = text.splitlines(keepends=True)
     if not lines:
         return ""
@@ -126,7 +131,8 @@ def keep_run(run_dir: Path, target: Path) -> None:
         text = progress.read_text(encoding="utf-8", errors="surrogateescape")
     else:
         text = gzip.decompress(kept.read_bytes()).decode() if kept.exists() else ""
-    if data := thin_progress(text).encode("utf-8", errors="surrogateescape"):
+    bsuite = (run_dir / "episodes.csv").exists() or (run_dir / KEPT_BSUITE_LOG).exists()
+    if data := thin_progress(text, BSUITE_SPANS if bsuite else SPANS).encode("utf-8", errors="surrogateescape"):
         (staging / KEPT_PROGRESS).write_bytes(_compressed(data))
     if (run_dir / "episodes.csv").exists():
         (staging / KEPT_BSUITE_LOG).write_bytes(_compressed(kept_log(run_dir)))
@@ -140,7 +146,11 @@ def keep_runs(output: Path, folder: Path, adopted_from: Sequence[Path] = ()) -> 
     """Keep every run that ended under ``output`` at its path under ``folder``; the paths kept (relative).
 
     A run the same as one in ``adopted_from`` (the folders a bench's ``--reuse-from`` names: the same config
-    and summary, byte for byte) is not kept twice: the result it came from holds it."""
+    and summary, byte for byte) is not kept twice: the result it came from holds it. A staging folder that a
+    stopped keep left in ``folder`` (``.NAME.keeping``, see :func:`keep_run`) is removed first: the kept copy
+    beside it is whole, old or new, and the run is kept again here."""
+    for staging in sorted(folder.rglob(".*.keeping")) if folder.is_dir() else []:
+        shutil.rmtree(staging, ignore_errors=True)
     kept = []
     for run_dir in run_dirs(output):
         relative = run_dir.relative_to(output)

@@ -32,6 +32,9 @@ def test_thinning_keeps_evaluations_the_last_row_and_the_first_row_of_each_span(
     assert _steps(thinned) == [0, 250, 500, 620, 750, 1000]
     assert thinned.splitlines(keepends=True)[4] == "620,6.20,7.50\n"  # byte for byte, "7.50" not "7.5"
     assert kept.thin_progress(thinned, spans=4) == thinned  # thinning again changes nothing
+    # Thinning to a divisor of the spans gives what thinning the whole file to it gives.
+    uneven = _progress(range(0, 1003, 7), evaluated={497})
+    assert kept.thin_progress(kept.thin_progress(uneven, spans=100), spans=20) == kept.thin_progress(uneven, spans=20)
 
 
 def test_thinning_drops_unparsable_rows_and_keeps_a_short_file_whole() -> None:
@@ -77,6 +80,20 @@ def test_a_kept_run_holds_its_record_and_no_cache_and_reads_back_as_the_run(tmp_
     assert committed[0].final_return == 7.5 and committed[0].last_step == original[0].last_step == 20000
 
 
+def test_keeping_again_sweeps_what_a_stopped_keep_left_and_keeps_the_copy_whole(tmp_path: Path) -> None:
+    _run(tmp_path / "runs/b/CartPole-v1/seed3")
+    out = tmp_path / "result"
+    kept.keep_runs(tmp_path / "runs/b", out)
+    whole = sorted(p.name for p in (out / "CartPole-v1/seed3").iterdir())
+    # A keep stopped after staging, before the rename, of a run this output no longer holds as ended:
+    left = out / "CartPole-v1/.seed9.keeping"
+    left.mkdir()
+    (left / "config.yaml").write_text("algo: ppo\n")
+    assert kept.keep_runs(tmp_path / "runs/b", out) == [Path("CartPole-v1/seed3")]
+    assert not left.exists() and sorted(p.name for p in (out / "CartPole-v1/seed3").iterdir()) == whole
+    assert sorted(p.name for p in out.rglob("*") if p.name.startswith(".")) == []
+
+
 def test_restoring_fills_only_folders_without_files_of_their_own(tmp_path: Path) -> None:
     _run(tmp_path / "runs/b/seed3")
     kept.keep_runs(tmp_path / "runs/b", tmp_path / "result")
@@ -119,6 +136,9 @@ def test_a_kept_bsuite_run_keeps_bsuite_s_own_log_and_scores_as_every_episode_di
     assert log.episode.tolist()[:16] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 17, 20, 25, 30]
     assert log.episode.tolist()[-4:] == [9_000, 10_000, 12_000, 12_345] and len(log) == 10 + 3 * 13 + 2
     assert not (copy / "episodes.csv").exists()
+    # The curves' training rows a fifth of other runs': 20 spans, the two evaluations and the last row.
+    progress = gzip.decompress((copy / kept.KEPT_PROGRESS).read_bytes()).decode()
+    assert _steps(progress)[:3] == [0, 1000, 2000] and len(_steps(progress)) == 21
     kept.keep_run(copy, tmp_path / "again")  # keeping a kept run keeps its log as it is
     assert (tmp_path / "again/bsuite_log.csv.gz").read_bytes() == (copy / "bsuite_log.csv.gz").read_bytes()
     # The kept log scores as every episode: the regret and return at episode 10,000, by bsuite's own score.
