@@ -223,6 +223,8 @@ def test_an_ablation_tables_its_rows_in_order_after_each_and_a_ctrl_c_stops_the_
         "CartPole-v1",
         "--seeds",
         "1",
+        "--first-seed",
+        "3",
         "--title",
         "An ablation",
         "--out",
@@ -248,7 +250,7 @@ def test_an_ablation_tables_its_rows_in_order_after_each_and_a_ctrl_c_stops_the_
             env={**os.environ, "PYTHONPATH": str(REPO)},
             start_new_session=True,
         )
-        run_dir = tmp_path / "runs/bench/abl-stop/CartPole-v1/ppo/seed0"
+        run_dir = tmp_path / "runs/bench/abl-stop/CartPole-v1/ppo/seed3"  # --first-seed 3
         deadline = time.monotonic() + 150
         while not (run_dir / "progress.csv").exists() and time.monotonic() < deadline and ablation.poll() is None:
             time.sleep(0.2)
@@ -260,10 +262,20 @@ def test_an_ablation_tables_its_rows_in_order_after_each_and_a_ctrl_c_stops_the_
     assert summary["status"] == "interrupted" and (run_dir / "checkpoint.pt").exists()
     assert rundir.lock_holder(run_dir) is None  # its trainer has ended: a rerun resumes it
     md = (tmp_path / "page.md").read_text()
-    rows = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| `abl-")]
+    table = md.split("## Each row against")[0]
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| `abl-")]
     assert rows == ["`abl-b`", "`abl-a`"]  # the order given, not the names' order; the stopped row not yet
     assert md.startswith("# An ablation (2 of 3 rows so far)\n") and out.count("wrote page.md") == 2
-    assert "`ent_coef=0.01`" in md and "--name abl-b --set total_steps=1024" in md
+    assert "`ent_coef=0.01`" in md and "--first-seed 3 --workers 1 --name abl-b --set total_steps=1024" in md
+    # The second row against the first: one seed each, so Δ is the difference of their finals, with no spread.
+    finals = [
+        json.loads((tmp_path / f"runs/bench/{b}/CartPole-v1/ppo/seed3/summary.json").read_text())[
+            "final_eval_return_mean"
+        ]
+        for b in ("abl-b", "abl-a")
+    ]
+    delta = f"{finals[1] - finals[0]:+.1f}"
+    assert "## Each row against `abl-b`" in md and f"| `abl-a` | 1 | {delta} | [{delta}, {delta}] |" in md
     assert "](plots/page-seeds.png)" in md  # each row's seeds as curves, beside the page
     assert (tmp_path / "plots/page-seeds.png").stat().st_size > 0
 

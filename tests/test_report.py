@@ -28,7 +28,7 @@ from lab.plot import mean_curve, plot_runs
 from lab.published import best_point, load_published, published_section
 from lab.report import build_report
 from lab.results import find_runs
-from lab.stats import bootstrap_ci, iqm, score_matrices
+from lab.stats import bootstrap_ci, difference_ci, iqm, score_matrices
 
 COLUMNS = ["global_step", "wall_time_s", "charts/episodic_return", "eval/return_mean", "eval/return_std"]
 CONVENTION = "deterministic policy, one episode per fixed seed 1000000+i, raw env return"
@@ -143,6 +143,20 @@ def test_iqm_is_the_mean_of_the_middle_half() -> None:
     # Sorted: 1 2 | 3 4 5 6 | 7 100: the outlier is trimmed away with the lowest and highest quarter.
     assert iqm(np.array([1, 2, 3, 4, 100, 5, 6, 7])) == pytest.approx(4.5)
     assert iqm(np.array([2.0, 8.0])) == pytest.approx(5.0)
+
+
+def test_the_difference_of_two_groups_means_and_its_interval() -> None:
+    # No spread: Δ = 3 − 1 exactly, and the interval is that point.
+    assert difference_ci(np.array([1.0, 1.0, 1.0]), np.array([3.0, 3.0])) == (2.0, 2.0, 2.0)
+    # y's seeds 10 and 20 against x's 0 and 0: the resampled means of y are 10, 15 or 20 (probabilities ¼, ½, ¼),
+    # so Δ* takes those values and the 95% percentile interval is [10, 20] around Δ = 15.
+    delta, low, high = difference_ci(np.array([0.0, 0.0]), np.array([10.0, 20.0]))
+    assert (delta, low, high) == (15.0, 10.0, 20.0)
+    x, y = np.array([1.0, 4.0, 2.0, 8.0]), np.array([5.0, 7.0, 6.0, 9.0])
+    assert difference_ci(x, y) == difference_ci(x, y)  # its own generator: the same interval
+    delta, low, high = difference_ci(x, y)
+    # Δ* lies between the smallest y* mean less the largest x* mean (5 − 8) and the reverse (9 − 1).
+    assert delta == 3.0 and -3.0 <= low < 3.0 < high <= 8.0
 
 
 def test_bootstrap_ci_brackets_the_statistic_and_is_deterministic() -> None:
