@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweeps import table_text, write_page
+from sweeps import completed_runs, table_text, write_page
 
 from agents import registry
 from envs.errors import BadInput
@@ -88,12 +88,7 @@ def run_row(argv: list[str]) -> int:
 
 def finals(bench: Path, env_id: str, seeds: list[int]) -> list[float]:
     """The final returns of ``bench``'s completed runs on ``env_id`` with the ``seeds`` given."""
-    runs = find_runs([bench])
-    return [
-        r.final_return
-        for r in runs
-        if r.status == "completed" and r.env_id == env_id and r.seed in seeds and r.final_return is not None
-    ]
+    return [r.final_return for r in completed_runs(bench, seeds, [env_id]) if r.final_return is not None]
 
 
 def against_first(benches: list[Path], env_id: str, seeds: list[int]) -> str:

@@ -61,6 +61,15 @@ def row(label: str, overrides: list[str], runs: list[Run], threshold: float | No
     return "| " + " | ".join(cells) + " |"
 
 
+def completed_runs(bench: Path, seeds: list[int] | None = None, envs: list[str] | None = None) -> list[Run]:
+    """The completed runs of ``bench``, of the ``seeds`` and ``envs`` given (None: all)."""
+    return [
+        r
+        for r in find_runs([bench])
+        if r.status == "completed" and (seeds is None or r.seed in seeds) and (envs is None or r.env_id in envs)
+    ]
+
+
 def table_text(
     benches: list[Path],
     title: str,
@@ -75,11 +84,7 @@ def table_text(
         spec = yaml.safe_load((bench / "bench.yaml").read_text())
         overrides = [o for values in (spec.get("overrides") or {}).values() for o in values]
         commands += spec.get("commands", [])[:1]
-        runs = [
-            r
-            for r in find_runs([bench])
-            if r.status == "completed" and (seeds is None or r.seed in seeds) and (envs is None or r.env_id in envs)
-        ]
+        runs = completed_runs(bench, seeds, envs)
         for env_id in sorted({r.env_id for r in runs}):
             mine = [r for r in runs if r.env_id == env_id]
             by_env.setdefault(env_id, []).append(row(bench.name, overrides, mine, threshold))

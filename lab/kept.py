@@ -131,13 +131,16 @@ def keep_run(run_dir: Path, target: Path) -> None:
         text = progress.read_text(encoding="utf-8", errors="surrogateescape")
     else:
         text = gzip.decompress(kept.read_bytes()).decode() if kept.exists() else ""
-    bsuite = (run_dir / "episodes.csv").exists() or (run_dir / KEPT_BSUITE_LOG).exists()
-    if data := thin_progress(text, BSUITE_SPANS if bsuite else SPANS).encode("utf-8", errors="surrogateescape"):
-        (staging / KEPT_PROGRESS).write_bytes(_compressed(data))
+    # A bsuite run's log of its episodes: made from its episodes, or as a kept run already holds it.
     if (run_dir / "episodes.csv").exists():
-        (staging / KEPT_BSUITE_LOG).write_bytes(_compressed(kept_log(run_dir)))
-    elif (run_dir / KEPT_BSUITE_LOG).exists():
-        shutil.copy2(run_dir / KEPT_BSUITE_LOG, staging / KEPT_BSUITE_LOG)
+        bsuite_log: bytes | None = _compressed(kept_log(run_dir))
+    else:
+        bsuite_log = (run_dir / KEPT_BSUITE_LOG).read_bytes() if (run_dir / KEPT_BSUITE_LOG).exists() else None
+    spans = SPANS if bsuite_log is None else BSUITE_SPANS
+    if data := thin_progress(text, spans).encode("utf-8", errors="surrogateescape"):
+        (staging / KEPT_PROGRESS).write_bytes(_compressed(data))
+    if bsuite_log is not None:
+        (staging / KEPT_BSUITE_LOG).write_bytes(bsuite_log)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
 
